@@ -1,0 +1,239 @@
+"""`dot_product_attention`: the one attention entry point, with validation and dispatch.
+
+Implementations (`impl=`):
+  "xla"     the straightforward reference: materialises [B, H, Tq, Tk] float32 logits.
+  "blocked" pure-JAX online-softmax attention over key blocks (`ops.flash`), O(T) memory.
+  "pallas"  the Pallas kernel (arrives with its own issue; selecting it raises for now).
+  "cudnn"   `jax.nn.dot_product_attention(implementation="cudnn")` on NVIDIA GPUs.
+  "auto"    cudnn where the inputs allow on GPU; otherwise blocked when the xla path's
+            logits would exceed `AUTO_XLA_MAX_LOGIT_BYTES`, else xla.
+
+All paths share the same semantics: masks combine by AND, a query row with no visible key
+returns zeros (values and gradients stay finite), softmax is in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer.ops import flash, masks
+
+IMPLS = ("xla", "blocked", "pallas", "cudnn", "auto")
+# "auto" switches from xla to blocked once the float32 logits would take more than this.
+AUTO_XLA_MAX_LOGIT_BYTES = 256 * 2**20
+_CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+
+
+def dot_product_attention(q, k, v, *, bias=None, mask=None, causal: bool = False,
+                          window=None, segment_ids=None, scale: float | None = None,
+                          impl: str = "auto"):
+  """Scaled dot-product attention softmax(q k^T * scale + bias) v over visible keys.
+
+  Args:
+    q: [B, Tq, H, D] queries.
+    k, v: [B, Tk, Hkv, D] keys/values; H % Hkv == 0 (Hkv < H is GQA, Hkv == 1 is MQA).
+    bias: float array broadcastable to [B, H, Tq, Tk], added to the scaled logits.
+    mask: bool array broadcastable to [B, H, Tq, Tk]; True = attend.
+    causal: query i sees keys j <= i + (Tk - Tq) (queries are the last Tq positions).
+    window: int `left` -> (left, 0), or (left, right) with None for unbounded: query at
+      position p sees keys in [p - left, p + right] (positions aligned as for `causal`).
+    segment_ids: [B, T] for self-attention (Tq == Tk), or (q_ids [B, Tq], kv_ids [B, Tk]);
+      tokens attend only within their segment (packed sequences).
+    scale: logit multiplier, default 1/sqrt(D).
+    impl: one of IMPLS (see the module docstring).
+
+  Returns:
+    [B, Tq, H, D] in q's dtype; rows with no visible key are zeros.
+  """
+  a = _validate(q, k, v, bias, mask, causal, window, segment_ids, scale, impl)
+  impl = _resolve_impl(impl, q, k, v, a)
+  if impl == "xla":
+    probs = _weights(q, k, a)
+    out = jnp.einsum('bhgqk,bkhd->bqhgd', probs.astype(v.dtype), v,
+                     preferred_element_type=jnp.float32)
+    return out.reshape(q.shape[:3] + (v.shape[-1],)).astype(q.dtype)
+  if impl == "blocked":
+    return flash.blocked_attention(q, k, v, bias=a["bias"], mask=a["mask"],
+                                   q_segment_ids=a["q_seg"], kv_segment_ids=a["kv_seg"],
+                                   causal=causal, window=a["window"], scale=a["scale"])
+  if impl == "cudnn":
+    return _jax_nn_attention(q, k, v, a, causal=causal, implementation="cudnn")
+  raise NotImplementedError(
+      "impl='pallas': the Pallas kernel is not part of this build yet; use impl='blocked' "
+      "(same semantics, O(T) memory) or impl='auto'.")
+
+
+def dot_product_attention_weights(q, k, *, bias=None, mask=None, causal=False, window=None,
+                                  segment_ids=None, scale=None):
+  """The attention probabilities [B, H, Tq, Tk] (float32) that `impl="xla"` uses.
+
+  For visualisation and attention dropout; rows with no visible key are all zeros.
+  """
+  a = _validate(q, k, k, bias, mask, causal, window, segment_ids, scale, "xla")
+  probs = _weights(q, k, a)
+  b, hkv, g, tq, tk = probs.shape
+  return probs.reshape(b, hkv * g, tq, tk)
+
+
+def _weights(q, k, a):
+  """Grouped probabilities [B, Hkv, G, Tq, Tk] for validated inputs."""
+  hkv = k.shape[2]
+  b, tq, h, d = q.shape
+  qg = q.reshape(b, tq, hkv, h // hkv, d)
+  logits = jnp.einsum('bqhgd,bkhd->bhgqk', qg, k, preferred_element_type=jnp.float32)
+  logits = logits * a["scale"]
+  if a["bias"] is not None:
+    logits = logits + masks.split_heads(a["bias"], hkv).astype(jnp.float32)
+  visible = masks.split_heads(_full_mask(a, tq, k.shape[1], causal=a["causal"]), hkv)
+  return masks.masked_softmax(logits, visible)
+
+
+def _full_mask(a, tq, tk, *, causal):
+  """AND of the user mask, segment mask and structural mask as a [b, h, Tq, Tk]-broadcastable
+  array (None if nothing is masked)."""
+  q_pos = jnp.arange(tq) + (tk - tq)
+  structural = masks.structural_mask(q_pos, jnp.arange(tk), causal=causal, window=a["window"])
+  seg = None if a["q_seg"] is None else masks.segment_mask(a["q_seg"], a["kv_seg"])
+  full = masks.combine_masks(a["mask"], seg, None if structural is None else structural[None, None])
+  return full
+
+
+# ----------------------------------------------------------------------------------- cuDNN
+
+
+def cudnn_unsupported_reason(q, k, v, *, bias=None) -> str | None:
+  """Why `impl="cudnn"` cannot take these inputs, or None if it can."""
+  if jax.default_backend() != "gpu":
+    return f"it needs an NVIDIA GPU backend, but jax.default_backend() is {jax.default_backend()!r}"
+  if q.dtype not in _CUDNN_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+    return f"it needs bfloat16/float16 q, k, v (got {q.dtype}, {k.dtype}, {v.dtype})"
+  d = q.shape[-1]
+  if d % 8 or d > 256 or v.shape[-1] != d:
+    return f"it needs head_dim a multiple of 8 and <= 256, same for q/k/v (got {d}, {v.shape[-1]})"
+  if bias is not None and jnp.dtype(bias.dtype) != q.dtype:
+    return f"it needs bias in the inputs' dtype {q.dtype} (got {bias.dtype})"
+  return None
+
+
+def _jax_nn_attention(q, k, v, a, *, causal, implementation):
+  """Delegate to `jax.nn.dot_product_attention` with our mask semantics.
+
+  jax.nn aligns causal/window masks top-left; ours align the last query with the last key.
+  With Tq == Tk they agree and the structural mask is passed natively (fast cuDNN paths);
+  otherwise, or with a user mask / segment ids, everything is folded into one explicit mask
+  and rows left empty by it are zeroed, as in the other implementations.
+  """
+  tq, tk = q.shape[1], k.shape[1]
+  explicit = a["mask"] is not None or a["q_seg"] is not None or (
+      tq != tk and (causal or a["window"] is not None))
+  if explicit:
+    full = _full_mask(a, tq, tk, causal=causal)
+    out = jax.nn.dot_product_attention(q, k, v, a["bias"], full, scale=a["scale"],
+                                       implementation=implementation)
+    has_key = jnp.any(full, axis=-1)                      # [b, h, Tq]
+    return jnp.where(jnp.moveaxis(has_key, 1, 2)[..., None], out, 0).astype(q.dtype)
+  window = a["window"]
+  if window is not None:
+    window = tuple(tk if w is None else w for w in window)
+  return jax.nn.dot_product_attention(q, k, v, a["bias"], None, scale=a["scale"],
+                                      is_causal=causal, local_window_size=window,
+                                      implementation=implementation)
+
+
+# ------------------------------------------------------------------------ validation/dispatch
+
+
+def _resolve_impl(impl, q, k, v, a):
+  if impl == "cudnn":
+    reason = cudnn_unsupported_reason(q, k, v, bias=a["bias"])
+    if reason:
+      raise ValueError(f"impl='cudnn' cannot run these inputs: {reason}. "
+                       "Use impl='auto', 'blocked' or 'xla'.")
+  if impl != "auto":
+    return impl
+  if cudnn_unsupported_reason(q, k, v, bias=a["bias"]) is None:
+    return "cudnn"
+  b, tq, h, _ = q.shape
+  logit_bytes = 4 * b * h * tq * k.shape[1]
+  return "blocked" if logit_bytes > AUTO_XLA_MAX_LOGIT_BYTES else "xla"
+
+
+def _normalize_window(window):
+  if window is None:
+    return None
+  if isinstance(window, (int, np.integer)) and not isinstance(window, bool):
+    window = (int(window), 0)
+  if not (isinstance(window, (tuple, list)) and len(window) == 2):
+    raise ValueError(f"window must be an int `left`, a (left, right) pair or None; got {window!r}")
+  for side in window:
+    if side is not None and (not isinstance(side, (int, np.integer)) or side < 0):
+      raise ValueError(f"window sides must be ints >= 0 or None; got window={window!r}")
+  return tuple(None if s is None else int(s) for s in window)
+
+
+def _as_4d(name, x, target):
+  if x is None:
+    return None
+  x = jnp.asarray(x)
+  if x.ndim > 4:
+    raise ValueError(f"{name} must have at most 4 dims [B, H, Tq, Tk]; got shape {x.shape}")
+  x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+  for n, t, axis in zip(x.shape, target, ("batch", "heads", "q_length", "kv_length")):
+    if n not in (1, t):
+      raise ValueError(f"{name} of shape {x.shape} does not broadcast to [B, H, Tq, Tk]="
+                       f"{tuple(target)}: its {axis} dim is {n}, expected 1 or {t}")
+  return x
+
+
+def _validate(q, k, v, bias, mask, causal, window, segment_ids, scale, impl) -> dict[str, Any]:
+  """Check shapes/arguments (before any compilation) and normalise them."""
+  if impl not in IMPLS:
+    raise ValueError(f"impl={impl!r} is not one of {IMPLS}")
+  for name, x in (("q", q), ("k", k), ("v", v)):
+    if getattr(x, "ndim", None) != 4:
+      raise ValueError(f"{name} must be [batch, length, heads, head_dim]; got shape "
+                       f"{getattr(x, 'shape', None)}")
+  b, tq, h, d = q.shape
+  if k.shape[0] != b or v.shape[0] != b:
+    raise ValueError(f"batch sizes differ: q {q.shape}, k {k.shape}, v {v.shape}")
+  if k.shape[:3] != v.shape[:3]:
+    raise ValueError(f"k and v must agree in [batch, length, heads]; got k {k.shape}, v {v.shape}")
+  if k.shape[3] != d:
+    raise ValueError(f"q and k head_dim differ: q {q.shape}, k {k.shape}")
+  hkv, tk = k.shape[2], k.shape[1]
+  if h % hkv:
+    raise ValueError(f"num_kv_heads={hkv} (k/v heads) must divide num_heads={h} (q heads)")
+  if not isinstance(causal, bool):
+    raise ValueError(f"causal must be a bool; got {causal!r}")
+  target = (b, h, tq, tk)
+  bias = _as_4d("bias", bias, target)
+  if bias is not None and not jnp.issubdtype(bias.dtype, jnp.floating):
+    raise ValueError(f"bias must be a float array (use mask= for booleans); got {bias.dtype}")
+  mask = _as_4d("mask", mask, target)
+  if mask is not None and mask.dtype != jnp.bool_:
+    raise ValueError(f"mask must be a bool array (True = attend); got dtype {mask.dtype}")
+  q_seg = kv_seg = None
+  if segment_ids is not None:
+    if isinstance(segment_ids, (tuple, list)):
+      if len(segment_ids) != 2:
+        raise ValueError("segment_ids must be [B, T] or a (q_ids, kv_ids) pair")
+      q_seg, kv_seg = (jnp.asarray(s) for s in segment_ids)
+    else:
+      if tq != tk:
+        raise ValueError(f"segment_ids as one [B, T] array needs Tq == Tk (got {tq}, {tk}); "
+                         "pass (q_segment_ids, kv_segment_ids)")
+      q_seg = kv_seg = jnp.asarray(segment_ids)
+    if q_seg.shape != (b, tq) or kv_seg.shape != (b, tk):
+      raise ValueError(f"segment_ids shapes {q_seg.shape}, {kv_seg.shape} must be "
+                       f"[B, Tq]={(b, tq)} and [B, Tk]={(b, tk)}")
+  if scale is None:
+    scale = 1.0 / math.sqrt(d)
+  elif not isinstance(scale, (int, float, np.floating)):
+    raise ValueError(f"scale must be a Python float (static), got {type(scale).__name__}")
+  return dict(bias=bias, mask=mask, window=_normalize_window(window), q_seg=q_seg,
+              kv_seg=kv_seg, scale=float(scale), causal=causal)
