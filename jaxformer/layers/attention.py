@@ -1,0 +1,199 @@
+"""Attention layers: MultiHeadAttention (self/cross, MHA/GQA/MQA, KV cache) and Bahdanau's
+AdditiveAttention."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxformer.layers.dense import default_kernel_init, dense
+from jaxformer.ops import masks, positions as pos_ops
+from jaxformer.ops.attention import (IMPLS, dot_product_attention,
+                                     dot_product_attention_weights)
+
+POSITIONS = ("none", "rope", "alibi")
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention over [B, T, E] inputs.
+
+  Projections: self-attention with num_kv_heads == num_heads uses one fused QKV kernel
+  [E, 3, H, D]; otherwise (GQA/MQA, or cross-attention) a query kernel [E, H, D] and a fused
+  KV kernel [E, 2, Hkv, D]. Head axes are logically named so tensor parallelism shards them.
+
+  Decoding: with `decode=True`, `init` on a [B, max_len, E] input allocates a KV cache of
+  max_len positions in the "cache" collection; then `apply(..., mutable=["cache"])` with a
+  prompt (prefill) and with one token at a time appends to the cache and gives the outputs a
+  full causal forward pass would give.
+
+  Attention weights: `sow_weights=True` stores the [B, H, Tq, Tk] probabilities in the
+  "intermediates" collection (computed by the xla path). Attention dropout also needs the
+  probabilities, so it runs on the xla path while training.
+  """
+  num_heads: int
+  head_dim: int | None = None         # default: input width // num_heads
+  num_kv_heads: int | None = None     # default: num_heads; 1 = multi-query
+  out_features: int | None = None     # default: input width
+  qkv_bias: bool = False
+  out_bias: bool = False
+  causal: bool = False
+  window: int | tuple[int | None, int | None] | None = None
+  positions: str = "none"             # "none" | "rope" | "alibi" (self-attention only)
+  rope_theta: float = 10_000.0
+  dropout_rate: float = 0.0           # on the attention probabilities
+  impl: str = "auto"
+  decode: bool = False
+  sow_weights: bool = False
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  kernel_init: Callable = default_kernel_init
+
+  def _check(self, embed: int, cross: bool):
+    h, hkv = self.num_heads, self.num_kv_heads or self.num_heads
+    if h < 1 or hkv < 1:
+      raise ValueError(f"num_heads={h} and num_kv_heads={hkv} must be >= 1")
+    if h % hkv:
+      raise ValueError(f"num_kv_heads={hkv} must divide num_heads={h}")
+    if self.head_dim is None and embed % h:
+      raise ValueError(f"num_heads={h} does not divide the input width {embed}; "
+                       "set head_dim explicitly")
+    if self.positions not in POSITIONS:
+      raise ValueError(f"positions={self.positions!r} is not one of {POSITIONS}")
+    if cross and self.positions != "none":
+      raise ValueError(f"positions={self.positions!r} applies to self-attention only; use "
+                       "positions='none' for cross-attention")
+    if self.impl not in IMPLS:
+      raise ValueError(f"impl={self.impl!r} is not one of {IMPLS}")
+    if self.dropout_rate and self.impl not in ("xla", "auto"):
+      raise ValueError(f"attention dropout (dropout_rate={self.dropout_rate}) needs the "
+                       f"probabilities: use impl='xla' or 'auto', not {self.impl!r}")
+    if self.decode and (cross or not self.causal):
+      raise ValueError("decode=True (KV cache) needs causal self-attention: set causal=True "
+                       "and call without context")
+
+  @nn.compact
+  def __call__(self, x, context=None, *, mask=None, segment_ids=None, positions=None,
+               deterministic: bool = True):
+    """x [B, T, E]; context [B, S, E'] for cross-attention; mask/segment_ids as in
+    `dot_product_attention`; positions [B, T] or [T] for RoPE/ALiBi (default 0..T-1, or the
+    cache offset onwards when decoding)."""
+    cross = context is not None
+    if x.ndim != 3:
+      raise ValueError(f"x must be [batch, length, features]; got shape {x.shape}")
+    self._check(x.shape[-1], cross)
+    h, hkv = self.num_heads, self.num_kv_heads or self.num_heads
+    d = self.head_dim or x.shape[-1] // h
+    kw = dict(use_bias=self.qkv_bias, dtype=self.dtype, param_dtype=self.param_dtype,
+              kernel_init=self.kernel_init)
+    if not cross and hkv == h:
+      qkv = dense((3, h, d), ("embed", "qkv", "heads", "kv"), name="qkv", **kw)(x)
+      q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    else:
+      q = dense((h, d), ("embed", "heads", "kv"), name="query", **kw)(x)
+      kv = dense((2, hkv, d), ("embed", "qkv", "kv_heads", "kv"), name="kv",
+                 **kw)(context if cross else x)
+      k, v = kv[:, :, 0], kv[:, :, 1]
+    q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
+    k = nn.with_logical_constraint(k, ("batch", "length", "kv_heads", "kv"))
+    v = nn.with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
+
+    t = x.shape[1]
+    cache_index, cache_filled = self._cache_index(k) if self.decode else (None, False)
+    if positions is None:
+      positions = jnp.arange(t) if cache_index is None else cache_index + jnp.arange(t)
+    if self.positions == "rope":
+      q = pos_ops.apply_rope(q, positions, theta=self.rope_theta)
+      k = pos_ops.apply_rope(k, positions, theta=self.rope_theta)
+
+    causal, window = self.causal, self.window
+    k_positions = positions
+    if cache_index is not None:          # attend over the whole cache with an explicit mask
+      if segment_ids is not None:
+        raise ValueError("segment_ids are not supported while decoding with a KV cache")
+      k, v = self._update_cache(k, v, cache_index, cache_filled)
+      k_positions = jnp.arange(k.shape[1])
+      mask = masks.combine_masks(mask, masks.structural_mask(
+          jnp.asarray(positions), k_positions, causal=True,
+          window=_window_tuple(window))[..., None, :, :])
+      causal, window = False, None
+    bias = (pos_ops.alibi_bias(h, positions, k_positions) if self.positions == "alibi"
+            else None)
+
+    attn = dict(bias=bias, mask=mask, causal=causal, window=window, segment_ids=segment_ids)
+    use_dropout = self.dropout_rate > 0 and not deterministic
+    if self.sow_weights or use_dropout:
+      weights = dot_product_attention_weights(q, k, **attn)
+      if self.sow_weights:
+        self.sow("intermediates", "attention_weights", weights)
+      weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
+      b = q.shape[0]
+      out = jnp.einsum("bhgqk,bkhd->bqhgd",
+                       weights.reshape(b, hkv, h // hkv, t, -1).astype(v.dtype), v,
+                       preferred_element_type=jnp.float32).reshape(b, t, h, d).astype(self.dtype)
+    else:
+      out = dot_product_attention(q, k, v, impl=self.impl, **attn)
+    out = nn.with_logical_constraint(out, ("batch", "length", "heads", "kv"))
+    return dense(self.out_features or x.shape[-1], ("heads", "kv", "embed"), axis=(-2, -1),
+                 name="out", use_bias=self.out_bias, dtype=self.dtype,
+                 param_dtype=self.param_dtype, kernel_init=self.kernel_init)(out)
+
+  def _cache_index(self, k):
+    """(cache offset, whether the cache existed before this call). During `init` the cache
+    does not exist yet and is sized from the init input."""
+    exists = self.has_variable("cache", "cached_key")
+    self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+    self.variable("cache", "cached_value", jnp.zeros, k.shape, k.dtype)
+    index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+    return index.value, exists
+
+  def _update_cache(self, k, v, index, exists):
+    ck, cv = self.get_variable("cache", "cached_key"), self.get_variable("cache", "cached_value")
+    if not exists:                      # init: nothing cached yet, attend within x
+      return k, v
+    if k.shape[1] > ck.shape[1]:
+      raise ValueError(f"{k.shape[1]} new tokens exceed the KV cache length {ck.shape[1]}")
+    ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
+    cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
+    self.put_variable("cache", "cached_key", ck)
+    self.put_variable("cache", "cached_value", cv)
+    self.put_variable("cache", "cache_index", index + k.shape[1])
+    return ck, cv
+
+
+def _window_tuple(window):
+  return (window, 0) if isinstance(window, int) else window
+
+
+class AdditiveAttention(nn.Module):
+  """Bahdanau et al. (2015) attention: score(q, k) = v^T tanh(W_q q + W_k k + b).
+
+  Returns (context [B, Tq, Dv], weights [B, Tq, Tk]); used as the alignment model of an RNN
+  decoder by calling it with one query step (Tq = 1).
+  """
+  hidden_dim: int
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  kernel_init: Callable = default_kernel_init
+
+  @nn.compact
+  def __call__(self, query, keys, values=None, *, mask=None):
+    """query [B, Tq, Dq]; keys [B, Tk, Dk]; values [B, Tk, Dv] (default keys); mask bool
+    broadcastable to [B, Tq, Tk] (True = attend; a row with nothing visible gives zeros)."""
+    values = keys if values is None else values
+    if query.ndim != 3 or keys.ndim != 3 or values.ndim != 3:
+      raise ValueError(f"query/keys/values must be [batch, length, features]; got "
+                       f"{query.shape}, {keys.shape}, {values.shape}")
+    if keys.shape[:2] != values.shape[:2] or query.shape[0] != keys.shape[0]:
+      raise ValueError(f"query {query.shape}, keys {keys.shape} and values {values.shape} "
+                       "disagree in batch or key length")
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, kernel_init=self.kernel_init)
+    wq = dense(self.hidden_dim, ("embed", "mlp"), name="query", **kw)(query)
+    wk = dense(self.hidden_dim, ("embed", "mlp"), name="key", use_bias=True, **kw)(keys)
+    energy = jnp.tanh(wq[:, :, None, :] + wk[:, None, :, :])
+    scores = dense(1, ("mlp", None), name="energy", **kw)(energy)[..., 0]
+    weights = masks.masked_softmax(scores, mask)
+    context = jnp.einsum("bqk,bkd->bqd", weights, values.astype(jnp.float32))
+    return context.astype(self.dtype), weights

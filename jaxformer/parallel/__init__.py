@@ -1,0 +1,1 @@
+"""Device meshes and the logical-axis -> mesh-axis table."""
