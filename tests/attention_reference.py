@@ -1,0 +1,65 @@
+"""Float64 NumPy reference of dot_product_attention: values and analytic gradients."""
+
+import numpy as np
+
+
+def visible_mask(b, h, tq, tk, *, mask=None, causal=False, window=None, q_seg=None, kv_seg=None):
+  """[B, H, Tq, Tk] bool written with explicit loops-free NumPy, independent of jaxformer."""
+  qp = np.arange(tq)[:, None] + (tk - tq)
+  kp = np.arange(tk)[None, :]
+  vis = np.ones((b, h, tq, tk), bool)
+  if causal:
+    vis &= kp <= qp
+  if window is not None:
+    left, right = (window, 0) if isinstance(window, int) else window
+    if left is not None:
+      vis &= kp >= qp - left
+    if right is not None:
+      vis &= kp <= qp + right
+  if q_seg is not None:
+    vis &= (q_seg[:, None, :, None] == kv_seg[:, None, None, :])
+  if mask is not None:
+    vis &= np.broadcast_to(mask, vis.shape)
+  return vis
+
+
+def attention(q, k, v, *, bias=None, scale=None, **mask_kw):
+  """Returns (out [B, Tq, H, D], probs [B, H, Tq, Tk]); rows with no visible key are 0."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  b, tq, h, d = q.shape
+  tk, hkv = k.shape[1], k.shape[2]
+  rep = h // hkv
+  kr, vr = np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2)
+  scale = 1 / np.sqrt(d) if scale is None else scale
+  s = np.einsum('bqhd,bkhd->bhqk', q, kr) * scale
+  if bias is not None:
+    s = s + np.asarray(bias, np.float64)
+  vis = visible_mask(b, h, tq, tk, **mask_kw)
+  s = np.where(vis, s, -np.inf)
+  m = s.max(-1, keepdims=True)
+  m = np.where(np.isfinite(m), m, 0)
+  e = np.where(vis, np.exp(s - m), 0)
+  denom = e.sum(-1, keepdims=True)
+  p = e / np.where(denom == 0, 1, denom)
+  return np.einsum('bhqk,bkhd->bqhd', p, vr), p
+
+
+def attention_grads(q, k, v, d_out, *, bias=None, scale=None, **mask_kw):
+  """Analytic (dq, dk, dv, dbias[B, H, Tq, Tk]) for the loss sum(out * d_out)."""
+  q, k, v, d_out = (np.asarray(x, np.float64) for x in (q, k, v, d_out))
+  b, tq, h, d = q.shape
+  hkv = k.shape[2]
+  rep = h // hkv
+  scale = 1 / np.sqrt(d) if scale is None else scale
+  _, p = attention(q, k, v, bias=bias, scale=scale, **mask_kw)
+  kr, vr = np.repeat(k, rep, axis=2), np.repeat(v, rep, axis=2)
+  dv = np.einsum('bhqk,bqhd->bkhd', p, d_out)
+  dp = np.einsum('bqhd,bkhd->bhqk', d_out, vr)
+  ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+  dq = np.einsum('bhqk,bkhd->bqhd', ds, kr) * scale
+  dk = np.einsum('bhqk,bqhd->bkhd', ds, q) * scale
+
+  def fold(x):  # sum the repeated query heads back onto their kv head
+    return x.reshape(x.shape[:2] + (hkv, rep, d)).sum(3)
+
+  return dq, fold(dk), fold(dv), ds
