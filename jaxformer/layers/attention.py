@@ -49,7 +49,7 @@ class MultiHeadAttention(nn.Module):
   sow_weights: bool = False
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
-  kernel_init: Callable = default_kernel_init
+  kernel_init: Callable = default_kernel_init   # (in_axis, out_axis) -> initializer
 
   def _check(self, embed: int, cross: bool):
     h, hkv = self.num_heads, self.num_kv_heads or self.num_heads
@@ -136,7 +136,7 @@ class MultiHeadAttention(nn.Module):
     else:
       out = dot_product_attention(q, k, v, impl=self.impl, **attn)
     out = nn.with_logical_constraint(out, ("batch", "length", "heads", "kv"))
-    return dense(self.out_features or x.shape[-1], ("heads", "kv", "embed"), axis=(-2, -1),
+    return dense(self.out_features or x.shape[-1], ("heads", "kv", "embed"), num_in=2,
                  name="out", use_bias=self.out_bias, dtype=self.dtype,
                  param_dtype=self.param_dtype, kernel_init=self.kernel_init)(out)
 
@@ -176,7 +176,7 @@ class AdditiveAttention(nn.Module):
   hidden_dim: int
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
-  kernel_init: Callable = default_kernel_init
+  kernel_init: Callable = default_kernel_init   # (in_axis, out_axis) -> initializer
 
   @nn.compact
   def __call__(self, query, keys, values=None, *, mask=None):

@@ -7,8 +7,6 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxformer.layers.dense import default_kernel_init
-
 
 class Embed(nn.Module):
   """Token embedding table [num_embeddings, features]; `attend` is the tied output head."""
@@ -58,7 +56,7 @@ class PatchEmbed(nn.Module):
   features: int
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
-  kernel_init: Callable = default_kernel_init
+  kernel_init: Callable = nn.initializers.lecun_normal()   # fan-in = ph * pw * C
 
   @nn.compact
   def __call__(self, images):

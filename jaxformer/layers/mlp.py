@@ -33,7 +33,7 @@ class Mlp(nn.Module):
   dropout_rate: float = 0.0           # on the hidden activations
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
-  kernel_init: Callable = default_kernel_init
+  kernel_init: Callable = default_kernel_init   # (in_axis, out_axis) -> initializer
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool = True):
@@ -55,7 +55,7 @@ class SwiGLU(nn.Module):
   dropout_rate: float = 0.0
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
-  kernel_init: Callable = default_kernel_init
+  kernel_init: Callable = default_kernel_init   # (in_axis, out_axis) -> initializer
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool = True):
