@@ -9,7 +9,11 @@ import jax.numpy as jnp
 
 
 class Embed(nn.Module):
-  """Token embedding table [num_embeddings, features]; `attend` is the tied output head."""
+  """Token embedding table [num_embeddings, features]; `attend` is the tied output head.
+
+  Out-of-range ids cannot be checked under jit; they come back as NaN rows (jnp.take's
+  fill), so a bad tokenizer/vocab pairing shows up as a NaN loss rather than silent garbage.
+  """
   num_embeddings: int
   features: int
   dtype: Any = jnp.float32
