@@ -201,6 +201,24 @@ def test_attention_dropout_uses_rng_and_is_off_when_deterministic():
   assert not np.allclose(run(1), run(2))
 
 
+def test_bfloat16_compute_keeps_float32_params():
+  x = rand(B, T, E)
+  kw = dict(num_heads=4, num_kv_heads=2, causal=True, positions="rope")
+  variables = init(MultiHeadAttention(**kw), x)
+  boxed = MultiHeadAttention(dtype=jnp.bfloat16, **kw).init(jax.random.key(0), x)
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nn.unbox(boxed)))
+  out = MultiHeadAttention(dtype=jnp.bfloat16, **kw).apply(variables, x)
+  assert out.dtype == jnp.bfloat16
+  want = np.asarray(MultiHeadAttention(**kw).apply(variables, x))
+  rel = np.abs(np.asarray(out, np.float32) - want).max() / np.abs(want).max()
+  assert rel < 3e-2, rel      # bfloat16 has an 8-bit mantissa
+
+
+def test_cross_attention_batch_mismatch_is_caught_at_the_boundary():
+  with pytest.raises(AssertionError, match="shape"):
+    MultiHeadAttention(num_heads=4).init(jax.random.key(0), rand(2, 5, E), rand(3, 4, E))
+
+
 def test_param_logical_axes():
   x = rand(B, T, E)
   specs = nn.get_partition_spec(MultiHeadAttention(num_heads=4).init(jax.random.key(0), x))
@@ -220,6 +238,7 @@ def test_param_logical_axes():
     (dict(num_heads=4, decode=True), (), "decode=True"),
     (dict(num_heads=4, dropout_rate=0.1, impl="blocked"), (), "attention dropout"),
     (dict(num_heads=4, impl="fast"), (), "impl='fast'"),
+    (dict(num_heads=4, causal=True, window=-2), (), "window"),
 ])
 def test_mha_bad_config_raises(kw, args, match):
   x = rand(1, 5, E)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -67,6 +68,7 @@ class MultiHeadAttention(nn.Module):
                        "positions='none' for cross-attention")
     if self.impl not in IMPLS:
       raise ValueError(f"impl={self.impl!r} is not one of {IMPLS}")
+    masks.normalize_window(self.window)
     if self.dropout_rate and self.impl not in ("xla", "auto"):
       raise ValueError(f"attention dropout (dropout_rate={self.dropout_rate}) needs the "
                        f"probabilities: use impl='xla' or 'auto', not {self.impl!r}")
@@ -83,6 +85,9 @@ class MultiHeadAttention(nn.Module):
     cross = context is not None
     if x.ndim != 3:
       raise ValueError(f"x must be [batch, length, features]; got shape {x.shape}")
+    if cross:
+      chex.assert_rank(context, 3)
+      chex.assert_equal_shape_prefix([x, context], 1)   # same batch
     self._check(x.shape[-1], cross)
     h, hkv = self.num_heads, self.num_kv_heads or self.num_heads
     d = self.head_dim or x.shape[-1] // h
@@ -117,7 +122,7 @@ class MultiHeadAttention(nn.Module):
       k_positions = jnp.arange(k.shape[1])
       mask = masks.combine_masks(mask, masks.structural_mask(
           jnp.asarray(positions), k_positions, causal=True,
-          window=_window_tuple(window))[..., None, :, :])
+          window=masks.normalize_window(window))[..., None, :, :])
       causal, window = False, None
     bias = (pos_ops.alibi_bias(h, positions, k_positions) if self.positions == "alibi"
             else None)
@@ -161,10 +166,6 @@ class MultiHeadAttention(nn.Module):
     self.put_variable("cache", "cached_value", cv)
     self.put_variable("cache", "cache_index", index + k.shape[1])
     return ck, cv
-
-
-def _window_tuple(window):
-  return (window, 0) if isinstance(window, int) else window
 
 
 class AdditiveAttention(nn.Module):

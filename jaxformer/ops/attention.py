@@ -163,19 +163,6 @@ def _resolve_impl(impl, q, k, v, a):
   return "blocked" if logit_bytes > AUTO_XLA_MAX_LOGIT_BYTES else "xla"
 
 
-def _normalize_window(window):
-  if window is None:
-    return None
-  if isinstance(window, (int, np.integer)) and not isinstance(window, bool):
-    window = (int(window), 0)
-  if not (isinstance(window, (tuple, list)) and len(window) == 2):
-    raise ValueError(f"window must be an int `left`, a (left, right) pair or None; got {window!r}")
-  for side in window:
-    if side is not None and (not isinstance(side, (int, np.integer)) or side < 0):
-      raise ValueError(f"window sides must be ints >= 0 or None; got window={window!r}")
-  return tuple(None if s is None else int(s) for s in window)
-
-
 def _as_4d(name, x, target):
   if x is None:
     return None
@@ -235,5 +222,5 @@ def _validate(q, k, v, bias, mask, causal, window, segment_ids, scale, impl) -> 
     scale = 1.0 / math.sqrt(d)
   elif not isinstance(scale, (int, float, np.floating)):
     raise ValueError(f"scale must be a Python float (static), got {type(scale).__name__}")
-  return dict(bias=bias, mask=mask, window=_normalize_window(window), q_seg=q_seg,
+  return dict(bias=bias, mask=mask, window=masks.normalize_window(window), q_seg=q_seg,
               kv_seg=kv_seg, scale=float(scale), causal=causal)

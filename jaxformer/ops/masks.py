@@ -8,9 +8,24 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # (left, right) key offsets a query may see; None on a side means unbounded.
 Window = tuple[int | None, int | None]
+
+
+def normalize_window(window) -> Window | None:
+  """int `left` -> (left, 0); (left, right) with ints >= 0 or None (unbounded); None stays."""
+  if window is None:
+    return None
+  if isinstance(window, (int, np.integer)) and not isinstance(window, bool):
+    window = (int(window), 0)
+  if not (isinstance(window, (tuple, list)) and len(window) == 2):
+    raise ValueError(f"window must be an int `left`, a (left, right) pair or None; got {window!r}")
+  for side in window:
+    if side is not None and (not isinstance(side, (int, np.integer)) or side < 0):
+      raise ValueError(f"window sides must be ints >= 0 or None; got window={window!r}")
+  return tuple(None if s is None else int(s) for s in window)
 
 
 def structural_mask(q_pos: jax.Array, k_pos: jax.Array, *, causal: bool,
