@@ -14,8 +14,11 @@ fused custom calls whose scratch is not accounted for (`temp_size_in_bytes` may 
 Disabling that fusion keeps the buffer assignment, and hence the number, comparable across
 implementations. It is set before jax is imported, appended to any existing XLA_FLAGS.
 
+With --time it also runs each compiled step (real arrays; keep T small on a laptop: xla needs
+~5 float32 [H, T, T] buffers) and reports the median wall time of forward+backward.
+
 Usage: python experiments/attention_memory.py [--lengths 2048 4096 8192 16384] [--causal]
-                                               [--block_k 512]
+                                               [--block_k 512] [--time]
 """
 
 import os
@@ -45,8 +48,8 @@ def attention_fn(impl, causal, block_k, head_dim):
   return lambda q, k, v: dot_product_attention(q, k, v, causal=causal, impl=impl)
 
 
-def temp_bytes(impl, t, *, heads, head_dim, causal, block_k, batch=1, dtype=jnp.float32):
-  """Compiled temp bytes of value_and_grad(sum(attn(q, k, v) * ct)) w.r.t. q, k, v."""
+def compile_step(impl, t, *, heads, head_dim, causal, block_k, batch=1, dtype=jnp.float32):
+  """Compiled value_and_grad(sum(attn(q, k, v) * ct)) w.r.t. q, k, v."""
   attn = attention_fn(impl, causal, block_k, head_dim)
 
   def loss(q, k, v, ct):
@@ -54,9 +57,20 @@ def temp_bytes(impl, t, *, heads, head_dim, causal, block_k, batch=1, dtype=jnp.
 
   spec = jax.ShapeDtypeStruct((batch, t, heads, head_dim), dtype)
   ct = jax.ShapeDtypeStruct((batch, t, heads, head_dim), jnp.float32)
-  compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(
-      spec, spec, spec, ct).compile()
-  return compiled.memory_analysis().temp_size_in_bytes
+  return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(spec, spec, spec,
+                                                                     ct).compile()
+
+
+def median_seconds(compiled, t, *, heads, head_dim, repeats=5):
+  keys = jax.random.split(jax.random.key(0), 4)
+  args = [jax.random.normal(key, (1, t, heads, head_dim), jnp.float32) for key in keys]
+  jax.block_until_ready(compiled(*args))        # warm-up
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    times.append(time.perf_counter() - start)
+  return sorted(times)[len(times) // 2]
 
 
 def main():
@@ -65,6 +79,7 @@ def main():
   p.add_argument("--heads", type=int, default=8)
   p.add_argument("--head_dim", type=int, default=64)
   p.add_argument("--causal", action="store_true")
+  p.add_argument("--time", action="store_true", help="also run and time fwd+bwd")
   p.add_argument("--block_k", type=int, default=None,
                  help=f"blocked key block size (default: flash.DEFAULT_BLOCK_K="
                       f"{flash.DEFAULT_BLOCK_K} via dot_product_attention)")
@@ -78,17 +93,22 @@ def main():
     res = {}
     for impl in ("xla", "blocked"):
       start = time.perf_counter()
-      res[impl] = temp_bytes(impl, t, heads=args.heads, head_dim=args.head_dim,
-                             causal=args.causal, block_k=args.block_k)
+      compiled = compile_step(impl, t, heads=args.heads, head_dim=args.head_dim,
+                              causal=args.causal, block_k=args.block_k)
+      res[impl] = compiled.memory_analysis().temp_size_in_bytes
       print(f"  compiled {impl:7s} T={t:6d} in {time.perf_counter() - start:6.1f}s", flush=True)
+      if args.time:
+        res[impl + "_s"] = median_seconds(compiled, t, heads=args.heads, head_dim=args.head_dim)
     rows[t] = res
 
-  print("\n| T | xla temp MiB | blocked temp MiB | ratio xla/blocked | blocked bytes/T |")
-  print("|---:|---:|---:|---:|---:|")
+  timed = " xla ms | blocked ms |" if args.time else ""
+  print(f"\n| T | xla temp MiB | blocked temp MiB | ratio xla/blocked | blocked bytes/T |{timed}")
+  print("|---:|---:|---:|---:|---:|" + ("---:|---:|" if args.time else ""))
   for t, r in rows.items():
     ratio = r["xla"] / r["blocked"] if r["blocked"] else float("inf")
+    ms = (f" {1e3 * r['xla_s']:.1f} | {1e3 * r['blocked_s']:.1f} |" if args.time else "")
     print(f"| {t} | {r['xla'] / MIB:.1f} | {r['blocked'] / MIB:.1f} | {ratio:.2f} | "
-          f"{r['blocked'] / t:.0f} |")
+          f"{r['blocked'] / t:.0f} |{ms}")
   if TARGET_T in rows:
     r = rows[TARGET_T]
     ratio = r["xla"] / r["blocked"] if r["blocked"] else float("inf")
