@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from jaxformer.layers.dense import default_kernel_init, dense
 from jaxformer.ops import masks, positions as pos_ops
-from jaxformer.ops.attention import (IMPLS, dot_product_attention,
+from jaxformer.ops.attention import (IMPLS, attend, dot_product_attention,
                                      dot_product_attention_weights)
 
 POSITIONS = ("none", "rope", "alibi")
@@ -134,10 +134,7 @@ class MultiHeadAttention(nn.Module):
       if self.sow_weights:
         self.sow("intermediates", "attention_weights", weights)
       weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
-      b = q.shape[0]
-      out = jnp.einsum("bhgqk,bkhd->bqhgd",
-                       weights.reshape(b, hkv, h // hkv, t, -1).astype(v.dtype), v,
-                       preferred_element_type=jnp.float32).reshape(b, t, h, d).astype(self.dtype)
+      out = attend(weights, v).astype(self.dtype)
     else:
       out = dot_product_attention(q, k, v, impl=self.impl, **attn)
     out = nn.with_logical_constraint(out, ("batch", "length", "heads", "kv"))

@@ -53,16 +53,13 @@ def dot_product_attention(q, k, v, *, bias=None, mask=None, causal: bool = False
   a = _validate(q, k, v, bias, mask, causal, window, segment_ids, scale, impl)
   impl = _resolve_impl(impl, q, k, v, a)
   if impl == "xla":
-    probs = _weights(q, k, a)
-    out = jnp.einsum('bhgqk,bkhd->bqhgd', probs.astype(v.dtype), v,
-                     preferred_element_type=jnp.float32)
-    return out.reshape(q.shape[:3] + (v.shape[-1],)).astype(q.dtype)
+    return attend(_weights(q, k, a), v).astype(q.dtype)
   if impl == "blocked":
     return flash.blocked_attention(q, k, v, bias=a["bias"], mask=a["mask"],
                                    q_segment_ids=a["q_seg"], kv_segment_ids=a["kv_seg"],
                                    causal=causal, window=a["window"], scale=a["scale"])
   if impl == "cudnn":
-    return _jax_nn_attention(q, k, v, a, causal=causal, implementation="cudnn")
+    return _jax_nn_attention(q, k, v, a, implementation="cudnn")
   raise NotImplementedError(
       "impl='pallas': the Pallas kernel is not part of this build yet; use impl='blocked' "
       "(same semantics, O(T) memory) or impl='auto'.")
@@ -80,6 +77,16 @@ def dot_product_attention_weights(q, k, *, bias=None, mask=None, causal=False, w
   return probs.reshape(b, hkv * g, tq, tk)
 
 
+def attend(weights, v):
+  """Weighted values: weights [B, H, Tq, Tk] (or grouped [B, Hkv, G, Tq, Tk]) and
+  v [B, Tk, Hkv, D] -> [B, Tq, H, D] float32, without repeating v over query groups."""
+  b, tk, hkv, d = v.shape
+  weights = weights.reshape(b, hkv, -1, weights.shape[-2], tk)
+  out = jnp.einsum('bhgqk,bkhd->bqhgd', weights.astype(v.dtype), v,
+                   preferred_element_type=jnp.float32)
+  return out.reshape(out.shape[:2] + (-1, d))
+
+
 def _weights(q, k, a):
   """Grouped probabilities [B, Hkv, G, Tq, Tk] for validated inputs."""
   hkv = k.shape[2]
@@ -89,18 +96,19 @@ def _weights(q, k, a):
   logits = logits * a["scale"]
   if a["bias"] is not None:
     logits = logits + masks.split_heads(a["bias"], hkv).astype(jnp.float32)
-  visible = masks.split_heads(_full_mask(a, tq, k.shape[1], causal=a["causal"]), hkv)
+  visible = masks.split_heads(_full_mask(a, tq, k.shape[1]), hkv)
   return masks.masked_softmax(logits, visible)
 
 
-def _full_mask(a, tq, tk, *, causal):
+def _full_mask(a, tq, tk):
   """AND of the user mask, segment mask and structural mask as a [b, h, Tq, Tk]-broadcastable
   array (None if nothing is masked)."""
   q_pos = jnp.arange(tq) + (tk - tq)
-  structural = masks.structural_mask(q_pos, jnp.arange(tk), causal=causal, window=a["window"])
+  structural = masks.structural_mask(q_pos, jnp.arange(tk), causal=a["causal"],
+                                     window=a["window"])
   seg = None if a["q_seg"] is None else masks.segment_mask(a["q_seg"], a["kv_seg"])
-  full = masks.combine_masks(a["mask"], seg, None if structural is None else structural[None, None])
-  return full
+  return masks.combine_masks(a["mask"], seg,
+                             None if structural is None else structural[None, None])
 
 
 # ----------------------------------------------------------------------------------- cuDNN
@@ -120,7 +128,7 @@ def cudnn_unsupported_reason(q, k, v, *, bias=None) -> str | None:
   return None
 
 
-def _jax_nn_attention(q, k, v, a, *, causal, implementation):
+def _jax_nn_attention(q, k, v, a, *, implementation):
   """Delegate to `jax.nn.dot_product_attention` with our mask semantics.
 
   jax.nn aligns causal/window masks top-left; ours align the last query with the last key.
@@ -128,11 +136,11 @@ def _jax_nn_attention(q, k, v, a, *, causal, implementation):
   otherwise, or with a user mask / segment ids, everything is folded into one explicit mask
   and rows left empty by it are zeroed, as in the other implementations.
   """
-  tq, tk = q.shape[1], k.shape[1]
+  tq, tk, causal = q.shape[1], k.shape[1], a["causal"]
   explicit = a["mask"] is not None or a["q_seg"] is not None or (
       tq != tk and (causal or a["window"] is not None))
   if explicit:
-    full = _full_mask(a, tq, tk, causal=causal)
+    full = _full_mask(a, tq, tk)
     out = jax.nn.dot_product_attention(q, k, v, a["bias"], full, scale=a["scale"],
                                        implementation=implementation)
     has_key = jnp.any(full, axis=-1)                      # [b, h, Tq]
@@ -149,14 +157,13 @@ def _jax_nn_attention(q, k, v, a, *, causal, implementation):
 
 
 def _resolve_impl(impl, q, k, v, a):
-  if impl == "cudnn":
-    reason = cudnn_unsupported_reason(q, k, v, bias=a["bias"])
-    if reason:
-      raise ValueError(f"impl='cudnn' cannot run these inputs: {reason}. "
-                       "Use impl='auto', 'blocked' or 'xla'.")
-  if impl != "auto":
+  if impl not in ("cudnn", "auto"):
     return impl
-  if cudnn_unsupported_reason(q, k, v, bias=a["bias"]) is None:
+  reason = cudnn_unsupported_reason(q, k, v, bias=a["bias"])
+  if impl == "cudnn" and reason:
+    raise ValueError(f"impl='cudnn' cannot run these inputs: {reason}. "
+                     "Use impl='auto', 'blocked' or 'xla'.")
+  if reason is None:
     return "cudnn"
   b, tq, h, _ = q.shape
   logit_bytes = 4 * b * h * tq * k.shape[1]
