@@ -318,6 +318,16 @@ def test_block_llama_style_runs_and_decodes():
   np.testing.assert_allclose(jnp.concatenate(outs, 1), want, atol=2e-5, rtol=1e-5)
 
 
+def test_block_ffn_activation_defaults_to_the_ffn_kind():
+  x = rand(1, 5, E)
+  for ffn, default, other in (("mlp", "gelu", "relu"), ("swiglu", "silu", "gelu")):
+    variables = init(TransformerBlock(num_heads=4, mlp_dim=32, ffn=ffn), x)
+    run = lambda **kw: TransformerBlock(num_heads=4, mlp_dim=32, ffn=ffn, **kw).apply(
+        variables, x)
+    np.testing.assert_array_equal(run(), run(activation=default))
+    assert not np.allclose(run(), run(activation=other))
+
+
 def test_block_dropout_only_when_training():
   module = TransformerBlock(num_heads=4, mlp_dim=64, dropout_rate=0.3)
   x = rand(B, T, E)

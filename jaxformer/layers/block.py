@@ -29,7 +29,7 @@ class TransformerBlock(nn.Module):
   norm: str = "layernorm"
   norm_eps: float = 1e-5
   ffn: str = "mlp"                    # a key of FFNS
-  activation: str = "gelu"
+  activation: str | None = None       # None: the FFN's default (gelu for mlp, silu for swiglu)
   use_bias: bool = True               # attention output, FFN and norm biases
   qkv_bias: bool = False
   causal: bool = False
@@ -61,9 +61,9 @@ class TransformerBlock(nn.Module):
   def _ffn(self):
     if self.ffn not in FFNS:
       raise ValueError(f"ffn={self.ffn!r} is not one of {sorted(FFNS)}")
-    return FFNS[self.ffn](hidden_dim=self.mlp_dim, activation=self.activation,
-                          use_bias=self.use_bias, dtype=self.dtype,
-                          param_dtype=self.param_dtype, name="ffn")
+    kwargs = {} if self.activation is None else {"activation": self.activation}
+    return FFNS[self.ffn](hidden_dim=self.mlp_dim, use_bias=self.use_bias, dtype=self.dtype,
+                          param_dtype=self.param_dtype, name="ffn", **kwargs)
 
   @nn.compact
   def __call__(self, x, context=None, *, mask=None, context_mask=None, segment_ids=None,
