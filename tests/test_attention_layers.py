@@ -341,7 +341,7 @@ def test_block_dropout_only_when_training():
 @pytest.mark.parametrize("kw, with_context, match", [
     (dict(cross_attention=True), False, "cross_attention=True"),
     (dict(), True, "cross_attention=False"),
-    (dict(ffn="moe"), False, "ffn='moe'"),
+    (dict(ffn="dense"), False, "ffn=.dense."),
     (dict(norm="batchnorm"), False, "norm='batchnorm'"),
     (dict(activation="tanh"), False, "activation='tanh'"),
 ])

@@ -9,9 +9,10 @@ import jax.numpy as jnp
 
 from jaxformer.layers.attention import MultiHeadAttention
 from jaxformer.layers.mlp import Mlp, SwiGLU
+from jaxformer.layers.moe import MoE
 from jaxformer.layers.norms import make_norm
 
-FFNS = {"mlp": Mlp, "swiglu": SwiGLU}   # the MoE layer registers here when it lands
+FFNS = {"mlp": Mlp, "swiglu": SwiGLU, "moe": MoE}
 
 
 class TransformerBlock(nn.Module):
@@ -29,6 +30,8 @@ class TransformerBlock(nn.Module):
   norm: str = "layernorm"
   norm_eps: float = 1e-5
   ffn: str = "mlp"                    # a key of FFNS
+  num_experts: int = 0                # ffn="moe": experts and top-k
+  experts_per_token: int = 2
   activation: str | None = None       # None: the FFN's default (gelu for mlp, silu for swiglu)
   use_bias: bool = True               # attention output, FFN and norm biases
   qkv_bias: bool = False
@@ -62,6 +65,8 @@ class TransformerBlock(nn.Module):
     if self.ffn not in FFNS:
       raise ValueError(f"ffn={self.ffn!r} is not one of {sorted(FFNS)}")
     kwargs = {} if self.activation is None else {"activation": self.activation}
+    if self.ffn == "moe":
+      kwargs.update(num_experts=self.num_experts, experts_per_token=self.experts_per_token)
     return FFNS[self.ffn](hidden_dim=self.mlp_dim, use_bias=self.use_bias, dtype=self.dtype,
                           param_dtype=self.param_dtype, name="ffn", **kwargs)
 

@@ -14,10 +14,12 @@ import jax
 import jax.numpy as jnp
 
 
-def default_kernel_init(in_axis, out_axis) -> Callable:
-  """LeCun-normal over the true fan-in (all contracted axes) of a multi-axis kernel."""
+def default_kernel_init(in_axis, out_axis, batch_axis=()) -> Callable:
+  """LeCun-normal over the true fan-in (all contracted axes) of a multi-axis kernel;
+  `batch_axis` marks stacked independent kernels (e.g. experts)."""
   return nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
-                                          in_axis=in_axis, out_axis=out_axis)
+                                          in_axis=in_axis, out_axis=out_axis,
+                                          batch_axis=batch_axis)
 
 
 class DenseGeneral(nn.Module):

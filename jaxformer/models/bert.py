@@ -1,0 +1,76 @@
+"""BERT (Devlin et al., 2019): post-norm encoder, token-type embeddings, pooler, MLM head."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from jaxformer.layers import Embed, LayerNorm, LearnedPositionEmbedding
+from jaxformer.layers.dense import dense
+from jaxformer.layers.mlp import activation_fn
+from jaxformer.models.stack import BlockStack
+
+
+class Bert(nn.Module):
+  vocab_size: int
+  d_model: int
+  num_layers: int
+  num_heads: int
+  mlp_dim: int
+  max_len: int = 512
+  type_vocab_size: int = 2
+  norm_eps: float = 1e-12
+  activation: str = "gelu_exact"
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  attention_impl: str = "auto"
+  scan_layers: bool = False
+  remat_policy: str = "none"
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  def setup(self):
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    self.dropout = nn.Dropout(self.dropout_rate)
+    self.embed = Embed(self.vocab_size, self.d_model, name="embed", **kw)
+    self.pos_embed = LearnedPositionEmbedding(self.max_len, self.d_model, name="pos_embed", **kw)
+    self.type_embed = Embed(self.type_vocab_size, self.d_model, name="type_embed", **kw)
+    self.embed_norm = LayerNorm(self.norm_eps, name="embed_norm", **kw)
+    self.encoder = BlockStack(self.num_layers, dict(
+        num_heads=self.num_heads, mlp_dim=self.mlp_dim, pre_norm=False, norm="layernorm",
+        norm_eps=self.norm_eps, ffn="mlp", activation=self.activation, use_bias=True,
+        qkv_bias=True, dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate, impl=self.attention_impl, **kw),
+        scan=self.scan_layers, remat_policy=self.remat_policy, name="encoder")
+    self.pooler = dense(self.d_model, ("embed", "mlp"), use_bias=True, name="pooler", **kw)
+    self.mlm_transform = dense(self.d_model, ("embed", "mlp"), use_bias=True,
+                               name="mlm_transform", **kw)
+    self.mlm_norm = LayerNorm(self.norm_eps, name="mlm_norm", **kw)
+    self.mlm_bias = self.param("mlm_bias", nn.with_logical_partitioning(
+        nn.initializers.zeros, ("vocab",)), (self.vocab_size,), self.param_dtype)
+
+  def encode(self, tokens, *, token_type_ids=None, attention_mask=None,
+             deterministic: bool = True):
+    """-> (sequence output [B, T, E], pooled [B, E] = tanh(W h_[CLS] + b))."""
+    if tokens.ndim != 2:
+      raise ValueError(f"tokens must be [batch, length]; got shape {tokens.shape}")
+    if token_type_ids is None:
+      token_type_ids = jnp.zeros_like(tokens)
+    x = (self.embed(tokens) + self.pos_embed(jnp.arange(tokens.shape[1])[None])
+         + self.type_embed(token_type_ids))
+    x = self.dropout(self.embed_norm(x), deterministic=deterministic)
+    mask = None if attention_mask is None else attention_mask.astype(bool)[:, None, None, :]
+    x = self.encoder(x, mask=mask, deterministic=deterministic)
+    return x, jnp.tanh(self.pooler(x[:, 0]))
+
+  def __call__(self, tokens, *, token_type_ids=None, attention_mask=None,
+               deterministic: bool = True):
+    """tokens [B, T]; attention_mask [B, T] (1 = real token) -> MLM logits [B, T, vocab]."""
+    x, pooled = self.encode(tokens, token_type_ids=token_type_ids,
+                            attention_mask=attention_mask, deterministic=deterministic)
+    self.sow("intermediates", "pooled", pooled)
+    h = self.mlm_norm(activation_fn(self.activation)(self.mlm_transform(x)))
+    logits = self.embed.attend(h) + self.mlm_bias
+    return logits.astype(jnp.float32)

@@ -1,0 +1,70 @@
+"""RNN encoder-decoder (Cho et al., 2014) with optional Bahdanau attention (2015).
+
+Without attention the decoder sees the source only through the encoder's final state (the
+fixed-size bottleneck); with attention it re-reads every encoder state at every step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from jaxformer.layers import AdditiveAttention, Embed
+from jaxformer.layers.dense import dense
+
+CELLS = {"gru": nn.GRUCell, "lstm": nn.OptimizedLSTMCell}
+
+
+def _hidden(state, cell):
+  return state[1] if cell == "lstm" else state     # LSTM carry is (c, h)
+
+
+class _DecoderStep(nn.Module):
+  hidden_dim: int
+  cell: str
+  attention: bool
+  attention_dim: int
+
+  @nn.compact
+  def __call__(self, state, y_embedded, encoded, src_mask, fixed_context):
+    if self.attention:
+      context, weights = AdditiveAttention(self.attention_dim, name="attention")(
+          _hidden(state, self.cell)[:, None], encoded, mask=src_mask[:, None, :])
+      context = context[:, 0]
+    else:
+      context = fixed_context
+    state, h = CELLS[self.cell](self.hidden_dim, name="cell")(
+        state, jnp.concatenate([y_embedded, context], axis=-1))
+    return state, jnp.concatenate([h, context, y_embedded], axis=-1)
+
+
+class RnnSeq2Seq(nn.Module):
+  vocab_size: int
+  embed_dim: int
+  hidden_dim: int
+  attention: bool = True
+  attention_dim: int | None = None    # default: hidden_dim
+  cell: str = "gru"                   # "gru" | "lstm"
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, src_tokens, tgt_tokens, *, src_mask=None, deterministic: bool = True):
+    """src [B, S], tgt [B, T] (teacher forcing), src_mask [B, S] (1 = real) -> [B, T, vocab]."""
+    if self.cell not in CELLS:
+      raise ValueError(f"cell={self.cell!r} is not one of {sorted(CELLS)}")
+    src_mask = (jnp.ones(src_tokens.shape, bool) if src_mask is None
+                else src_mask.astype(bool))
+    src = Embed(self.vocab_size, self.embed_dim, name="src_embed")(src_tokens)
+    state, encoded = nn.RNN(CELLS[self.cell](self.hidden_dim), return_carry=True,
+                            name="encoder")(src, seq_lengths=src_mask.sum(-1))
+    tgt = Embed(self.vocab_size, self.embed_dim, name="tgt_embed")(tgt_tokens)
+    step = nn.scan(_DecoderStep, variable_broadcast="params", split_rngs={"params": False},
+                   in_axes=(1, nn.broadcast, nn.broadcast, nn.broadcast), out_axes=1)
+    _, outputs = step(self.hidden_dim, self.cell, self.attention,
+                      self.attention_dim or self.hidden_dim, name="decoder")(
+        state, tgt, encoded, src_mask, _hidden(state, self.cell))
+    return dense(self.vocab_size, ("mlp", "vocab"), use_bias=True, name="out")(
+        outputs).astype(jnp.float32)

@@ -1,0 +1,85 @@
+"""A stack of TransformerBlocks, optionally scanned (`nn.scan`) and rematerialised (`nn.remat`).
+
+Every Transformer model builds its layers here, so scan/remat behave the same everywhere.
+Unscanned params live under `layers_0 ... layers_{L-1}`; scanned ones under `layers` with a
+leading layer axis (logical name "layers"). `stack_layers` / `unstack_layers` convert between
+the two layouts, and the outputs are identical.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax.core import FrozenDict
+
+from jaxformer.layers import TransformerBlock
+
+REMAT_POLICIES = {
+    "none": None,                                        # no rematerialisation
+    "full": jax.checkpoint_policies.nothing_saveable,   # recompute the whole block
+    "dots": jax.checkpoint_policies.checkpoint_dots,    # keep matmul outputs
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+class _Layer(nn.Module):
+  """One block in the scan-body form (carry, *broadcast inputs) -> (carry, None)."""
+  block: Any                                   # FrozenDict of TransformerBlock fields
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x, context, mask, context_mask, segment_ids, positions):
+    x = TransformerBlock(**self.block, name="block")(
+        x, context, mask=mask, context_mask=context_mask, segment_ids=segment_ids,
+        positions=positions, deterministic=self.deterministic)
+    return x, None
+
+
+class BlockStack(nn.Module):
+  num_layers: int
+  block: Any                                   # FrozenDict of TransformerBlock fields
+  scan: bool = False
+  remat_policy: str = "none"
+
+  @nn.compact
+  def __call__(self, x, context=None, *, mask=None, context_mask=None, segment_ids=None,
+               positions=None, deterministic: bool = True):
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"remat_policy={self.remat_policy!r} is not one of "
+                       f"{sorted(REMAT_POLICIES)}")
+    layer = _Layer
+    if self.remat_policy != "none":
+      layer = nn.remat(layer, policy=REMAT_POLICIES[self.remat_policy],
+                       prevent_cse=not self.scan)
+    block = FrozenDict(self.block)
+    inputs = (context, mask, context_mask, segment_ids, positions)
+    if self.scan:
+      layer = nn.scan(layer, variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+                      split_rngs={"params": True, "dropout": True},
+                      in_axes=(nn.broadcast,) * len(inputs), length=self.num_layers,
+                      metadata_params={nn.PARTITION_NAME: "layers"})
+      x, _ = layer(block=block, deterministic=deterministic, name="layers")(x, *inputs)
+      return x
+    for i in range(self.num_layers):
+      x, _ = layer(block=block, deterministic=deterministic, name=f"layers_{i}")(x, *inputs)
+    return x
+
+
+def stack_layers(tree: dict, num_layers: int) -> dict:
+  """{'layers_0': t, ..., 'layers_{L-1}': t} -> {'layers': stacked t} (scanned layout)."""
+  tree = dict(tree)
+  layers = [tree.pop(f"layers_{i}") for i in range(num_layers)]
+  tree["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+  return tree
+
+
+def unstack_layers(tree: dict, num_layers: int) -> dict:
+  """Inverse of `stack_layers`."""
+  tree = dict(tree)
+  stacked = tree.pop("layers")
+  for i in range(num_layers):
+    tree[f"layers_{i}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
+  return tree
