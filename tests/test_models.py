@@ -1,0 +1,255 @@
+"""Full models: scan/remat equivalence, decoding, masking/packing invariances, build errors."""
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxformer import models
+from jaxformer.layers.moe import MoE
+from jaxformer.models.stack import stack_layers
+from jaxformer.models.vit import resize_pos_embed
+from tests.gradcheck import numeric_grad
+
+GPT = dict(family="decoder", vocab_size=61, d_model=32, num_layers=3, num_heads=4, mlp_dim=64,
+           max_len=32)
+LLAMA = dict(family="decoder", vocab_size=61, d_model=32, num_layers=3, num_heads=4,
+             num_kv_heads=2, mlp_dim=48, positions="rope", norm="rmsnorm", ffn="swiglu",
+             use_bias=False, tie_embeddings=False, window=5)
+MIXTRAL = dict(LLAMA, num_experts=4, experts_per_token=2, window=None)
+BERT = dict(family="bert", vocab_size=61, d_model=32, num_layers=2, num_heads=4, mlp_dim=64,
+            max_len=32, dropout_rate=0.0, attention_dropout_rate=0.0)
+SEQ2SEQ = dict(family="seq2seq", vocab_size=61, d_model=32, num_encoder_layers=2,
+               num_decoder_layers=2, num_heads=4, mlp_dim=64, dropout_rate=0.0)
+VIT = dict(family="vit", num_classes=7, patch_size=4, image_size=12, d_model=32, num_layers=2,
+           num_heads=4, mlp_dim=64)
+
+
+def tokens(b=2, t=11, seed=0, vocab=61):
+  return jax.random.randint(jax.random.key(seed), (b, t), 1, vocab)
+
+
+def inputs(cfg):
+  if cfg["family"] == "seq2seq":
+    return (tokens(t=9), tokens(t=7, seed=1))
+  if cfg["family"] == "vit":
+    return (jax.random.normal(jax.random.key(0), (2, 12, 12, 3)),)
+  return (tokens(),)
+
+
+def init(cfg, *args):
+  module = models.build(cfg)
+  return module, nn.unbox(module.init(jax.random.key(0), *args))["params"]
+
+
+def _stack_all(params, cfg):
+  """Unscanned -> scanned layout for every BlockStack in the model."""
+  out = dict(params)
+  for name in ("decoder", "encoder"):
+    if name in out:
+      n = {"decoder": cfg.get("num_decoder_layers", cfg.get("num_layers")),
+           "encoder": cfg.get("num_encoder_layers", cfg.get("num_layers"))}[name]
+      out[name] = stack_layers(out[name], n)
+  return out
+
+
+@pytest.mark.parametrize("cfg", [GPT, LLAMA, MIXTRAL, BERT, SEQ2SEQ, VIT],
+                         ids=["gpt", "llama", "mixtral", "bert", "seq2seq", "vit"])
+def test_scanned_and_rematerialised_layers_give_identical_outputs(cfg):
+  args = inputs(cfg)
+  module, params = init(cfg, *args)
+  want = module.apply({"params": params}, *args)
+  scanned = models.build(dict(cfg, scan_layers=True, remat_policy="full"))
+  # the scanned model's own init has the stacked layout
+  shapes = jax.tree.map(jnp.shape, nn.unbox(jax.eval_shape(scanned.init, jax.random.key(0),
+                                                           *args))["params"])
+  stacked = _stack_all(params, cfg)
+  chex.assert_trees_all_equal_shapes(jax.tree.map(jnp.zeros, shapes,
+                                                  is_leaf=lambda x: isinstance(x, tuple)),
+                                     stacked)
+  got = jax.jit(scanned.apply)({"params": stacked}, *args)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+  ct = jax.random.normal(jax.random.key(3), want.shape)
+  loss = lambda p, m: jnp.mean(m.apply({"params": p}, *args) * ct)
+  g_plain = jax.jit(jax.grad(lambda p: loss(p, module)))(params)
+  for policy in ("dots", "dots_no_batch"):
+    remat = models.build(dict(cfg, remat_policy=policy))
+    g_remat = jax.jit(jax.grad(lambda p: loss(p, remat)))(params)
+    for a, b in zip(jax.tree.leaves(g_remat), jax.tree.leaves(g_plain)):
+      # recomputation reorders float32 ops: compare relative to each leaf's scale
+      assert np.abs(a - b).max() <= 1e-4 * max(np.abs(b).max(), 1e-3)
+
+
+@pytest.mark.parametrize("cfg", [GPT, LLAMA, MIXTRAL], ids=["gpt", "llama", "mixtral"])
+@pytest.mark.parametrize("scan", [False, True])
+def test_decoder_kv_cache_equals_full_forward(cfg, scan):
+  toks = tokens(t=10)
+  module, params = init(cfg, toks)
+  want = module.apply({"params": params}, toks)
+  if scan:
+    params = _stack_all(params, cfg)
+  dec = models.build(dict(cfg, decode=True, scan_layers=scan))
+  positions = jnp.arange(10)[None]
+  cache = dec.init(jax.random.key(0), jnp.zeros((2, 16), jnp.int32),
+                   positions=jnp.arange(16)[None])["cache"]
+  step = jax.jit(lambda c, t, pos: dec.apply({"params": params, "cache": c}, t, positions=pos,
+                                             mutable=["cache"]))
+  out, state = step(cache, toks[:, :4], positions[:, :4])
+  outs = [out]
+  for t in range(4, 10):
+    out, state = step(state["cache"], toks[:, t:t + 1], positions[:, t:t + 1])
+    outs.append(out)
+  np.testing.assert_allclose(jnp.concatenate(outs, 1), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("cfg", [GPT, LLAMA], ids=["gpt", "llama"])
+def test_decoder_is_causal(cfg):
+  toks = tokens(t=12)
+  module, params = init(cfg, toks)
+  base = module.apply({"params": params}, toks)
+  changed = module.apply({"params": params}, toks.at[:, 8:].set(3))
+  np.testing.assert_allclose(changed[:, :8], base[:, :8], atol=1e-5)
+  assert not np.allclose(changed[:, 8:], base[:, 8:])
+
+
+@pytest.mark.parametrize("cfg", [GPT, LLAMA], ids=["gpt", "llama"])
+def test_packed_sequences_equal_separate_sequences(cfg):
+  """Two documents packed in one row with segment ids and per-document positions give
+  exactly the logits each document gets alone."""
+  a, b = tokens(b=1, t=7, seed=1), tokens(b=1, t=5, seed=2)
+  module, params = init(cfg, a)
+  packed = jnp.concatenate([a, b], axis=1)
+  seg = jnp.array([[1] * 7 + [2] * 5])
+  pos = jnp.array([list(range(7)) + list(range(5))])
+  got = module.apply({"params": params}, packed, segment_ids=seg, positions=pos)
+  np.testing.assert_allclose(got[:, :7], module.apply({"params": params}, a), atol=1e-5)
+  np.testing.assert_allclose(got[:, 7:], module.apply({"params": params}, b), atol=1e-5)
+
+
+def test_bert_ignores_padding_and_uses_token_types():
+  toks = tokens(t=10)
+  module, params = init(BERT, toks)
+  mask = jnp.array([[1] * 10, [1] * 6 + [0] * 4])
+  base, state = module.apply({"params": params}, toks, attention_mask=mask,
+                             mutable=["intermediates"])
+  other = module.apply({"params": params}, toks.at[1, 6:].set(5), attention_mask=mask)
+  np.testing.assert_allclose(other[1, :6], base[1, :6], atol=1e-5)
+  chex.assert_shape(state["intermediates"]["pooled"][0], (2, 32))
+  typed = module.apply({"params": params}, toks, token_type_ids=jnp.ones_like(toks),
+                       attention_mask=mask)
+  assert not np.allclose(typed, base)
+  assert set(params) >= {"embed", "pos_embed", "type_embed", "embed_norm", "encoder", "pooler",
+                         "mlm_transform", "mlm_norm", "mlm_bias"}
+
+
+def test_seq2seq_causal_target_and_masked_source():
+  src, tgt = tokens(t=9), tokens(t=7, seed=1)
+  module, params = init(SEQ2SEQ, src, tgt)
+  src_mask = jnp.array([[1] * 9, [1] * 5 + [0] * 4])
+  base = module.apply({"params": params}, src, tgt, src_mask=src_mask)
+  future = module.apply({"params": params}, src, tgt.at[:, 4:].set(2), src_mask=src_mask)
+  np.testing.assert_allclose(future[:, :4], base[:, :4], atol=1e-5)
+  padded = module.apply({"params": params}, src.at[1, 5:].set(7), tgt, src_mask=src_mask)
+  np.testing.assert_allclose(padded[1], base[1], atol=1e-5)
+  assert "embed" in params and "lm_head" not in params          # one shared embedding
+
+
+def test_vit_pooling_and_position_resize():
+  images = inputs(VIT)[0]
+  for pool in ("cls", "gap"):
+    module, params = init(dict(VIT, pool=pool), images)
+    chex.assert_shape(module.apply({"params": params}, images), (2, 7))
+    rows = 9 + (pool == "cls")
+    chex.assert_shape(params["pos_embed"]["embedding"], (rows, 32))
+  table = params["pos_embed"]["embedding"]                        # gap: 3x3 grid, no cls
+  np.testing.assert_allclose(resize_pos_embed(table, 3, has_cls=False), table, atol=1e-6)
+  # a table linear in the grid coordinates stays linear under bilinear resizing
+  module, params = init(VIT, images)
+  grid = np.stack(np.meshgrid(np.arange(3.), np.arange(3.), indexing="ij"), -1).reshape(9, 2)
+  lin = np.concatenate([np.zeros((1, 2)), grid], 0).astype(np.float32)
+  resized = np.asarray(resize_pos_embed(jnp.asarray(lin), 6))
+  chex.assert_shape(resized, (37, 2))
+  np.testing.assert_allclose(resized[0], 0)
+  d = np.diff(resized[1:].reshape(6, 6, 2)[1:-1, 1:-1, 0], axis=0)
+  np.testing.assert_allclose(d, d[0, 0], atol=1e-5)
+  big = models.build(dict(VIT, image_size=24))
+  new_params = dict(params, pos_embed={"embedding": resize_pos_embed(
+      params["pos_embed"]["embedding"], 6)})
+  chex.assert_shape(big.apply({"params": new_params}, jnp.ones((1, 24, 24, 3))), (1, 7))
+  with pytest.raises(ValueError, match="image_size"):
+    models.build(VIT).apply({"params": params}, jnp.ones((1, 24, 24, 3)))
+
+
+@pytest.mark.parametrize("attention", [True, False])
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_rnn_seq2seq_masks_source_padding(attention, cell):
+  cfg = dict(family="rnn_seq2seq", vocab_size=61, embed_dim=16, hidden_dim=24,
+             attention=attention, cell=cell)
+  src, tgt = tokens(t=9), tokens(t=6, seed=1)
+  module, params = init(cfg, src, tgt)
+  mask = jnp.array([[1] * 9, [1] * 5 + [0] * 4])
+  base = module.apply({"params": params}, src, tgt, src_mask=mask)
+  chex.assert_shape(base, (2, 6, 61))
+  padded = module.apply({"params": params}, src.at[1, 5:].set(3), tgt, src_mask=mask)
+  np.testing.assert_allclose(padded[1], base[1], atol=1e-5)
+  early = module.apply({"params": params}, src.at[:, 0].set(4), tgt, src_mask=mask)
+  assert not np.allclose(early, base)           # the first source token reaches the output
+  assert ("attention" in str(jax.tree_util.tree_structure(params))) == attention
+
+
+def test_moe_matches_numpy_top_k_mixture():
+  moe = MoE(num_experts=5, experts_per_token=2, hidden_dim=12)
+  x = np.random.default_rng(0).normal(size=(2, 7, 16)).astype(np.float32)
+  params = nn.unbox(moe.init(jax.random.key(0), x))["params"]
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+
+  def np_moe(x):
+    t = x.reshape(-1, 16)
+    logits = t @ p["router"]["kernel"]
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(t)
+    for n in range(t.shape[0]):
+      top = np.argsort(-probs[n])[:2]
+      w = probs[n, top] / probs[n, top].sum()
+      for e, wt in zip(top, w):
+        h = t[n] @ p["wi_gate"][e]
+        out[n] += wt * ((h / (1 + np.exp(-h))) * (t[n] @ p["wi_up"][e])) @ p["wo"][e]
+    return out.reshape(x.shape)
+
+  np.testing.assert_allclose(moe.apply({"params": params}, x), np_moe(x.astype(np.float64)),
+                             atol=1e-5)
+  ct = np.random.default_rng(1).normal(size=x.shape)
+  g = jax.grad(lambda x: jnp.sum(moe.apply({"params": params}, x) * ct))(x)
+  idx, num = numeric_grad(lambda xx: np.sum(np_moe(xx) * ct), x)
+  np.testing.assert_allclose(np.ravel(g)[idx], num, atol=1e-4, rtol=1e-3)
+  specs = nn.get_partition_spec(moe.init(jax.random.key(0), x))["params"]
+  assert tuple(specs["wi_gate"]) == ("expert", "embed", "mlp")
+
+
+def test_bfloat16_decoder_keeps_float32_params_and_logits():
+  toks = tokens()
+  module, params = init(dict(LLAMA, dtype="bfloat16"), toks)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+  assert module.apply({"params": params}, toks).dtype == jnp.float32
+
+
+@pytest.mark.parametrize("cfg, match", [
+    (dict(GPT, family="gpt5"), "model.family='gpt5'"),
+    (dict(GPT, num_heads=5), "model.num_heads=5 does not divide model.d_model=32"),
+    (dict(LLAMA, num_kv_heads=3), "model.num_kv_heads=3 must divide model.num_heads=4"),
+    (dict(VIT, patch_size=5), "model.patch_size=5 does not divide model.image_size=12"),
+    (dict(GPT, n_layer=3), "model.n_layer is not a field"),
+    ({k: v for k, v in GPT.items() if k != "vocab_size"}, "model.vocab_size is required"),
+    (dict(GPT, positions="relative"), "model.positions='relative'"),
+    (dict(GPT, dtype="float8"), "model.dtype='float8'"),
+    (dict(GPT, dropout_rate=1.5), "model.dropout_rate"),
+    (dict(MIXTRAL, experts_per_token=5), "model.experts_per_token=5"),
+    (dict(GPT, remat_policy="some"), "model.remat_policy='some'"),
+    (dict(GPT, num_layers=0), "model.num_layers=0"),
+])
+def test_build_rejects_bad_config_naming_the_field(cfg, match):
+  with pytest.raises(ValueError, match=match):
+    models.build(cfg)
