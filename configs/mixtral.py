@@ -1,0 +1,54 @@
+"""Mixtral (Jiang et al., 2024): `--config=configs/mixtral.py:{8x7b,tiny}`.
+
+Mistral-7B with every FFN replaced by a sparse mixture of 8 SwiGLU experts, 2 per token
+(softmax router over experts, top-2 weights renormalised), RoPE theta 1e6, no sliding
+window, 32768 context. `reference.params` / `reference.active_params` are the Hugging Face
+MixtralForCausalLM total (46.7B) and the per-token active count (~12.9B).
+
+`tiny`: char-level (vocab 65), 4 experts / top-2, GQA, RoPE, RMSNorm, untied head.
+"""
+
+try:
+  from configs import common
+  from configs import llama
+except ImportError:  # loaded by path (config_flags) with the repo root not on sys.path
+  import pathlib
+  import sys
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+  from configs import common
+  from configs import llama
+
+SIZES = {
+    "8x7b": dict(
+        model=dict(vocab_size=32000, d_model=4096, num_layers=32, num_heads=32,
+                   num_kv_heads=8, mlp_dim=14336, num_experts=8, experts_per_token=2,
+                   rope_theta=1e6, window=None, max_len=32768),
+        data=("mistral", 8192), params=46_702_792_704, active_params=12_879_921_152,
+        source="Hugging Face MixtralForCausalLM (mistralai/Mixtral-8x7B-v0.1)"),
+    "tiny": dict(
+        model=dict(vocab_size=65, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                   mlp_dim=128, num_experts=4, experts_per_token=2, rope_theta=1e6,
+                   window=None, max_len=256),
+        data=("char", 128), params=None, active_params=None, source=""),
+}
+
+
+def get_config(arg=None):
+  name, size = common.select("mixtral", arg, SIZES)
+  tiny = name == "tiny"
+  model = common.model("decoder", f"mixtral-{name}", dtype="float32" if tiny else "bfloat16",
+                       **llama.LLAMA, **size["model"])
+  tokenizer, seq_len = size["data"]
+  if tiny:
+    return common.config(
+        model=model, data=common.data("tinyshakespeare", tokenizer, seq_len),
+        train=common.train(2000, 32, eval_every=200, log_every=20, checkpoint_every=500),
+        optim=common.optim(1e-3, warmup_steps=100, b2=0.99))
+  return common.config(
+      model=model,
+      data=common.data("tinyshakespeare", tokenizer, seq_len),
+      train=common.train(500_000, 4 * 2**20 // seq_len, eval_every=2000, log_every=50,
+                         checkpoint_every=5000),
+      optim=common.optim(3e-4, warmup_steps=2000, weight_decay=0.1, b2=0.95, eps=1e-5),
+      reference=common.reference(size["params"], source=size["source"], params_key="total",
+                                 active_params=size["active_params"]))

@@ -1,0 +1,132 @@
+"""Parameter counts of every published config vs. the published numbers, and FLOPs/token.
+
+For each named size in configs/{gpt2,gpt3,bert,vit,transformer,llama,mixtral}.py this builds
+the model from `config.model`, counts its parameters with `jaxformer.scaling.count_params`
+(jax.eval_shape: no memory, a few seconds for everything, GPT-3 175B included) and prints a
+Markdown table:
+
+- count: which key is compared: 'total' for language models, 'backbone' (no task head) for
+  BERT (Hugging Face BertModel, pooler included) and ViT, 'total' and 'active' for Mixtral.
+- reference: exact counts of the reference implementations (Hugging Face / timm) where we
+  have them, otherwise the paper's rounded numbers (marked "~"); "exact" references must
+  match to the parameter, and the script exits with status 1 if one does not.
+- FLOPs/token: `scaling.flops_per_token` (6N + 6 * n_layer * n_ctx * d_attn, training) at the
+  model's context length: max_len for decoders and BERT, patches + 1 for ViT, data.seq_len
+  (source and target) for the encoder-decoder.
+
+Usage: python experiments/tables.py
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))   # the repo root
+
+import configs  # noqa: E402
+from jaxformer import scaling  # noqa: E402
+
+# (config file, config names, label prefix): every published size.
+MODELS = [
+    ("gpt2", ("small", "medium", "large", "xl"), "GPT-2 "),
+    ("gpt3", ("small", "medium", "large", "xl", "2.7b", "6.7b", "13b", "175b"), "GPT-3 "),
+    ("bert", ("base", "large"), "BERT-"),
+    ("vit", ("Ti/16", "S/16", "B/16", "B/32", "L/16", "L/32", "H/14"), "ViT-"),
+    ("transformer", ("base", "big"), "Transformer "),
+    ("llama", ("llama2-7b", "llama3-8b", "mistral-7b"), ""),
+    ("mixtral", ("8x7b",), "Mixtral-"),
+]
+LABELS = {"llama2-7b": "Llama-2-7B", "llama3-8b": "Llama-3-8B", "mistral-7b": "Mistral-7B",
+          "xl": "XL", "8x7b": "8x7B", "2.7b": "2.7B", "6.7b": "6.7B", "13b": "13B",
+          "175b": "175B"}
+
+FOOTNOTES = """\
+Notes:
+- GPT-3 XL: Table 2.1 lists 24 heads x d_head 128, which is inconsistent with d_model 2048
+  (24 x 128 = 3072, and would give ~1.5B params); we use 16 heads x 128 = 2048 (1.32B).
+- GPT-3 13B: the paper's d_model 5140 is a typo for 5120 (40 heads x 128).
+- GPT-3, Transformer, ViT-L/H and DeiT (Ti/S) references are the papers' rounded counts
+  ("~"); GPT-3 medium, XL, 2.7B and 13B differ from them by 1.1-1.8% with the paper's own
+  shapes (e.g. medium: 24 x 12 x 1024^2 + 50257 x 1024 + 2048 x 1024 + biases = 355.9M vs
+  "350M"), so those rows cannot be within 1%.
+- DeiT (Ti/S) rounds its counts down: Ti/16 is 5.72M with the 1000-class head, 5.52M without.
+- The ViT paper's counts appear to include the 1000-class head: ViT-H/14 total (with head)
+  is 632,045,800 vs backbone 630,764,800.
+- Transformer: the vocabulary is only "about 37000" shared BPE tokens and the counts are
+  rounded, so base (65M) / big (213M) are approximate.
+- Mixtral active: the quoted ~12,879,921,152 is 4,096 below total - 3/4 x expert weights =
+  46,702,792,704 - 0.75 x 45,097,156,608 = 12,879,925,248 (ours).
+"""
+
+
+def context_length(cfg) -> int:
+  m = cfg.model
+  if m.family == "vit":
+    return (m.image_size // m.patch_size) ** 2 + (1 if m.pool == "cls" else 0)
+  if m.family in ("seq2seq", "rnn_seq2seq"):
+    return cfg.data.seq_len
+  return m.max_len
+
+
+def _fmt_count(n) -> str:
+  return f"{int(n):,}"
+
+
+def rows():
+  """Yields dicts: label, config, key, ours, ref, exact, flops, ctx."""
+  for module, names, prefix in MODELS:
+    for name in names:
+      cfg = configs.get_config(module, name)
+      counts = scaling.count_params(cfg.model)
+      ctx = context_length(cfg)
+      flops = scaling.flops_per_token(cfg.model, ctx)
+      ref = cfg.reference
+      label = LABELS[name] if module == "llama" else prefix + LABELS.get(name, name)
+      spec = f"{module}.py:{name}"
+      base = dict(label=label, config=spec, flops=flops, ctx=ctx)
+      if module == "vit" and ref.get("params_exact"):
+        yield dict(base, key="backbone", ours=counts["backbone"], ref=ref.params_exact,
+                   exact=True)
+      elif module in ("gpt3", "transformer", "vit"):
+        yield dict(base, key=ref.params_key, ours=counts[ref.params_key], ref=ref.params,
+                   exact=False)
+      else:
+        yield dict(base, key=ref.params_key, ours=counts[ref.params_key], ref=ref.params,
+                   exact=True)
+      if module == "mixtral":
+        yield dict(base, label=label + " (active)", key="active", ours=counts["active"],
+                   ref=ref.active_params, exact=False)
+
+
+def table(all_rows) -> str:
+  lines = ["| model | config | count | ours | reference | diff | ctx | FLOPs/token (train) |",
+           "|---|---|---|---:|---:|---:|---:|---:|"]
+  for r in all_rows:
+    if r["ref"] is None:
+      ref, diff = "—", "—"
+    else:
+      ref = ("" if r["exact"] else "~") + _fmt_count(r["ref"])
+      rel = r["ours"] / r["ref"] - 1
+      diff = ("exact" if r["ours"] == r["ref"] else
+              ("**MISMATCH** " if r["exact"] else "")
+              + (f"{rel:+.2%}" if abs(rel) >= 1e-4 else f"{rel:+.1e}"))
+    lines.append(f"| {r['label']} | `{r['config']}` | {r['key']} | {_fmt_count(r['ours'])} | "
+                 f"{ref} | {diff} | {r['ctx']} | {r['flops']:.3e} |")
+  return "\n".join(lines)
+
+
+def main() -> int:
+  all_rows = list(rows())
+  print(table(all_rows))
+  print()
+  print(FOOTNOTES)
+  bad = [r["label"] for r in all_rows if r["exact"] and r["ours"] != r["ref"]]
+  if bad:
+    print(f"exact references not matched: {', '.join(bad)}")
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

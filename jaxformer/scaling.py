@@ -1,0 +1,188 @@
+"""Parameter counts and training FLOPs of the models built from `config.model`.
+
+Counts come from `jax.eval_shape` of `models.build(model_config).init(...)`: shapes only, no
+memory is allocated and nothing is compiled, so GPT-3 175B or Mixtral 8x7B count in about a
+second on a laptop.
+
+    from jaxformer import scaling
+    scaling.count_params(config.model)
+    # {'total': ..., 'active': ..., 'non_embedding': ..., 'backbone': ...,
+    #  'non_embedding_active': ...}
+    scaling.flops_per_token(config.model, seq_len=2048)
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxformer import models
+
+# Top-level parameter names (direct children of 'params') by role, per model family.
+# Embeddings: token tables, learned position tables, token-type tables, and vocabulary-sized
+# output projections that are not tied to the input table.
+EMBEDDINGS = {
+    "decoder": ("embed", "pos_embed", "lm_head"),
+    "bert": ("embed", "pos_embed", "type_embed"),
+    "seq2seq": ("embed",),
+    "vit": ("pos_embed",),
+    "rnn_seq2seq": ("src_embed", "tgt_embed", "out"),
+}
+# Task heads, i.e. what a "backbone" (HF `*Model`, timm `num_classes=0`) leaves out.
+HEADS = {
+    "decoder": ("lm_head",),
+    "bert": ("mlm_transform", "mlm_norm", "mlm_bias"),   # the pooler is part of BertModel
+    "seq2seq": (),                                         # output head tied to `embed`
+    "vit": ("head",),
+    "rnn_seq2seq": ("out",),
+}
+# Expert weights of a MoE FFN: params named so under a module named 'ffn', with a leading
+# [num_experts] axis (after the [layers] axis when the stack is scanned).
+EXPERT_PARAMS = ("wi_gate", "wi_up", "wi", "wo")
+
+
+def _as_dict(model_config: Any) -> dict:
+  return dict(model_config.to_dict() if hasattr(model_config, "to_dict") else model_config)
+
+
+def dummy_inputs(model_config: Any, batch: int = 1, length: int = 8) -> tuple:
+  """Abstract (ShapeDtypeStruct) inputs of the right kind for `init` of this family."""
+  cfg = _as_dict(model_config)
+  family = cfg.get("family")
+  if family == "vit":
+    size = cfg["image_size"]
+    return (jax.ShapeDtypeStruct((batch, size, size, cfg.get("channels", 3)), jnp.float32),)
+  length = min(length, cfg.get("max_len") or length)
+  tokens = jax.ShapeDtypeStruct((batch, length), jnp.int32)
+  if family in ("seq2seq", "rnn_seq2seq"):
+    return (tokens, tokens)
+  return (tokens,)
+
+
+def param_shapes(model_config: Any) -> dict:
+  """The unboxed 'params' tree of ShapeDtypeStructs (no memory allocated)."""
+  module = models.build(model_config)
+  variables = jax.eval_shape(module.init, jax.random.key(0), *dummy_inputs(model_config))
+  return nn.meta.unbox(variables["params"])
+
+
+def _size(leaf) -> int:
+  return math.prod(int(d) for d in leaf.shape)
+
+
+def _key(entry) -> str:
+  return str(getattr(entry, "key", getattr(entry, "name", entry)))
+
+
+def count_params(model_config: Any) -> dict[str, int]:
+  """Parameter counts of the model `models.build(model_config)` (python ints).
+
+  - 'total': every parameter.
+  - 'active': parameters used per token: total minus the (E - k) / E fraction of the expert
+    weights of each MoE FFN (E = num_experts, k = experts_per_token); the router counts as
+    active. Equal to 'total' for dense models.
+  - 'non_embedding': total minus token embeddings (`embed`), learned position tables
+    (`pos_embed`), token-type embeddings (`type_embed`) and an untied output head
+    (`lm_head`); see EMBEDDINGS (Kaplan et al., 2020 count N without them).
+  - 'backbone': total minus task heads (ViT `head`, BERT's MLM head `mlm_transform`,
+    `mlm_norm`, `mlm_bias`, an untied decoder `lm_head`); see HEADS. BERT's backbone keeps
+    the pooler (Hugging Face `BertModel`).
+  - 'non_embedding_active': non_embedding minus the inactive expert weights (the N of
+    `flops_per_token`).
+
+  The count is layout-independent, so layers are traced scanned (`scan_layers=True`: one
+  layer body instead of num_layers copies; GPT-3 175B counts in ~0.2 s), and results are
+  cached per distinct config.
+  """
+  cfg = _as_dict(model_config)
+  try:
+    key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in cfg.items()))
+    hash(key)
+  except TypeError:                      # unhashable field values: no caching
+    return _count_params(cfg)
+  return dict(_count_params_cached(key))
+
+
+@functools.lru_cache(maxsize=256)
+def _count_params_cached(key: tuple) -> dict[str, int]:
+  return _count_params(dict(key))
+
+
+def _count_params(cfg: dict) -> dict[str, int]:
+  family = cfg.get("family")
+  if family in models.FAMILIES and "scan_layers" in models.model_fields(family):
+    cfg = dict(cfg, scan_layers=True)
+  params = param_shapes(cfg)
+  num_experts = int(cfg.get("num_experts") or 0)
+  top_k = int(cfg.get("experts_per_token") or 0)
+  total = embedding = head = expert = 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    keys = [_key(p) for p in path]
+    n = _size(leaf)
+    total += n
+    if keys[0] in EMBEDDINGS.get(family, ()):
+      embedding += n
+    if keys[0] in HEADS.get(family, ()):
+      head += n
+    if num_experts and len(keys) >= 2 and keys[-2] == "ffn" and keys[-1] in EXPERT_PARAMS:
+      expert += n
+  inactive = expert // num_experts * (num_experts - top_k) if num_experts else 0
+  return {"total": total, "active": total - inactive, "non_embedding": total - embedding,
+          "backbone": total - head, "non_embedding_active": total - embedding - inactive}
+
+
+def attention_layers(model_config: Any, seq_len: int) -> tuple[int, int, int]:
+  """(number of attention layers, keys seen per query, attention width d_attn) for the
+  FLOPs attention term; see `flops_per_token`."""
+  cfg = _as_dict(model_config)
+  family = cfg.get("family")
+  if family == "rnn_seq2seq":
+    if not cfg.get("attention", True):
+      return 0, seq_len, 0
+    # Additive attention: a (attention_dim) score per source state, then a weighted sum of
+    # the (hidden_dim) states: one "layer" of width attention_dim + hidden_dim.
+    return 1, seq_len, (cfg.get("attention_dim") or cfg["hidden_dim"]) + cfg["hidden_dim"]
+  head_dim = cfg.get("head_dim") or cfg["d_model"] // cfg["num_heads"]
+  width = cfg["num_heads"] * head_dim
+  if family == "seq2seq":
+    # Encoder self-attention, decoder self-attention and decoder cross-attention, with source
+    # and target of length seq_len.
+    return cfg["num_encoder_layers"] + 2 * cfg["num_decoder_layers"], seq_len, width
+  keys = seq_len
+  window = cfg.get("window")
+  if window is not None:
+    left = window[0] if isinstance(window, (tuple, list)) else window
+    if left is not None:
+      keys = min(seq_len, left + 1)   # `left` keys to the left plus the query's own position
+  return cfg["num_layers"], keys, width
+
+
+def flops_per_token(model_config: Any, seq_len: int) -> int:
+  """Training FLOPs per token at context length `seq_len`.
+
+  Convention (Kaplan et al., 2020, Table 1; used by Chinchilla's "6N"):
+  forward = 2 * N + 2 * n_layer * n_ctx * d_attn, training = 3 x forward (backward = 2x), so
+
+      flops_per_token = 6 * N + 6 * n_layer * n_ctx * d_attn
+
+  with N the non-embedding parameter count (for MoE: the *active* non-embedding count,
+  `count_params(...)['non_embedding_active']`), n_layer the number of attention layers,
+  n_ctx the number of keys a query sees and d_attn = num_heads * head_dim. As in Kaplan et
+  al. the attention term ignores causal masking (no factor 1/2), and embedding lookups,
+  norms, softmax and nonlinearities are not counted. Per-family details:
+  - sliding window (Mistral): n_ctx = min(seq_len, window + 1);
+  - seq2seq: per (source, target) token pair with both of length seq_len; n_layer counts
+    encoder self-, decoder self- and decoder cross-attention layers;
+  - ViT: pass seq_len = number of tokens (patches + cls); FLOPs per token (not per image);
+  - rnn_seq2seq: 6N plus the additive-attention term (recurrences counted through N).
+  """
+  if seq_len <= 0:
+    raise ValueError(f"seq_len={seq_len} must be > 0")
+  n = count_params(model_config)["non_embedding_active"]
+  layers, keys, width = attention_layers(model_config, seq_len)
+  return 6 * n + 6 * layers * keys * width
