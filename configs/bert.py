@@ -12,13 +12,7 @@ length as the default `seq_len`), 1M steps, Adam lr 1e-4, b1 0.9, b2 0.999, weig
 `tiny`: character-level MLM on tiny Shakespeare (vocab 65 + [MASK]/[CLS]/[SEP]/[PAD] = 69).
 """
 
-try:
-  from configs import common
-except ImportError:  # loaded by path (config_flags) with the repo root not on sys.path
-  import pathlib
-  import sys
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-  from configs import common
+from configs import common
 
 # name: (num_layers, d_model, num_heads, mlp_dim, HF BertModel count)
 SIZES = {

@@ -9,13 +9,7 @@ parameter count (tied head counted once). The optimizer follows the nanoGPT repr
 `tiny` is a character-level model of tiny Shakespeare (vocab 65) that trains on a laptop CPU.
 """
 
-try:
-  from configs import common
-except ImportError:  # loaded by path (config_flags) with the repo root not on sys.path
-  import pathlib
-  import sys
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-  from configs import common
+from configs import common
 
 # name: (num_layers, d_model, num_heads, HF parameter count)
 SIZES = {

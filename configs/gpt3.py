@@ -18,13 +18,7 @@ and learning rate. train.batch_size is that batch in 2048-token sequences (0.5M 
 over 375M tokens, cosine decay to 10% over 260B tokens (then constant; we stop at 300B).
 """
 
-try:
-  from configs import common
-except ImportError:  # loaded by path (config_flags) with the repo root not on sys.path
-  import pathlib
-  import sys
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-  from configs import common
+from configs import common
 
 N_CTX = 2048
 # name: (n_layers, d_model, n_heads used, d_head, paper n_heads, paper params,

@@ -14,13 +14,7 @@ lr 3e-4 with 2000 warmup steps and cosine decay to 10%, weight decay 0.1, clip 1
 shorter than the training sequence (128), so the window actually masks.
 """
 
-try:
-  from configs import common
-except ImportError:  # loaded by path (config_flags) with the repo root not on sys.path
-  import pathlib
-  import sys
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-  from configs import common
+from configs import common
 
 # name: model fields that differ between sizes, data (tokenizer, seq_len), HF count, source.
 SIZES = {

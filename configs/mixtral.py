@@ -8,22 +8,15 @@ MixtralForCausalLM total (46.7B) and the per-token active count (~12.9B).
 `tiny`: char-level (vocab 65), 4 experts / top-2, GQA, RoPE, RMSNorm, untied head.
 """
 
-try:
-  from configs import common
-  from configs import llama
-except ImportError:  # loaded by path (config_flags) with the repo root not on sys.path
-  import pathlib
-  import sys
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-  from configs import common
-  from configs import llama
+from configs import common
+from configs import llama
 
 SIZES = {
     "8x7b": dict(
         model=dict(vocab_size=32000, d_model=4096, num_layers=32, num_heads=32,
                    num_kv_heads=8, mlp_dim=14336, num_experts=8, experts_per_token=2,
                    rope_theta=1e6, window=None, max_len=32768),
-        data=("mistral", 8192), params=46_702_792_704, active_params=12_879_921_152,
+        data=("mistral", 8192), params=46_702_792_704, active_params=12_880_000_000,
         source="Hugging Face MixtralForCausalLM (mistralai/Mixtral-8x7B-v0.1)"),
     "tiny": dict(
         model=dict(vocab_size=65, d_model=64, num_layers=2, num_heads=4, num_kv_heads=2,

@@ -20,13 +20,7 @@ no weight decay, no clipping.
 CPU tests.
 """
 
-try:
-  from configs import common
-except ImportError:  # loaded by path (config_flags) with the repo root not on sys.path
-  import pathlib
-  import sys
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-  from configs import common
+from configs import common
 
 # name: (d_model, layers (enc = dec), num_heads, mlp_dim, dropout, steps, paper params)
 SIZES = {

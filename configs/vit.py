@@ -17,13 +17,7 @@ weight decay 0.3 (decoupled: 0.3 * lr in big_vision's convention), 10k warmup st
 download), patch 2 (16 patches + [CLS]), d_model 64, 2 layers: for CPU tests and demos.
 """
 
-try:
-  from configs import common
-except ImportError:  # loaded by path (config_flags) with the repo root not on sys.path
-  import pathlib
-  import sys
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-  from configs import common
+from configs import common
 
 # name: (patch, d_model, num_layers, num_heads, mlp_dim, paper params, exact backbone count)
 SIZES = {

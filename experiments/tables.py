@@ -55,8 +55,8 @@ Notes:
   is 632,045,800 vs backbone 630,764,800.
 - Transformer: the vocabulary is only "about 37000" shared BPE tokens and the counts are
   rounded, so base (65M) / big (213M) are approximate.
-- Mixtral active: the quoted ~12,879,921,152 is 4,096 below total - 3/4 x expert weights =
-  46,702,792,704 - 0.75 x 45,097,156,608 = 12,879,925,248 (ours).
+- Mixtral active: the published figure is "about 12.88B"; ours is total - 3/4 x expert
+  weights = 46,702,792,704 - 0.75 x 45,097,156,608 = 12,879,925,248 (router counted active).
 """
 
 

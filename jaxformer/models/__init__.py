@@ -75,8 +75,11 @@ def _validate(family: str, c: dict):
   for key, value in c.items():
     if key in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_dim", "hidden_dim",
                "embed_dim", "num_encoder_layers", "num_decoder_layers", "num_classes",
-               "patch_size", "image_size", "max_len"):
+               "patch_size", "image_size", "max_len", "type_vocab_size", "channels"):
       _check(isinstance(value, int) and value > 0, f"model.{key}={value!r} must be an int > 0")
+    if key in ("attention_dim", "head_dim", "num_kv_heads") and value is not None:
+      _check(isinstance(value, int) and value > 0,
+             f"model.{key}={value!r} must be an int > 0 (or None for the default)")
   for key, value in c.items():
     if key.endswith("dropout_rate"):
       _check(0.0 <= value < 1.0, f"model.{key}={value} must be in [0, 1)")
@@ -85,11 +88,9 @@ def _validate(family: str, c: dict):
            f"model.num_heads={c['num_heads']} does not divide model.d_model={c['d_model']} "
            "(set model.head_dim, or pick a divisor)")
   if c.get("num_kv_heads") is not None:
-    _check(c["num_kv_heads"] > 0 and c["num_heads"] % c["num_kv_heads"] == 0,
+    _check(c["num_heads"] % c["num_kv_heads"] == 0,
            f"model.num_kv_heads={c['num_kv_heads']} must divide model.num_heads="
            f"{c['num_heads']}")
-  if c.get("head_dim") is not None:
-    _check(c["head_dim"] > 0, f"model.head_dim={c['head_dim']} must be > 0")
   if c.get("positions") == "rope":
     _check((c.get("head_dim") or c["d_model"] // c["num_heads"]) % 2 == 0,
            "model.positions='rope' needs an even head dim")
