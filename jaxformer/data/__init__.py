@@ -1,0 +1,1 @@
+"""Data: tokenizers and sources that yield deterministic, resumable batches."""

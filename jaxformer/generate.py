@@ -1,0 +1,200 @@
+"""Autoregressive sampling from a decoder LM with a KV cache.
+
+`generate(model_config, params, prompt, max_new_tokens=...)` builds the decoding variant of the
+model (`decode=True`), prefills the cache with the whole prompt in one call and then produces
+one token per step inside a single jitted `lax.fori_loop` (one compilation per model, prompt
+shape, number of new tokens, cache length and filter setting; the seed and the temperature are
+traced, so changing them does not recompile).
+
+Sampling: temperature 0 is greedy argmax; otherwise logits / temperature, then the top-k filter,
+then the top-p (nucleus) filter (`filter_logits`), then `jax.random.categorical`. The key of
+step s (0-based index of the new token) is `fold_in(key(seed), s)`, split per batch row with
+`fold_in(step_key, row)`, so a row's tokens depend only on the seed, its own prompt and the
+model: the same prompt gives the same tokens alone or inside a batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer import models
+
+
+def _check_top_k(top_k):
+  if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral)
+                            or top_k < 1):
+    raise ValueError(f"top_k={top_k!r} must be an int >= 1 (or None for no top-k filter)")
+
+
+def _check_top_p(top_p):
+  if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real)
+                            or not 0.0 < top_p <= 1.0):
+    raise ValueError(f"top_p={top_p!r} must be a float in (0, 1] (or None for no nucleus "
+                     "filter)")
+
+
+def filter_logits(logits, *, top_k: int | None = None, top_p: float | None = None):
+  """Top-k then top-p (nucleus) filtering over the last axis; removed entries become -inf.
+
+  top_k keeps the k largest logits (k is clipped to the vocabulary size); top_p keeps the
+  smallest set of most likely tokens whose probability mass (softmax of the top-k-filtered
+  logits) is >= top_p. Both filters are thresholds on the logit value, so tokens tied with the
+  last kept one are kept too (the result never depends on how a sort orders ties, and may hold
+  more than k tokens when there are ties). The most likely token is always kept. Entries that
+  are already -inf stay -inf. Returns float32 logits of the input's shape.
+  """
+  _check_top_k(top_k)
+  _check_top_p(top_p)
+  logits = jnp.asarray(logits, jnp.float32)
+  vocab = logits.shape[-1]
+  if top_k is not None and top_k < vocab:
+    kth = jax.lax.top_k(logits, int(top_k))[0][..., -1:]
+    logits = jnp.where(logits >= kth, logits, -jnp.inf)
+  if top_p is not None and top_p < 1.0:
+    sorted_logits = -jnp.sort(-logits, axis=-1)                   # descending
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs              # mass of strictly better ones
+    keep = mass_before < top_p                                    # index 0 always kept
+    cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits >= cutoff, logits, -jnp.inf)
+  return logits
+
+
+def _as_dict(model_config) -> dict:
+  if hasattr(model_config, "to_dict"):
+    model_config = model_config.to_dict()
+  if not isinstance(model_config, Mapping):
+    raise ValueError(f"model_config must be a dict or ConfigDict; got {type(model_config)}")
+  return dict(model_config)
+
+
+def generate(model_config: Any, params: Any, prompt, *, max_new_tokens: int,
+             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+             seed: int = 0, max_len: int | None = None) -> np.ndarray:
+  """Sample `max_new_tokens` tokens after `prompt` from a decoder LM.
+
+  Args:
+    model_config: the model's config (dict or ConfigDict, `family='decoder'`); the decoding
+      variant is built from it with `decode=True`.
+    params: the model's parameters (the "params" collection; a {"params": ...} variables dict
+      and logically-partitioned boxes are accepted too).
+    prompt: int tokens [B, P] (or [P]: one sequence, and the result is 1-D).
+    max_new_tokens: number of tokens to generate (>= 1).
+    temperature: 0 for greedy argmax decoding; otherwise logits are divided by it.
+    top_k, top_p: sampling filters (see `filter_logits`); ignored when temperature == 0.
+    seed: the sampling seed; the same seed gives the same tokens.
+    max_len: length of the KV cache (default P + max_new_tokens; must be at least that).
+
+  Returns:
+    np.ndarray int32 [B, P + max_new_tokens] (or [P + max_new_tokens]): prompt then samples.
+  """
+  cfg = _as_dict(model_config)
+  if cfg.get("family") != "decoder":
+    raise ValueError(f"model_config.family={cfg.get('family')!r}: generate needs "
+                     "family='decoder'")
+  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or (
+      max_new_tokens < 1):
+    raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
+  if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
+      math.isfinite(temperature) and temperature >= 0):
+    raise ValueError(f"temperature={temperature!r} must be a finite number >= 0 "
+                     "(0 for greedy decoding)")
+  _check_top_k(top_k)
+  _check_top_p(top_p)
+  if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    raise ValueError(f"seed={seed!r} must be an int")
+
+  tokens = np.asarray(prompt)
+  if tokens.dtype.kind not in "iu":
+    raise ValueError(f"prompt must be an integer array of token ids; got dtype {tokens.dtype}")
+  if tokens.ndim not in (1, 2) or tokens.size == 0:
+    raise ValueError(f"prompt must be a non-empty [batch, length] or [length] array; got "
+                     f"shape {tokens.shape}")
+  squeeze = tokens.ndim == 1
+  if squeeze:
+    tokens = tokens[None]
+  vocab = cfg.get("vocab_size")
+  if isinstance(vocab, int) and (tokens.min() < 0 or tokens.max() >= vocab):
+    raise ValueError(f"prompt token ids must be in [0, vocab_size={vocab}); got range "
+                     f"[{tokens.min()}, {tokens.max()}]")
+  tokens = tokens.astype(np.int32)
+  prompt_len = tokens.shape[1]
+  needed = prompt_len + int(max_new_tokens)
+  if max_len is None:
+    max_len = needed
+  elif isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral) or (
+      max_len < needed):
+    raise ValueError(f"max_len={max_len!r} must be an int >= prompt length + max_new_tokens "
+                     f"= {prompt_len} + {max_new_tokens} = {needed}")
+
+  cfg["decode"] = True
+  model = models.build(cfg)                      # validates the rest of the config
+  if model.positions == "learned" and max_len > model.max_len:
+    raise ValueError(f"max_len={max_len} (prompt length {prompt_len} + max_new_tokens "
+                     f"{max_new_tokens} by default) exceeds the model's learned position "
+                     f"table, model.max_len={model.max_len}")
+
+  if isinstance(params, Mapping) and "params" in params:
+    params = params["params"]
+  params = nn.unbox(params)
+  greedy = temperature == 0
+  out = _generate(model, params, jnp.asarray(tokens), jnp.float32(temperature if not greedy
+                                                                  else 1.0),
+                  jnp.uint32(int(seed) % 2**32), max_new_tokens=int(max_new_tokens),
+                  cache_len=int(max_len), greedy=greedy,
+                  top_k=None if greedy or top_k is None else int(top_k),
+                  top_p=None if greedy or top_p is None or top_p == 1 else float(top_p))
+  out = np.asarray(out, np.int32)
+  return out[0] if squeeze else out
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "cache_len", "greedy",
+                                             "top_k", "top_p"))
+def _generate(model, params, prompt, temperature, seed, *, max_new_tokens, cache_len, greedy,
+              top_k, top_p):
+  batch, prompt_len = prompt.shape
+  # The cache starts as zeros (what `init` allocates); only its shapes are traced here.
+  shapes = jax.eval_shape(
+      functools.partial(model.init, positions=jnp.arange(cache_len)[None]),
+      jax.random.key(0), jnp.zeros((batch, cache_len), jnp.int32))["cache"]
+  cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  key = jax.random.key(seed)
+  rows = jnp.arange(batch)
+
+  def step(cache, toks, start):
+    positions = start + jnp.arange(toks.shape[1])[None]
+    logits, state = model.apply({"params": params, "cache": cache}, toks, positions=positions,
+                                mutable=["cache"])
+    return logits[:, -1], state["cache"]
+
+  def sample(logits, index):
+    if greedy:
+      return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logits = filter_logits(logits / temperature, top_k=top_k, top_p=top_p)
+    row_keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.fold_in(key, index), rows)
+    return jax.vmap(jax.random.categorical)(row_keys, logits).astype(jnp.int32)
+
+  logits, cache = step(cache, prompt, 0)
+  new = jnp.zeros((batch, max_new_tokens), jnp.int32)
+  new = new.at[:, 0].set(sample(logits, 0))
+
+  def body(i, carry):
+    cache, new = carry
+    last = jax.lax.dynamic_slice_in_dim(new, i - 1, 1, axis=1)
+    logits, cache = step(cache, last, prompt_len + i - 1)
+    return cache, jax.lax.dynamic_update_slice_in_dim(new, sample(logits, i)[:, None], i, axis=1)
+
+  _, new = jax.lax.fori_loop(1, max_new_tokens, body, (cache, new))
+  return jnp.concatenate([prompt, new], axis=1)
+
+
+__all__ = ["generate", "filter_logits"]

@@ -1,0 +1,21 @@
+"""python -m jaxformer.train --config=configs/<name>.py[:arg] --workdir=DIR [--config.a.b=v]"""
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from jaxformer.train.loop import train
+
+config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
+flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics); reruns resume.")
+flags.DEFINE_bool("fresh", False, "Discard the workdir's checkpoints and metrics first.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  train(flags.FLAGS.config, flags.FLAGS.workdir, fresh=flags.FLAGS.fresh)
+
+
+if __name__ == "__main__":
+  app.run(main)

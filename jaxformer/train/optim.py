@@ -1,0 +1,61 @@
+"""Optax optimizer from `config.optim`: AdamW with a decay mask, warmup + decay schedules,
+global-norm clipping and gradient accumulation."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+
+SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
+
+
+def learning_rate_schedule(optim, total_steps: int) -> optax.Schedule:
+  """Linear warmup to `lr`, then cosine / linear decay to `min_lr_ratio * lr` at
+  `decay_steps` (default: total_steps), constant, or Vaswani's inverse square root."""
+  if optim.schedule not in SCHEDULES:
+    raise ValueError(f"optim.schedule={optim.schedule!r} is not one of {SCHEDULES}")
+  lr, warmup = float(optim.lr), int(optim.warmup_steps)
+  decay_steps = int(optim.get("decay_steps") or total_steps)
+  final = lr * float(optim.get("min_lr_ratio", 0.1))
+
+  def schedule(step):
+    step = jnp.asarray(step, jnp.float32)
+    warm = lr * (step + 1) / max(warmup, 1)
+    frac = jnp.clip((step - warmup) / max(decay_steps - warmup, 1), 0.0, 1.0)
+    if optim.schedule == "cosine":
+      after = final + 0.5 * (lr - final) * (1 + jnp.cos(math.pi * frac))
+    elif optim.schedule == "linear":
+      after = lr + (final - lr) * frac
+    elif optim.schedule == "constant":
+      after = jnp.full_like(step, lr)
+    else:
+      after = lr * jnp.sqrt(max(warmup, 1) / jnp.maximum(step + 1, 1))
+    return jnp.where(step < warmup, warm, after)
+
+  return schedule
+
+
+def decay_mask(params):
+  """True where weight decay applies: matrices, but not embeddings, norms or biases."""
+  def decays(path, leaf):
+    names = {str(getattr(p, "key", p)) for p in path}
+    return leaf.ndim >= 2 and "embedding" not in names
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def make_optimizer(optim, total_steps: int) -> optax.GradientTransformation:
+  if optim.get("name", "adamw") != "adamw":
+    raise ValueError(f"optim.name={optim.name!r}: only 'adamw' is available")
+  if int(optim.grad_accum) < 1:
+    raise ValueError(f"optim.grad_accum={optim.grad_accum} must be >= 1")
+  tx = optax.chain(
+      optax.clip_by_global_norm(float(optim.clip)) if optim.clip else optax.identity(),
+      optax.adamw(learning_rate_schedule(optim, total_steps), b1=float(optim.b1),
+                  b2=float(optim.b2), eps=float(optim.get("eps", 1e-8)),
+                  weight_decay=float(optim.weight_decay), mask=decay_mask))
+  if int(optim.grad_accum) > 1:
+    tx = optax.MultiSteps(tx, every_k_schedule=int(optim.grad_accum))
+  return tx

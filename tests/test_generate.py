@@ -1,0 +1,232 @@
+"""Sampling with a KV cache: greedy == full-forward argmax, filters vs NumPy, seeds, errors."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from jaxformer import generate as gen_lib
+from jaxformer import models
+from jaxformer.generate import filter_logits, generate
+
+GPT = dict(family="decoder", vocab_size=37, d_model=32, num_layers=2, num_heads=4, mlp_dim=64,
+           max_len=64)
+LLAMA = dict(GPT, positions="rope", norm="rmsnorm", ffn="swiglu", num_kv_heads=2,
+             use_bias=False, tie_embeddings=False)
+KINDS = {"gpt": GPT, "llama": LLAMA}
+PROMPT = np.array([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]], np.int32)
+
+
+@pytest.fixture(scope="module")
+def model_params():
+  """kind -> (full model, params); each kind is initialised once per module (and worker)."""
+  cache = {}
+
+  def get(kind):
+    if kind not in cache:
+      model = models.build(KINDS[kind])
+      variables = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+      cache[kind] = model, nn.unbox(variables)["params"]
+    return cache[kind]
+  return get
+
+
+def greedy_reference(model, params, prompt, n):
+  """Re-run the full (uncached) model on the growing sequence; argmax at the last position.
+
+  The sequence lives in a fixed-size buffer (one compilation): the model is causal, so the
+  logits at position t only see tokens <= t and the unfilled tail does not matter."""
+  b, p = prompt.shape
+  buf = np.zeros((b, p + n), np.int32)
+  buf[:, :p] = prompt
+  forward = jax.jit(lambda x: model.apply({"params": params}, x))
+  for i in range(n):
+    logits = np.asarray(forward(jnp.asarray(buf)))
+    buf[:, p + i] = logits[:, p + i - 1].argmax(-1)
+  return buf
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+def test_greedy_equals_full_forward_argmax(model_params, kind):
+  model, params = model_params(kind)
+  got = generate(KINDS[kind], params, PROMPT, max_new_tokens=7, temperature=0.0)
+  assert got.dtype == np.int32 and got.shape == (2, 12)
+  np.testing.assert_array_equal(got, greedy_reference(model, params, PROMPT, 7))
+
+
+def test_sampling_is_reproducible_and_rows_are_independent(model_params):
+  _, params = model_params("gpt")
+  same = np.repeat(PROMPT[:1], 2, axis=0)            # two identical rows
+  kw = dict(max_new_tokens=12, temperature=1.5, top_k=20, top_p=0.95)
+  a = generate(GPT, params, same, seed=0, **kw)
+  assert a.dtype == np.int32 and a.shape == (2, 17)
+  np.testing.assert_array_equal(a[:, :5], same)
+  assert ((a >= 0) & (a < GPT["vocab_size"])).all()
+  # same seed, same tokens (ConfigDict and a {"params": ...} dict are accepted too)
+  np.testing.assert_array_equal(
+      generate(ml_collections.ConfigDict(GPT), {"params": params}, same, seed=0, **kw), a)
+  assert not np.array_equal(a[0], a[1])              # rows draw their own samples
+  assert not np.array_equal(generate(GPT, params, same, seed=1, **kw), a)
+  # a row's tokens depend only on its prompt and the seed, not on the rest of the batch;
+  # a 1-D prompt gives a 1-D result
+  alone = generate(GPT, params, same[0], seed=0, **kw)
+  assert alone.shape == (17,)
+  np.testing.assert_array_equal(alone, a[0])
+
+
+def test_top_k_one_sampling_with_bigger_cache_equals_greedy(model_params):
+  _, params = model_params("llama")
+  greedy = generate(LLAMA, params, PROMPT, max_new_tokens=7, temperature=0)
+  # top_k=1 leaves only the argmax (top_p after it changes nothing); a cache longer than
+  # needed must not change the result (unwritten slots are masked)
+  got = generate(LLAMA, params, PROMPT, max_new_tokens=7, temperature=0.7, seed=3, top_k=1,
+                 top_p=0.9, max_len=16)
+  np.testing.assert_array_equal(got, greedy)
+
+
+# ------------------------------------------------------------------------- filter_logits
+
+
+def np_filter(logits, top_k=None, top_p=None):
+  """Loop-by-loop reference: keep the k largest (ties with the k-th kept), then walk tokens
+  from most to least likely adding them while the mass before them is < top_p (ties with the
+  last one added kept)."""
+  out = np.array(logits, np.float64)
+  for row in out.reshape(-1, out.shape[-1]):
+    if top_k is not None:
+      kth = np.sort(row)[::-1][min(top_k, row.size) - 1]
+      row[row < kth] = -np.inf
+    if top_p is not None and top_p < 1:            # top_p=1: every token (mass reaches 1)
+      p = np.exp(row - row.max())
+      p /= p.sum()
+      order = np.argsort(-row, kind="stable")
+      mass, last = 0.0, None
+      for i in order:
+        if mass >= top_p:
+          break
+        # the decision must not hinge on float32 vs float64 rounding
+        assert abs(mass - top_p) > 1e-5, "test data too close to the top_p boundary"
+        mass, last = mass + p[i], i
+      row[row < row[last]] = -np.inf
+  return out
+
+
+def assert_same_filter(got, want):
+  got = np.asarray(got)
+  np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
+  kept = ~np.isneginf(want)
+  np.testing.assert_allclose(got[kept], want[kept], rtol=1e-6)
+  assert kept.any(-1).all()                          # at least one token always survives
+  rows = np.arange(want.shape[0])
+  assert kept[rows, np.asarray(want).argmax(-1)].all()
+
+
+@pytest.mark.parametrize("vocab", [7, 13, 31])
+@pytest.mark.parametrize("top_k,top_p", [
+    (1, None), (3, None), (6, None), (100, None),
+    (None, 0.05), (None, 0.5), (None, 0.9), (None, 1.0),
+    (4, 0.6), (2, 0.99), (10, 0.3)])
+def test_filter_logits_matches_numpy(vocab, top_k, top_p):
+  logits = np.asarray(jax.random.normal(jax.random.key(vocab), (5, vocab))) * 2.0
+  logits[0, 1] = -np.inf                             # already-masked entries stay masked
+  assert_same_filter(filter_logits(logits, top_k=top_k, top_p=top_p),
+                     np_filter(logits, top_k, top_p))
+
+
+def test_filter_logits_ties_and_edge_cases():
+  x = np.array([[2.0, 0.5, 2.0, -1.0, 2.0, 0.5, 1.0]], np.float32)
+  got = np.asarray(filter_logits(x, top_k=2))        # the 2nd largest is tied with the 1st
+  np.testing.assert_array_equal(np.isfinite(got[0]), x[0] == 2.0)
+  got = np.asarray(filter_logits(x, top_p=0.5))      # each 2.0 has ~0.26 of the mass
+  np.testing.assert_array_equal(np.isfinite(got[0]), x[0] == 2.0)
+  assert_same_filter(filter_logits(x, top_k=5, top_p=0.9), np_filter(x, 5, 0.9))
+  flat = np.zeros((1, 9), np.float32)                # all tied: everything is kept
+  assert np.isfinite(np.asarray(filter_logits(flat, top_k=1, top_p=0.01))).all()
+  one = np.full((1, 5), -np.inf, np.float32)
+  one[0, 3] = 0.0                                    # a single finite token survives any filter
+  np.testing.assert_array_equal(np.asarray(filter_logits(one, top_k=2, top_p=0.1)), one)
+  np.testing.assert_array_equal(np.asarray(filter_logits(x)), x)   # no filter: identity
+  assert filter_logits(jnp.ones((2, 3, 4)), top_k=2, top_p=0.5).shape == (2, 3, 4)
+
+
+def _chi_square(counts, probs):
+  n = counts.sum()
+  return float(((counts - n * probs) ** 2 / (n * probs)).sum())
+
+
+@pytest.mark.parametrize("top_k,top_p", [(None, 0.8), (5, 0.9)])
+def test_filtered_sampling_follows_renormalised_distribution(top_k, top_p):
+  logits = np.asarray(jax.random.normal(jax.random.key(7), (11,))) * 1.5
+  want = np_filter(logits, top_k, top_p)
+  probs = np.exp(want - want.max())
+  probs /= probs.sum()                               # the renormalised nucleus distribution
+  n = 40_000
+  keys = jax.random.split(jax.random.key(0), n)
+  filtered = filter_logits(logits, top_k=top_k, top_p=top_p)
+  samples = jax.jit(jax.vmap(lambda k: jax.random.categorical(k, filtered)))(keys)
+  counts = np.bincount(np.asarray(samples), minlength=logits.size).astype(np.float64)
+  kept = probs > 0
+  assert 2 <= kept.sum() < logits.size               # the filter removed something
+  assert counts[~kept].sum() == 0                    # nothing outside the nucleus
+  df = kept.sum() - 1
+  # chi-square with df <= 10: mean df, sd sqrt(2 df); this bound has p < 1e-6
+  assert _chi_square(counts[kept], probs[kept]) < df + 8 * np.sqrt(2 * df) + 5
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+  """Errors must come before anything is traced or compiled."""
+  def fail(*args, **kwargs):
+    raise AssertionError("compiled despite bad arguments")
+  monkeypatch.setattr(gen_lib, "_generate", fail)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(max_new_tokens=2.0), "max_new_tokens"),
+    (dict(temperature=-0.5), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(top_k=0), "top_k"),
+    (dict(top_k=2.5), "top_k"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(prompt=np.zeros((2, 0), np.int32)), "prompt"),
+    (dict(prompt=np.ones((2, 3), np.float32)), "prompt"),
+    (dict(prompt=np.ones((1, 2, 3), np.int32)), "prompt"),
+    (dict(prompt=np.array([[1, 37]])), "prompt"),
+    (dict(model_config=dict(GPT, family="bert")), "family"),
+    (dict(max_len=10), "max_len"),                   # smaller than 5 + 6
+    (dict(max_new_tokens=60), "max_len"),            # 5 + 60 > learned model.max_len=64
+    (dict(max_len=65), "max_len"),
+])
+def test_bad_arguments_raise_value_error_naming_them(no_compile, kwargs, name):
+  args = dict(model_config=GPT, params={}, prompt=PROMPT, max_new_tokens=6)
+  args.update(kwargs)
+  with pytest.raises(ValueError, match=name):
+    generate(args.pop("model_config"), args.pop("params"), args.pop("prompt"), **args)
+
+
+def test_filter_logits_rejects_bad_arguments():
+  for kw, name in ((dict(top_k=0), "top_k"), (dict(top_p=0.0), "top_p"),
+                   (dict(top_p=1.01), "top_p")):
+    with pytest.raises(ValueError, match=name):
+      filter_logits(jnp.zeros((3,)), **kw)
+
+
+def test_rope_model_may_exceed_max_len(monkeypatch):
+  """max_len bounds only a learned position table: RoPE needs no check (and compiles)."""
+  seen = {}
+
+  def fake(model, params, prompt, temperature, seed, **static):
+    seen.update(static, decode=model.decode)
+    return jnp.zeros((prompt.shape[0], prompt.shape[1] + static["max_new_tokens"]), jnp.int32)
+  monkeypatch.setattr(gen_lib, "_generate", fake)
+  out = generate(LLAMA, {}, PROMPT, max_new_tokens=70)
+  assert out.shape == (2, 75)
+  assert seen == dict(max_new_tokens=70, cache_len=75, greedy=False, top_k=None, top_p=None,
+                      decode=True)

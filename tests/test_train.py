@@ -1,0 +1,116 @@
+"""End-to-end training: a short real run, exact resume, preemption, bad configs."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from configs import get_config
+from jaxformer.data.text import TextCorpus
+from jaxformer.train import loop, optim
+from jaxformer.train.metrics import read
+
+DETERMINISTIC = ("step", "loss", "lr", "grad_norm", "skipped", "eval_loss", "eval_accuracy")
+
+
+def tiny_config(**train):
+  import configs.shakespeare_char as sc
+  cfg = sc.get_config("tiny")
+  cfg.train.steps, cfg.train.log_every, cfg.train.eval_every = 24, 4, 12
+  cfg.train.checkpoint_every, cfg.train.eval_batches = 8, 2
+  cfg.train.update(train)
+  return cfg
+
+
+def deterministic(records):
+  return [{k: r[k] for k in DETERMINISTIC if k in r} for r in records]
+
+
+def test_short_run_learns_and_resume_reproduces_uninterrupted_run(tmp_path):
+  cfg = tiny_config()
+  full = str(tmp_path / "full")
+  loop.train(cfg, full)
+  records = read(os.path.join(full, "metrics.jsonl"))
+  losses = [r["loss"] for r in records if "loss" in r]
+  assert losses[-1] < losses[0] - 0.3          # it learns
+  assert {"config.json", "tokenizer.json", "checkpoints"} <= set(os.listdir(full))
+
+  # preempted at step 10 (not a checkpoint multiple), then resumed by re-running
+  parted = str(tmp_path / "parted")
+  loop.train(cfg, parted, stop_after=10)
+  assert max(r["step"] for r in read(os.path.join(parted, "metrics.jsonl"))) == 8
+  loop.train(cfg, parted)
+  assert deterministic(read(os.path.join(parted, "metrics.jsonl"))) == deterministic(records)
+  # already finished: re-running returns at once
+  assert loop.train(cfg, parted)["step"] == 24
+
+
+def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
+  cfg = tiny_config(steps=16)
+  workdir = str(tmp_path / "run")
+  loop.train(cfg, workdir)
+  latest = os.path.join(workdir, "checkpoints", "16")
+  for root, _, files in os.walk(latest):
+    for name in files:
+      with open(os.path.join(root, name), "wb") as f:
+        f.write(b"garbage")
+  cfg.train.steps = 20
+  loop.train(cfg, workdir)
+  assert "unreadable" in caplog.text
+  assert os.path.isdir(latest + ".unreadable")       # moved aside, not deleted
+  steps = [r["step"] for r in read(os.path.join(workdir, "metrics.jsonl")) if "loss" in r]
+  assert steps == [4, 8, 12, 16, 20]        # resumed from step 8, records after it rewritten
+
+
+def test_changed_model_is_refused_unless_fresh(tmp_path):
+  cfg = tiny_config(steps=4, eval_every=4)
+  workdir = str(tmp_path / "run")
+  loop.train(cfg, workdir)
+  cfg.model.d_model = 48
+  with pytest.raises(ValueError, match=r"different model \(fields \['d_model'\]\)"):
+    loop.train(cfg, workdir)
+  loop.train(cfg, workdir, fresh=True)
+  assert json.load(open(os.path.join(workdir, "config.json")))["model"]["d_model"] == 48
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("model.vocab_size", 70, "model.vocab_size=70"),
+    ("data.seq_len", 64, "data.seq_len=64 exceeds model.max_len=32"),
+    ("data.source", "/no/such/file.txt", "data.source='/no/such/file.txt'"),
+    ("train.steps", 0, "train.steps=0"),
+    ("optim.schedule", "step", "optim.schedule='step'"),
+    ("model.family", "vit", "model.family='vit'"),
+])
+def test_bad_config_is_rejected_naming_the_field(tmp_path, field, value, match):
+  cfg = tiny_config()
+  section, key = field.split(".")
+  cfg[section][key] = value
+  with pytest.raises(ValueError, match=match):
+    loop.train(cfg, str(tmp_path / "run"))
+
+
+def test_lr_schedule_and_decay_mask():
+  cfg = get_config("gpt2", "tiny").optim
+  cfg.update(lr=1.0, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1)
+  sched = optim.learning_rate_schedule(cfg, 110)
+  np.testing.assert_allclose([sched(0), sched(9), sched(10), sched(60), sched(110)],
+                             [0.1, 1.0, 1.0, 0.55, 0.1], atol=1e-6)
+  params = {"embed": {"embedding": np.zeros((5, 3))}, "ln": {"scale": np.zeros(3)},
+            "dense": {"kernel": np.zeros((3, 3)), "bias": np.zeros(3)}}
+  assert optim.decay_mask(params) == {"embed": {"embedding": False}, "ln": {"scale": False},
+                                      "dense": {"kernel": True, "bias": False}}
+
+
+def test_corpus_split_and_deterministic_batches():
+  corpus = TextCorpus("tinyshakespeare")
+  assert corpus.tokenizer.vocab_size == 65
+  assert (len(corpus.splits["train"]), len(corpus.splits["validation"])) == (1003854, 111540)
+  a = corpus.batch("train", 7, batch_size=3, seq_len=16, seed=1)
+  b = corpus.batch("train", 7, batch_size=3, seq_len=16, seed=1)
+  np.testing.assert_array_equal(a["inputs"], b["inputs"])
+  np.testing.assert_array_equal(a["inputs"][:, 1:], a["targets"][:, :-1])
+  assert corpus.tokenizer.decode(corpus.tokenizer.encode("ROMEO:")) == "ROMEO:"
+  with pytest.raises(ValueError, match="split='test'"):
+    corpus.batch("test", 0, batch_size=1, seq_len=4, seed=0)
