@@ -41,8 +41,14 @@ class DenseGeneral(nn.Module):
     init = self.kernel_init(tuple(range(n_in)), tuple(range(n_in, n_in + n_out)))
     kernel = self.param("kernel", nn.with_logical_partitioning(init, self.axes), kernel_shape,
                         self.param_dtype)
-    y = jax.lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype),
-                            ((tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in))), ((), ())))
+    # One leading dim: XLA:CPU's weight gradient of a dot with several batch dims
+    # ([B, T, E] @ W) is ~2.4x slower than the same dot on [B*T, E]; the kernel keeps its
+    # axes so tensor-parallel shardings of heads/mlp are untouched.
+    lead = x.shape[:x.ndim - n_in]
+    x2 = x.reshape((-1,) + x.shape[x.ndim - n_in:]).astype(self.dtype)
+    y = jax.lax.dot_general(x2, kernel.astype(self.dtype),
+                            ((tuple(range(1, n_in + 1)), tuple(range(n_in))), ((), ())))
+    y = y.reshape(lead + y.shape[1:])
     if self.use_bias:
       bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                              self.axes[n_in:]),
