@@ -10,7 +10,8 @@ Sampling: temperature 0 is greedy argmax; otherwise logits / temperature, then t
 then the top-p (nucleus) filter (`filter_logits`), then `jax.random.categorical`. The key of
 step s (0-based index of the new token) is `fold_in(key(seed), s)`, split per batch row with
 `fold_in(step_key, row)`, so a row's tokens depend only on the seed, its own prompt and the
-model: the same prompt gives the same tokens alone or inside a batch.
+model: the same prompt gives the same tokens alone or inside a batch (up to floating-point
+differences between batched and unbatched forward passes).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def generate(model_config: Any, params: Any, prompt, *, max_new_tokens: int,
     max_new_tokens: number of tokens to generate (>= 1).
     temperature: 0 for greedy argmax decoding; otherwise logits are divided by it.
     top_k, top_p: sampling filters (see `filter_logits`); ignored when temperature == 0.
-    seed: the sampling seed; the same seed gives the same tokens.
+    seed: the sampling seed (an int, taken mod 2**32); the same seed gives the same tokens.
     max_len: length of the KV cache (default P + max_new_tokens; must be at least that).
 
   Returns:

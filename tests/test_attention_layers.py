@@ -169,6 +169,20 @@ def test_kv_cache_decoding_equals_full_forward(kw, prefill):
   np.testing.assert_allclose(jnp.concatenate(outs, axis=1), want, atol=2e-5, rtol=1e-5)
 
 
+def test_kv_cache_overflow_under_jit_is_loud():
+  dec = MultiHeadAttention(num_heads=4, causal=True, decode=True)
+  variables = nn.unbox(dec.init(jax.random.key(0), jnp.zeros((1, 4, E))))
+  step = jax.jit(lambda c, x: dec.apply({"params": variables["params"], "cache": c}, x,
+                                        mutable=["cache"]))
+  cache = variables["cache"]
+  for _ in range(4):
+    out, state = step(cache, jnp.ones((1, 1, E)))
+    cache = state["cache"]
+    assert np.isfinite(out).all()
+  out, _ = step(cache, jnp.ones((1, 1, E)))        # a 5th token in a 4-slot cache
+  assert np.isnan(out).all()
+
+
 def test_kv_cache_overflow_raises():
   dec = MultiHeadAttention(num_heads=4, causal=True, decode=True)
   variables = nn.unbox(dec.init(jax.random.key(0), jnp.zeros((1, 4, E))))

@@ -9,6 +9,7 @@ import pytest
 
 from configs import get_config
 from jaxformer.data.text import TextCorpus
+from jaxformer.sampling import load_run, sample_text
 from jaxformer.train import loop, optim
 from jaxformer.train.metrics import read
 
@@ -45,6 +46,16 @@ def test_short_run_learns_and_resume_reproduces_uninterrupted_run(tmp_path):
   assert deterministic(read(os.path.join(parted, "metrics.jsonl"))) == deterministic(records)
   # already finished: re-running returns at once
   assert loop.train(cfg, parted)["step"] == 24
+
+  # sampling from the run: the sample written at the end, and seeded reproducible samples
+  assert os.path.getsize(os.path.join(full, "samples.txt")) > 0
+  config, params, tokenizer = load_run(full)
+  text = sample_text(config, params, tokenizer, prompt="ROMEO:", max_new_tokens=70, seed=4)
+  assert text.startswith("ROMEO:") and len(text) == 76        # crosses max_len=32 in chunks
+  assert text == sample_text(config, params, tokenizer, prompt="ROMEO:", max_new_tokens=70,
+                             seed=4)
+  with pytest.raises(ValueError, match="no training run"):
+    load_run(str(tmp_path / "nothing"))
 
 
 def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):

@@ -137,6 +137,10 @@ class MultiHeadAttention(nn.Module):
       out = attend(weights, v).astype(self.dtype)
     else:
       out = dot_product_attention(q, k, v, impl=self.impl, **attn)
+    if cache_index is not None and cache_filled:
+      # The index is traced, so overflowing the cache cannot raise under jit; make it loud
+      # (NaN outputs) instead of silently overwriting the last slots.
+      out = jnp.where(cache_index + t <= k.shape[1], out, jnp.nan)
     out = nn.with_logical_constraint(out, ("batch", "length", "heads", "kv"))
     return dense(self.out_features or x.shape[-1], ("heads", "kv", "embed"), num_in=2,
                  name="out", use_bias=self.out_bias, dtype=self.dtype,

@@ -36,7 +36,11 @@ class Embed(nn.Module):
 
 
 class LearnedPositionEmbedding(nn.Module):
-  """A learned table [max_length, features] looked up at integer positions ([B, T] or [T])."""
+  """A learned table [max_length, features] looked up at integer positions ([B, T] or [T]).
+
+  Positions >= max_length cannot be checked under jit and come back as NaN rows (jnp.take's
+  fill), e.g. when decoding past the table; `jaxformer.generate` checks lengths up front.
+  """
   max_length: int
   features: int
   dtype: Any = jnp.float32

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer import models
+from jaxformer import models, sampling
 from jaxformer.data.text import TextCorpus
 from jaxformer.train import checkpoint, optim, step as step_lib
 from jaxformer.train.metrics import MetricsWriter
@@ -81,6 +81,22 @@ class _StopRequest:
       signal.signal(sig, handler)
 
 
+def train_state_fns(config):
+  """(module, optimizer, init_state): init_state() builds the train state pytree
+  {'step', 'params', 'opt_state', 'skipped'}; its eval_shape is the checkpoint layout."""
+  module = models.build(config.model)
+  tx = optim.make_optimizer(config.optim, config.train.steps)
+  init_key = jax.random.split(jax.random.key(config.train.seed))[0]
+
+  def init_state():
+    dummy = jnp.zeros((1, config.data.seq_len), jnp.int32)
+    params = nn.unbox(module.init(init_key, dummy))["params"]
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+            "skipped": jnp.zeros((), jnp.int32)}
+
+  return module, tx, init_state
+
+
 def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None = None) -> dict:
   """Train (or resume) `config` in `workdir`; returns the last eval record.
 
@@ -104,23 +120,13 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
                      f"--config.model.vocab_size={corpus.tokenizer.vocab_size}")
   corpus.tokenizer.save(os.path.join(workdir, "tokenizer.json"))
 
-  module = models.build(config.model)
-  tx = optim.make_optimizer(config.optim, t.steps)
+  module, tx, init_state = train_state_fns(config)
   schedule = optim.learning_rate_schedule(config.optim, t.steps)
-  key = jax.random.key(t.seed)
-  init_key, dropout_key = jax.random.split(key)
-
-  def init_state():
-    dummy = jnp.zeros((1, d.seq_len), jnp.int32)
-    params = nn.unbox(module.init(init_key, dummy))["params"]
-    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
-            "skipped": jnp.zeros((), jnp.int32)}
-
+  dropout_key = jax.random.split(jax.random.key(t.seed))[1]
   ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"),
                                  keep=t.get("keep_checkpoints", 3))
   metrics = MetricsWriter(os.path.join(workdir, "metrics.jsonl"))
-  abstract_state = jax.eval_shape(init_state)
-  restored = ckpts.restore_latest(abstract_state)
+  restored = ckpts.restore_latest(jax.eval_shape(init_state))
   if restored is None:
     state, start = jax.jit(init_state)(), 0
     metrics.truncate_after(-1)
@@ -167,6 +173,7 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
               f"{record['tokens_per_sec']:,.0f} tok/s  eta {eta:.0f}s", flush=True)
         window_start, window_steps = time.perf_counter(), 0
       if done % t.eval_every == 0 or done == t.steps:
+        eval_start = time.perf_counter()
         results = [eval_step(state["params"], batch("validation", i))
                    for i in range(eval_batches)]
         last_eval = {"step": done,
@@ -175,13 +182,21 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
         metrics.write(last_eval)
         print(f"step {done:>6d}  eval_loss {last_eval['eval_loss']:.4f}  "
               f"eval_accuracy {last_eval['eval_accuracy']:.3f}", flush=True)
-        window_start = time.perf_counter()
+        window_start += time.perf_counter() - eval_start    # throughput excludes eval
       preempted = stop.requested or (stop_after is not None and done - start >= stop_after)
       if done % t.checkpoint_every == 0 or done == t.steps or preempted:
         ckpts.save(done, state)
       if preempted:
         break
   ckpts.close()
+  if not preempted and t.get("sample_tokens", 0):
+    text = sampling.sample_text(config, state["params"], corpus.tokenizer,
+                                prompt=t.get("sample_prompt", "\n"),
+                                max_new_tokens=t.sample_tokens, temperature=0.8, top_k=20,
+                                seed=t.seed)
+    with open(os.path.join(workdir, "samples.txt"), "a") as f:
+      f.write(f"--- step {t.steps}\n{text}\n")
+    print(f"\n--- sample after {t.steps} steps ---\n{text}\n", flush=True)
   return last_eval
 
 

@@ -1,0 +1,32 @@
+"""python -m jaxformer.sample --workdir=DIR --prompt="ROMEO:" --max_new_tokens=500
+
+Samples text from the latest checkpoint of a training run with the KV cache; seeded and
+reproducible (greedy with --temperature=0).
+"""
+
+from absl import app, flags, logging
+
+from jaxformer.sampling import load_run, sample_text
+
+flags.DEFINE_string("workdir", None, "Training run directory.")
+flags.DEFINE_string("prompt", "\n", "Text to continue.")
+flags.DEFINE_integer("max_new_tokens", 500, "Tokens to generate.")
+flags.DEFINE_float("temperature", 0.8, "0 = greedy.")
+flags.DEFINE_integer("top_k", None, "Keep the k most likely tokens.")
+flags.DEFINE_float("top_p", None, "Nucleus sampling mass.")
+flags.DEFINE_integer("seed", 0, "Sampling seed.")
+flags.mark_flag_as_required("workdir")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  config, params, tokenizer = load_run(FLAGS.workdir)
+  print(sample_text(config, params, tokenizer, prompt=FLAGS.prompt,
+                    max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
+                    top_k=FLAGS.top_k, top_p=FLAGS.top_p, seed=FLAGS.seed))
+
+
+if __name__ == "__main__":
+  app.run(main)

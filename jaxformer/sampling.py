@@ -1,0 +1,58 @@
+"""Text sampling from a trained run: restore a workdir, decode with the KV cache."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+from ml_collections import ConfigDict
+
+from jaxformer.data.tokenizers import CharTokenizer
+from jaxformer.generate import generate
+
+
+def load_run(workdir: str):
+  """(config, params, tokenizer) of the latest checkpoint in a training workdir."""
+  from jaxformer.train import checkpoint, loop   # noqa: deferred (train imports this module)
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise ValueError(f"--workdir={workdir!r} holds no training run (no config.json)")
+  with open(path) as f:
+    config = ConfigDict(json.load(f))
+  _, _, init_state = loop.train_state_fns(config)
+  ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"))
+  restored = ckpts.restore_latest(jax.eval_shape(init_state))
+  ckpts.close()
+  if restored is None:
+    raise ValueError(f"--workdir={workdir!r} has no checkpoint yet")
+  tokenizer = CharTokenizer.load(os.path.join(workdir, "tokenizer.json"))
+  return config, restored[1]["params"], tokenizer
+
+
+def sample_text(config, params, tokenizer, *, prompt: str, max_new_tokens: int,
+                temperature: float = 0.8, top_k: int | None = None,
+                top_p: float | None = None, seed: int = 0) -> str:
+  """prompt + max_new_tokens sampled characters.
+
+  Models with learned positions cannot look past model.max_len, so beyond it generation
+  continues in chunks of max_len // 2 tokens conditioned on the last max_len // 2 (the
+  context crop nanoGPT uses); other models decode in one pass.
+  """
+  if not prompt:
+    raise ValueError("--prompt must not be empty")
+  m = config.model
+  limit = m.max_len if m.get("positions", "learned") == "learned" else None
+  out, remaining, chunk = tokenizer.encode(prompt).tolist(), max_new_tokens, 0
+  ids = np.asarray(out if limit is None or len(out) < limit else out[-(limit // 2):])
+  while remaining > 0:
+    n = remaining if limit is None else min(remaining, limit - len(ids))
+    chunk_seed = int(np.random.SeedSequence([seed, chunk]).generate_state(1)[0])
+    new = generate(m, params, np.asarray(ids), max_new_tokens=n, temperature=temperature,
+                   top_k=top_k, top_p=top_p, seed=chunk_seed)[len(ids):]
+    out.extend(new.tolist())
+    remaining -= n
+    chunk += 1
+    ids = np.asarray(out[-(limit // 2):]) if limit is not None else np.asarray(out)
+  return tokenizer.decode(out)
