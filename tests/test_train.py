@@ -125,3 +125,11 @@ def test_corpus_split_and_deterministic_batches():
   assert corpus.tokenizer.decode(corpus.tokenizer.encode("ROMEO:")) == "ROMEO:"
   with pytest.raises(ValueError, match="split='test'"):
     corpus.batch("test", 0, batch_size=1, seq_len=4, seed=0)
+
+
+def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path):
+  cfg = tiny_config(z_loss=float("inf"), max_skipped_steps=3)
+  workdir = str(tmp_path / "run")
+  with pytest.raises(FloatingPointError, match="3 non-finite steps in a row at step 3"):
+    loop.train(cfg, workdir)
+  assert not os.listdir(os.path.join(workdir, "checkpoints"))     # nothing bad was saved

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import time
 
@@ -22,7 +23,7 @@ import numpy as np
 from jaxformer import models, sampling
 from jaxformer.data.text import TextCorpus
 from jaxformer.train import checkpoint, optim, step as step_lib
-from jaxformer.train.metrics import MetricsWriter
+from jaxformer.train.metrics import MetricsWriter, read
 
 SUPPORTED_FAMILIES = ("decoder",)
 
@@ -104,12 +105,10 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
   """
   _validate(config)
   os.makedirs(workdir, exist_ok=True)
-  if fresh:
-    import shutil
-    for name in ("checkpoints", "metrics.jsonl"):
-      target = os.path.join(workdir, name)
-      shutil.rmtree(target, ignore_errors=True) if os.path.isdir(target) else (
-          os.path.exists(target) and os.remove(target))
+  if fresh:                               # explicitly asked: discard the previous run
+    shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)
+    if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+      os.remove(os.path.join(workdir, "metrics.jsonl"))
   _check_workdir_config(config, workdir, fresh)
 
   t, d = config.train, config.data
@@ -201,6 +200,5 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
 
 
 def _last_eval(path):
-  from jaxformer.train.metrics import read
   evals = [r for r in read(path) if "eval_loss" in r] if os.path.exists(path) else []
   return evals[-1] if evals else None
