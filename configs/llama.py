@@ -47,19 +47,26 @@ LLAMA = dict(positions="rope", norm="rmsnorm", norm_eps=1e-5, ffn="swiglu", acti
 
 def get_config(arg=None):
   name, size = common.select("llama", arg, SIZES)
-  tiny = name == "tiny"
-  model = common.model("decoder", name if not tiny else "llama-tiny",
-                       dtype="float32" if tiny else "bfloat16", **LLAMA, **size["model"])
+  return assemble("llama-tiny" if name == "tiny" else name, size)
+
+
+def assemble(name: str, size: dict, **reference):
+  """The full config of a Llama-architecture model (shared with configs/mixtral.py): the
+  Llama 2 recipe at 4M-token batches, or a laptop run for the tiny sizes."""
+  tiny = size["params"] is None
+  model = common.model("decoder", name, dtype="float32" if tiny else "bfloat16", **LLAMA,
+                       **size["model"])
   tokenizer, seq_len = size["data"]
+  data = common.data("tinyshakespeare", tokenizer, seq_len)
   if tiny:
     return common.config(
-        model=model, data=common.data("tinyshakespeare", tokenizer, seq_len),
+        model=model, data=data,
         train=common.train(2000, 32, eval_every=200, log_every=20, checkpoint_every=500),
         optim=common.optim(1e-3, warmup_steps=100, b2=0.99))
   return common.config(
-      model=model,
-      data=common.data("tinyshakespeare", tokenizer, seq_len),
+      model=model, data=data,
       train=common.train(500_000, 4 * 2**20 // seq_len, eval_every=2000, log_every=50,
                          checkpoint_every=5000),
       optim=common.optim(3e-4, warmup_steps=2000, weight_decay=0.1, b2=0.95, eps=1e-5),
-      reference=common.reference(size["params"], source=size["source"], params_key="total"))
+      reference=common.reference(size["params"], source=size["source"], params_key="total",
+                                 **reference))

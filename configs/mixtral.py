@@ -28,20 +28,5 @@ SIZES = {
 
 def get_config(arg=None):
   name, size = common.select("mixtral", arg, SIZES)
-  tiny = name == "tiny"
-  model = common.model("decoder", f"mixtral-{name}", dtype="float32" if tiny else "bfloat16",
-                       **llama.LLAMA, **size["model"])
-  tokenizer, seq_len = size["data"]
-  if tiny:
-    return common.config(
-        model=model, data=common.data("tinyshakespeare", tokenizer, seq_len),
-        train=common.train(2000, 32, eval_every=200, log_every=20, checkpoint_every=500),
-        optim=common.optim(1e-3, warmup_steps=100, b2=0.99))
-  return common.config(
-      model=model,
-      data=common.data("tinyshakespeare", tokenizer, seq_len),
-      train=common.train(500_000, 4 * 2**20 // seq_len, eval_every=2000, log_every=50,
-                         checkpoint_every=5000),
-      optim=common.optim(3e-4, warmup_steps=2000, weight_decay=0.1, b2=0.95, eps=1e-5),
-      reference=common.reference(size["params"], source=size["source"], params_key="total",
-                                 active_params=size["active_params"]))
+  extra = {} if size["params"] is None else {"active_params": size["active_params"]}
+  return llama.assemble(f"mixtral-{name}", size, **extra)
