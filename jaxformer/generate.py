@@ -70,14 +70,6 @@ def filter_logits(logits, *, top_k: int | None = None, top_p: float | None = Non
   return logits
 
 
-def _as_dict(model_config) -> dict:
-  if hasattr(model_config, "to_dict"):
-    model_config = model_config.to_dict()
-  if not isinstance(model_config, Mapping):
-    raise ValueError(f"model_config must be a dict or ConfigDict; got {type(model_config)}")
-  return dict(model_config)
-
-
 def generate(model_config: Any, params: Any, prompt, *, max_new_tokens: int,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              seed: int = 0, max_len: int | None = None) -> np.ndarray:
@@ -98,7 +90,7 @@ def generate(model_config: Any, params: Any, prompt, *, max_new_tokens: int,
   Returns:
     np.ndarray int32 [B, P + max_new_tokens] (or [P + max_new_tokens]): prompt then samples.
   """
-  cfg = _as_dict(model_config)
+  cfg = models.config_as_dict(model_config)
   if cfg.get("family") != "decoder":
     raise ValueError(f"model_config.family={cfg.get('family')!r}: generate needs "
                      "family='decoder'")

@@ -46,13 +46,9 @@ HEADS = {
 EXPERT_PARAMS = ("wi_gate", "wi_up", "wi", "wo")
 
 
-def _as_dict(model_config: Any) -> dict:
-  return dict(model_config.to_dict() if hasattr(model_config, "to_dict") else model_config)
-
-
 def dummy_inputs(model_config: Any, batch: int = 1, length: int = 8) -> tuple:
   """Abstract (ShapeDtypeStruct) inputs of the right kind for `init` of this family."""
-  cfg = _as_dict(model_config)
+  cfg = models.config_as_dict(model_config)
   family = cfg.get("family")
   if family == "vit":
     size = cfg["image_size"]
@@ -99,7 +95,7 @@ def count_params(model_config: Any) -> dict[str, int]:
   layer body instead of num_layers copies; GPT-3 175B counts in ~0.2 s), and results are
   cached per distinct config.
   """
-  cfg = _as_dict(model_config)
+  cfg = models.config_as_dict(model_config)
   try:
     key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in cfg.items()))
     hash(key)
@@ -139,7 +135,7 @@ def _count_params(cfg: dict) -> dict[str, int]:
 def attention_layers(model_config: Any, seq_len: int) -> tuple[int, int, int]:
   """(number of attention layers, keys seen per query, attention width d_attn) for the
   FLOPs attention term; see `flops_per_token`."""
-  cfg = _as_dict(model_config)
+  cfg = models.config_as_dict(model_config)
   family = cfg.get("family")
   if family == "rnn_seq2seq":
     if not cfg.get("attention", True):

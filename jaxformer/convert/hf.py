@@ -678,7 +678,7 @@ def _expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
 
 def _config_dict(model_config) -> dict:
   """The config as a dict with every model field (defaults filled in from the model class)."""
-  cfg = dict(model_config.to_dict() if hasattr(model_config, "to_dict") else model_config)
+  cfg = models.config_as_dict(model_config)
   if cfg.get("family") not in _TO_HF:
     raise ValueError(f"model.family={cfg.get('family')!r}: Hugging Face conversion supports "
                      f"{sorted(_TO_HF)}")
@@ -686,8 +686,6 @@ def _config_dict(model_config) -> dict:
     if (name not in cfg and field.default is not dataclasses.MISSING
         and name not in ("dtype", "param_dtype")):
       cfg[name] = field.default
-  if isinstance(cfg.get("window"), list):
-    cfg["window"] = tuple(cfg["window"])
   return cfg
 
 

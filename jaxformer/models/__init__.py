@@ -7,6 +7,7 @@ config key means exactly one module attribute. `build` validates before anything
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -39,9 +40,22 @@ def model_fields(family: str) -> dict[str, dataclasses.Field]:
   return {f.name: f for f in dataclasses.fields(cls) if f.name not in ("parent", "name")}
 
 
+def config_as_dict(model_config: Any) -> dict:
+  """A model config (ConfigDict or mapping) as a plain dict; a `window` list (as JSON and
+  ConfigDict give back) becomes the tuple the layers expect."""
+  if hasattr(model_config, "to_dict"):
+    model_config = model_config.to_dict()
+  if not isinstance(model_config, Mapping):
+    raise ValueError(f"model_config must be a dict or ConfigDict; got {type(model_config)}")
+  cfg = dict(model_config)
+  if isinstance(cfg.get("window"), list):
+    cfg["window"] = tuple(cfg["window"])
+  return cfg
+
+
 def build(model_config: Any) -> nn.Module:
   """The linen Module described by `model_config` (a ConfigDict or dict with `family`)."""
-  cfg = dict(model_config.to_dict() if hasattr(model_config, "to_dict") else model_config)
+  cfg = config_as_dict(model_config)
   family = cfg.pop("family", None)
   cfg.pop("name", None)
   if family not in FAMILIES:
@@ -59,8 +73,6 @@ def build(model_config: Any) -> nn.Module:
       if str(cfg[key]) not in _DTYPES:
         raise ValueError(f"model.{key}={cfg[key]!r} is not one of {_DTYPES}")
       cfg[key] = jnp.dtype(str(cfg[key]))
-  if isinstance(cfg.get("window"), list):
-    cfg["window"] = tuple(cfg["window"])
   _validate(family, cfg)
   return FAMILIES[family](**cfg)
 
@@ -117,4 +129,5 @@ def _validate(family: str, c: dict):
            f"{c['image_size']}")
 
 
-__all__ = ["build", "FAMILIES", "DecoderLM", "Bert", "EncoderDecoder", "ViT", "RnnSeq2Seq"]
+__all__ = ["build", "config_as_dict", "FAMILIES", "DecoderLM", "Bert", "EncoderDecoder", "ViT",
+           "RnnSeq2Seq"]
