@@ -10,6 +10,7 @@ import pytest
 from jaxformer.layers import MultiHeadAttention, TransformerBlock
 from tests import attention_reference as ref
 from tests.gradcheck import numeric_grad
+from tests.np_reference import ACT_NP, layernorm_np, rope_np
 
 B, T, E = 2, 13, 48
 
@@ -30,16 +31,6 @@ def init(module, *args, seed=0, **kw):
 # ------------------------------------------------------------------- NumPy references
 
 
-def np_rope(x, positions, theta=10_000.0):
-  d = x.shape[-1]
-  inv = 1.0 / theta ** (np.arange(0, d, 2) / d)
-  ang = np.asarray(positions, np.float64)[..., None] * inv          # [T, D/2]
-  ang = np.broadcast_to(ang, (x.shape[0],) + ang.shape[-2:])[:, :, None]
-  x1, x2 = x[..., :d // 2], x[..., d // 2:]
-  return np.concatenate([x1 * np.cos(ang) - x2 * np.sin(ang),
-                         x2 * np.cos(ang) + x1 * np.sin(ang)], -1)
-
-
 def np_mha(p, x, context=None, *, num_heads, num_kv_heads=None, positions="none",
            mask=None, **mask_kw):
   x = np.asarray(x, np.float64)
@@ -57,7 +48,7 @@ def np_mha(p, x, context=None, *, num_heads, num_kv_heads=None, positions="none"
   t = x.shape[1]
   bias = None
   if positions == "rope":
-    q, k = np_rope(q, np.arange(t)), np_rope(k, np.arange(t))
+    q, k = rope_np(q, np.arange(t)), rope_np(k, np.arange(t))
   if positions == "alibi":
     slopes = 2.0 ** (-8.0 * np.arange(1, num_heads + 1) / num_heads)
     bias = -slopes[None, :, None, None] * np.abs(np.arange(t)[:, None] - np.arange(t))
@@ -264,23 +255,13 @@ def test_mha_bad_config_raises(kw, args, match):
 # ------------------------------------------------------------------------- TransformerBlock
 
 
-def np_layernorm(x, p, eps):
-  mu = x.mean(-1, keepdims=True)
-  y = (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps)
-  return y * p["scale"] + p["bias"]
-
-
-def np_gelu(x):
-  return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
-
-
 def np_block(p, x, context=None, *, pre_norm, num_heads, eps=1e-5, causal=False):
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), p)
   x = np.asarray(x, np.float64)
 
   def ffn(h):
     f = p["ffn"]
-    return np_gelu(h @ f["wi"]["kernel"] + f["wi"]["bias"]) @ f["wo"]["kernel"] + f["wo"]["bias"]
+    return ACT_NP["gelu"](h @ f["wi"]["kernel"] + f["wi"]["bias"]) @ f["wo"]["kernel"] + f["wo"]["bias"]
 
   subs = [("self_attention", lambda h: np_mha(p["self_attention"], h, num_heads=num_heads,
                                               causal=causal))]
@@ -289,7 +270,7 @@ def np_block(p, x, context=None, *, pre_norm, num_heads, eps=1e-5, causal=False)
                                                      num_heads=num_heads)))
   subs.append(("ffn", ffn))
   for name, f in subs:
-    norm = lambda h: np_layernorm(h, p[f"{name}_norm"], eps)
+    norm = lambda h: layernorm_np(p[f"{name}_norm"], h, eps)
     x = x + f(norm(x)) if pre_norm else norm(x + f(x))
   return x
 

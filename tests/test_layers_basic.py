@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from flax import traverse_util
 from jax.sharding import PartitionSpec as P
-from scipy.special import erf
 
 from jaxformer.layers import (AdditiveAttention, Embed, LayerNorm, LearnedPositionEmbedding,
                               Mlp, PatchEmbed, RMSNorm, SwiGLU, make_norm)
 from tests.gradcheck import numeric_grad
+from tests.np_reference import ACT_NP, layernorm_np, rmsnorm_np
 
 B, T, E = 3, 37, 48
 VAL_TOL = dict(rtol=1e-5, atol=1e-5)
@@ -115,19 +115,6 @@ def specs(variables):
 
 # ----------------------------------------------------------------------------- norms
 
-def layernorm_np(p, x, eps=1e-5, use_bias=True):
-  x = np.asarray(x, np.float64)
-  mean = x.mean(-1, keepdims=True)
-  var = ((x - mean) ** 2).mean(-1, keepdims=True)
-  y = (x - mean) / np.sqrt(var + eps) * p["scale"]
-  return y + p["bias"] if use_bias else y
-
-
-def rmsnorm_np(p, x, eps=1e-6):
-  x = np.asarray(x, np.float64)
-  return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * p["scale"]
-
-
 NORM_CASES = {
     "layernorm": (LayerNorm(epsilon=1e-5), layernorm_np, ("scale", "bias")),
     "layernorm_nobias": (LayerNorm(epsilon=1e-3, use_bias=False),
@@ -174,14 +161,6 @@ def test_make_norm():
 
 
 # ----------------------------------------------------------------------------- MLPs
-
-ACT_NP = {
-    "relu": lambda h: np.maximum(h, 0.0),
-    "gelu": lambda h: 0.5 * h * (1 + np.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3))),
-    "gelu_exact": lambda h: 0.5 * h * (1 + erf(h / math.sqrt(2))),
-    "silu": lambda h: h / (1 + np.exp(-h)),
-}
-
 
 def dense_np(p, x):
   y = np.asarray(x, np.float64) @ p["kernel"]

@@ -1,6 +1,5 @@
 """Position encodings (sinusoidal, RoPE, ALiBi) against float64 NumPy references."""
 
-import math
 
 import chex
 import jax
@@ -10,6 +9,7 @@ import pytest
 
 from jaxformer.ops import positions as pos_ops
 from tests.gradcheck import numeric_grad
+from tests.np_reference import rope_np
 
 
 # ----------------------------------------------------------------------------- references
@@ -23,21 +23,6 @@ def sinusoidal_np(positions, dim, max_timescale=10_000.0):
     out[..., 2 * i] = np.sin(angle)
     out[..., 2 * i + 1] = np.cos(angle)
   return out
-
-
-def rope_np(x, positions, theta=10_000.0):
-  """Rotate-half RoPE in float64: feature i (< D/2) is rotated together with i + D/2."""
-  x = np.asarray(x, np.float64)
-  positions = np.asarray(positions, np.float64)
-  if positions.ndim == 1:
-    positions = positions[None]
-  d = x.shape[-1]
-  half = d // 2
-  inv_freq = np.array([theta ** (-2.0 * i / d) for i in range(half)])
-  angles = positions[:, :, None, None] * inv_freq            # [B, T, 1, D/2]
-  x1, x2 = x[..., :half], x[..., half:]
-  return np.concatenate([x1 * np.cos(angles) - x2 * np.sin(angles),
-                         x2 * np.cos(angles) + x1 * np.sin(angles)], axis=-1)
 
 
 def alibi_bias_np(slopes, q_positions, k_positions):
