@@ -132,3 +132,18 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path):
   with pytest.raises(FloatingPointError, match="3 non-finite steps in a row at step 3"):
     loop.train(cfg, workdir)
   assert not os.listdir(os.path.join(workdir, "checkpoints"))     # nothing bad was saved
+
+
+@pytest.mark.parametrize("smoothing, z", [(0.0, 0.0), (0.1, 0.0), (0.0, 1e-3), (0.2, 1e-2)])
+def test_cross_entropy_matches_float64_reference(smoothing, z):
+  from jaxformer.train.step import cross_entropy
+  rng = np.random.default_rng(0)
+  logits = (rng.normal(size=(3, 7, 13)) * 3).astype(np.float32)
+  targets = rng.integers(0, 13, size=(3, 7))
+  x = logits.astype(np.float64)
+  log_z = np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1)) + x.max(-1)
+  labels = np.eye(13)[targets] * (1 - smoothing) + smoothing / 13
+  want = (log_z - (labels * x).sum(-1) + z * log_z ** 2).mean()
+  nll = (log_z - np.take_along_axis(x, targets[..., None], -1)[..., 0]).mean()
+  loss, got_nll = cross_entropy(logits, targets, label_smoothing=smoothing, z_loss=z)
+  np.testing.assert_allclose([loss, got_nll], [want, nll], rtol=1e-5)

@@ -11,13 +11,11 @@ def cross_entropy(logits, targets, *, label_smoothing: float = 0.0, z_loss: floa
   """Mean token cross-entropy in float32, with optional label smoothing and z-loss
   (z_loss * log(Z)^2, PaLM) that keeps the softmax normaliser near 1."""
   logits = logits.astype(jnp.float32)
-  vocab = logits.shape[-1]
-  labels = jax.nn.one_hot(targets, vocab)
-  if label_smoothing:
-    labels = labels * (1 - label_smoothing) + label_smoothing / vocab
   log_z = jax.nn.logsumexp(logits, axis=-1)
-  loss = log_z - jnp.sum(labels * logits, axis=-1)
   nll = log_z - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  loss = nll
+  if label_smoothing:   # (1 - s) * nll + s * mean over the vocabulary of -log p
+    loss = (1 - label_smoothing) * nll + label_smoothing * (log_z - logits.mean(-1))
   if z_loss:
     loss = loss + z_loss * jnp.square(log_z)
   return loss.mean(), nll.mean()
