@@ -55,11 +55,8 @@ def model(family: str, name: str, **fields) -> config_dict.ConfigDict:
 
   A field given as None (or defaulting to None) is stored as a typed placeholder.
   """
+  models.build(dict(fields, family=family))     # unknown, missing or invalid fields fail here
   known = models.model_fields(family)
-  unknown = sorted(set(fields) - set(known))
-  if unknown:
-    raise ValueError(f"model.{unknown[0]} is not a field of the {family!r} model; known "
-                     f"fields: {sorted(known)}")
   cfg = config_dict.ConfigDict()
   cfg.family = family
   cfg.name = name
@@ -67,8 +64,6 @@ def model(family: str, name: str, **fields) -> config_dict.ConfigDict:
     if key in _SKIP_FIELDS and key not in fields:
       continue
     value = fields[key] if key in fields else _default(field)
-    if key not in fields and field.default is dataclasses.MISSING:
-      raise ValueError(f"model.{key} is required for model.family={family!r}")
     if value is None:
       kind = _placeholder_type(field.type)
       value = config_dict.placeholder(kind) if kind is not None else None
