@@ -6,6 +6,11 @@ mlp_dim = 4 * d_model, vocab 50257. `reference.params` is the Hugging Face GPT2L
 parameter count (tied head counted once). The optimizer follows the nanoGPT reproduction
 (0.5M-token batches, lr 6e-4, cosine to 6e-5, AdamW b2 0.95, wd 0.1).
 
+Data for the published sizes: TFDS `lm1b` (prepare it once with
+`tfds build lm1b --file_format=array_record`), a 50257-piece SentencePiece BPE vocabulary
+trained locally on it, documents packed into 1024-token rows with segment ids. Point
+`--config.data.source=tfds:<name>` at any prepared TFDS text dataset (and `data.text_key`).
+
 `tiny` is a character-level model of tiny Shakespeare (vocab 65) that trains on a laptop CPU.
 """
 
@@ -39,7 +44,8 @@ def get_config(arg=None):
         optim=common.optim(1e-3, warmup_steps=100, b2=0.99))
   return common.config(
       model=model,
-      data=common.data("tinyshakespeare", "gpt2", 1024),
+      data=common.data("tfds:lm1b", "spm:bpe:50257", 1024, text_key="text",
+                       packing="packed", eval_batches=50),
       train=common.train(600_000, 512, eval_every=2000, log_every=50, checkpoint_every=5000),
       optim=common.optim(6e-4, warmup_steps=2000, weight_decay=0.1, b2=0.95),
       reference=common.reference(params, source="Hugging Face transformers GPT2LMHeadModel "

@@ -49,7 +49,7 @@ def get_config(arg=None):
         optim=common.optim(1e-3, warmup_steps=50, weight_decay=1e-4, b2=0.999))
   return common.config(
       model=model,
-      data=common.data("imagenet2012", None, None, image_size=224),
+      data=common.data("tfds:imagenet2012", None, None, image_size=224),
       train=common.train(93_000, 4096, eval_every=1000, log_every=50, checkpoint_every=2000),
       optim=common.optim(3e-3, warmup_steps=10_000, weight_decay=0.3, b2=0.999),
       reference=common.reference(

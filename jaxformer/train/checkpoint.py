@@ -48,3 +48,60 @@ class Checkpoints:
 
 def abstract(tree):
   return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+
+
+class BestCheckpoints:
+  """Params of the `keep` best eval steps by `metric` under `directory` (eval_loss: lower is
+  better; eval_accuracy: higher). Written only when an eval beats a kept one, so a long run
+  does not rewrite its best model at every eval."""
+
+  def __init__(self, directory: str | os.PathLike, *, metric: str = "eval_loss",
+               keep: int = 1):
+    self.metric, self.mode = metric, ("min" if metric.endswith("loss") else "max")
+    self.keep = keep
+    self.directory = os.path.abspath(directory)
+    self.manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, best_fn=lambda m: m[metric], best_mode=self.mode,
+            keep_checkpoints_without_metrics=False, create=True,
+            enable_async_checkpointing=True))
+
+  def _kept_values(self) -> list[float]:
+    self.manager.wait_until_finished()      # the previous save's metrics must be readable
+    return [float(self.manager.metrics(s)[self.metric]) for s in self.manager.all_steps()]
+
+  def _improves(self, value: float) -> bool:
+    kept = self._kept_values()
+    if len(kept) < self.keep:
+      return True
+    worst = max(kept) if self.mode == "min" else min(kept)
+    return value < worst if self.mode == "min" else value > worst
+
+  def maybe_save(self, step: int, params, eval_record: dict) -> bool:
+    value = float(eval_record[self.metric])
+    if not self._improves(value):
+      return False
+    self.manager.save(step, args=ocp.args.StandardSave({"params": params}),
+                      metrics={self.metric: value}, force=True)
+    return True
+
+  def forget_after(self, step: int) -> None:
+    """Drop best checkpoints written after `step` (the resumed run will redo those evals)."""
+    for s in self.manager.all_steps():
+      if s > step:
+        self.manager.delete(s)
+
+  def best_step(self) -> int | None:
+    return self.manager.best_step()
+
+  def restore(self, abstract_params, step: int | None = None):
+    step = self.best_step() if step is None else step
+    if step is None:
+      return None
+    return self.manager.restore(
+        step, args=ocp.args.StandardRestore({"params": abstract_params}))["params"]
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()

@@ -1,9 +1,10 @@
 """The training loop: config -> trained model in a workdir, resumable at any step.
 
-Workdir: config.json, tokenizer.json, checkpoints/ (Orbax), metrics.jsonl, samples.txt.
-Running again on the same workdir resumes from the latest checkpoint; batches are a function
-of (seed, step) and dropout keys of (seed, step), so the resumed run reproduces the metrics of
-an uninterrupted one exactly.
+Workdir: config.json, tokenizer.json (text tasks), checkpoints/ (Orbax, last N),
+best/ (params of the best eval steps), metrics.jsonl, samples.txt. Running again on the same
+workdir resumes from the latest checkpoint. Batches are a function of (seed, step) (see
+`jaxformer.data.batching`) and dropout keys of (seed, step), so the resumed run reproduces
+the metrics of an uninterrupted one exactly.
 """
 
 from __future__ import annotations
@@ -18,32 +19,56 @@ import time
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxformer import models, sampling
-from jaxformer.data.text import TextCorpus
-from jaxformer.train import checkpoint, optim, step as step_lib
+from jaxformer.data.pipeline import make_pipeline
+from jaxformer.train import checkpoint, optim, step as step_lib, tasks
 from jaxformer.train.metrics import MetricsWriter, read
 
-SUPPORTED_FAMILIES = ("decoder",)
+_POSITIVE_INTS = ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every")
 
 
 def _validate(config):
-  family = config.model.get("family")
-  if family not in SUPPORTED_FAMILIES:
-    raise ValueError(f"model.family={family!r}: this training loop trains language models "
-                     f"({SUPPORTED_FAMILIES}); other families are not wired in yet")
-  for key in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every"):
+  """Config checks that need no data and no compilation (the model's own via models.build)."""
+  tasks.task_for(config.model)
+  for key in _POSITIVE_INTS:
     value = config.train.get(key)
     if not isinstance(value, int) or value < 1:
       raise ValueError(f"train.{key}={value!r} must be an int >= 1")
-  seq_len = config.data.seq_len
-  if not isinstance(seq_len, int) or seq_len < 1:
+  accum = config.optim.get("grad_accum", 1)
+  if not isinstance(accum, int) or accum < 1:
+    raise ValueError(f"optim.grad_accum={accum!r} must be an int >= 1")
+  if config.train.batch_size % (accum * jax.process_count()):
+    raise ValueError(f"train.batch_size={config.train.batch_size} must be divisible by "
+                     f"optim.grad_accum={accum} x {jax.process_count()} processes")
+  metric = config.train.get("best_metric", "eval_loss")
+  if metric not in ("eval_loss", "eval_accuracy"):
+    raise ValueError(f"train.best_metric={metric!r} must be 'eval_loss' or 'eval_accuracy'")
+  seq_len = config.data.get("seq_len")
+  if seq_len is not None and (not isinstance(seq_len, int) or seq_len < 1):
     raise ValueError(f"data.seq_len={seq_len!r} must be an int >= 1")
-  if config.model.get("positions", "learned") == "learned" and seq_len > config.model.max_len:
-    raise ValueError(f"data.seq_len={seq_len} exceeds model.max_len={config.model.max_len} "
-                     "(the learned position table); lower data.seq_len or raise model.max_len")
   models.build(config.model)              # every model field is checked here
+
+
+def _check_model_matches_data(config, info: dict):
+  """The model must fit what the data pipeline produces (named fields, before compiling)."""
+  m = config.model
+  for key, field in (("vocab_size", "vocab_size"), ("num_classes", "num_classes")):
+    if key in info and m.get(field) is not None and m[field] != info[key]:
+      raise ValueError(f"model.{field}={m[field]} but the data ({config.data.source!r}) has "
+                       f"{info[key]}; set --config.model.{field}={info[key]}")
+  if "image_shape" in info and m.get("image_size") is not None:
+    h, w, c = info["image_shape"]
+    if (h, w) != (m.image_size, m.image_size) or c != m.get("channels", c):
+      raise ValueError(f"images are {h}x{w}x{c} but model.image_size={m.image_size}, "
+                       f"model.channels={m.get('channels')}; set them to {h} and {c}")
+  learned = m.get("positions", "learned") == "learned" and m.get("max_len") is not None
+  lengths = {"data.seq_len": config.data.get("seq_len"), "source length": info.get("src_len"),
+             "target length": info.get("tgt_len")}
+  for name, length in lengths.items():
+    if learned and length is not None and length > m.max_len:
+      raise ValueError(f"{name}={length} exceeds model.max_len={m.max_len} (the learned "
+                       "position table); lower the length or raise model.max_len")
 
 
 def _check_workdir_config(config, workdir: str, fresh: bool):
@@ -57,8 +82,9 @@ def _check_workdir_config(config, workdir: str, fresh: bool):
                        if saved.get("model", {}).get(k) != config.model.get(k))
       raise ValueError(f"{workdir} holds a run with a different model (fields {changed}); "
                        "use a new --workdir, or --fresh to discard its checkpoints")
-  with open(path, "w") as f:
-    f.write(config.to_json(indent=2))
+  if jax.process_index() == 0:
+    with open(path, "w") as f:
+      f.write(config.to_json(indent=2))
 
 
 class _StopRequest:
@@ -82,6 +108,16 @@ class _StopRequest:
       signal.signal(sig, handler)
 
 
+def init_inputs(model_config) -> tuple:
+  """Dummy positional inputs for `module.init` (parameter shapes do not depend on lengths)."""
+  family = model_config.family
+  if family == "vit":
+    size, channels = model_config.image_size, model_config.get("channels", 3)
+    return (jnp.zeros((1, size, size, channels), jnp.float32),)
+  tokens = jnp.zeros((1, 2), jnp.int32)
+  return (tokens, tokens) if tasks.task_for(model_config).name == "seq2seq" else (tokens,)
+
+
 def train_state_fns(config):
   """(module, optimizer, init_state): init_state() builds the train state pytree
   {'step', 'params', 'opt_state', 'skipped'}; its eval_shape is the checkpoint layout."""
@@ -90,12 +126,28 @@ def train_state_fns(config):
   init_key = jax.random.split(jax.random.key(config.train.seed))[0]
 
   def init_state():
-    dummy = jnp.zeros((1, config.data.seq_len), jnp.int32)
-    params = nn.unbox(module.init(init_key, dummy))["params"]
+    params = nn.unbox(module.init(init_key, *init_inputs(config.model)))["params"]
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
             "skipped": jnp.zeros((), jnp.int32)}
 
   return module, tx, init_state
+
+
+def _fresh_start(workdir: str):
+  """--fresh: discard the previous run's checkpoints and metrics (explicitly asked for)."""
+  for name in ("checkpoints", "best"):
+    shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
+  if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+    os.remove(os.path.join(workdir, "metrics.jsonl"))
+
+
+def evaluate(eval_step, params, pipeline, task) -> dict:
+  """Split-level eval metrics from per-batch sums (padded rows carry zero weight)."""
+  totals = None
+  for batch in pipeline.eval_batches():
+    sums = eval_step(params, batch)
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  return tasks.finalize_eval(task, jax.device_get(totals))
 
 
 def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None = None) -> dict:
@@ -105,55 +157,54 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
   """
   _validate(config)
   os.makedirs(workdir, exist_ok=True)
-  if fresh:                               # explicitly asked: discard the previous run
-    shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)
-    if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
-      os.remove(os.path.join(workdir, "metrics.jsonl"))
+  if fresh and jax.process_index() == 0:
+    _fresh_start(workdir)
   _check_workdir_config(config, workdir, fresh)
 
-  t, d = config.train, config.data
-  corpus = TextCorpus(d.source, train_fraction=d.get("train_fraction", 0.9))
-  if corpus.tokenizer.vocab_size != config.model.vocab_size:
-    raise ValueError(f"model.vocab_size={config.model.vocab_size} but the {d.source!r} "
-                     f"tokenizer has {corpus.tokenizer.vocab_size} symbols; set "
-                     f"--config.model.vocab_size={corpus.tokenizer.vocab_size}")
-  corpus.tokenizer.save(os.path.join(workdir, "tokenizer.json"))
+  t = config.train
+  task = tasks.task_for(config.model)
+  pipeline = make_pipeline(config, workdir=workdir, process_index=jax.process_index(),
+                           process_count=jax.process_count())
+  _check_model_matches_data(config, pipeline.info)
 
   module, tx, init_state = train_state_fns(config)
   schedule = optim.learning_rate_schedule(config.optim, t.steps)
   dropout_key = jax.random.split(jax.random.key(t.seed))[1]
   ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"),
                                  keep=t.get("keep_checkpoints", 3))
+  best_metric = t.get("best_metric", "eval_loss")
+  best = checkpoint.BestCheckpoints(os.path.join(workdir, "best"), metric=best_metric,
+                                    keep=t.get("keep_best", 1)) if t.get("keep_best", 1) else None
   metrics = MetricsWriter(os.path.join(workdir, "metrics.jsonl"))
   restored = ckpts.restore_latest(jax.eval_shape(init_state))
   if restored is None:
     state, start = jax.jit(init_state)(), 0
-    metrics.truncate_after(-1)
   else:
     start, state = restored
-    metrics.truncate_after(start)
     logging.info("resuming from step %d", start)
+  metrics.truncate_after(start)
+  if best is not None:
+    best.forget_after(start)            # saved after the checkpoint we resume from: redone
   if start >= t.steps:
     ckpts.close()
     print(f"{workdir}: already trained for {start} steps")
     return _last_eval(os.path.join(workdir, "metrics.jsonl"))
 
-  train_step = step_lib.make_train_step(module, tx,
-                                        label_smoothing=t.get("label_smoothing", 0.0),
-                                        z_loss=t.get("z_loss", 0.0))
-  eval_step = step_lib.make_eval_step(module)
-  batch = lambda split, s: corpus.batch(split, s, batch_size=t.batch_size,
-                                         seq_len=d.seq_len, seed=t.seed)
-  eval_batches = t.get("eval_batches", 20)
-  tokens_per_step = t.batch_size * d.seq_len
+  train_step = jax.jit(step_lib.make_train_step(
+      module, tx, task, label_smoothing=t.get("label_smoothing", 0.0),
+      z_loss=t.get("z_loss", 0.0), grad_accum=config.optim.get("grad_accum", 1)),
+      donate_argnums=(0,))
+  eval_step = jax.jit(step_lib.make_eval_step(module, task))
   max_skipped = t.get("max_skipped_steps", 5)
-  last_eval, window_start, window_steps = None, time.perf_counter(), 0
+  last_eval, window_start, window_steps, window_units = None, time.perf_counter(), 0, 0
 
   with _StopRequest() as stop:
     for s in range(start, t.steps):
-      state, m = train_step(state, batch("train", s), dropout_key)
+      batch = pipeline.train_batch(s)
+      state, m = train_step(state, batch, dropout_key)
       done = s + 1
       window_steps += 1
+      window_units += task.units_per_batch(batch) * jax.process_count()
       if not bool(m["finite"]):
         logging.warning("step %d: non-finite loss or gradient, update skipped", done)
         if int(state["skipped"]) >= max_skipped:
@@ -165,22 +216,22 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
         elapsed = time.perf_counter() - window_start
         record = {"step": done, "loss": float(m["loss"]), "lr": float(schedule(s)),
                   "grad_norm": float(m["grad_norm"]), "skipped": int(state["skipped"]),
-                  "tokens_per_sec": tokens_per_step * window_steps / elapsed}
+                  f"{task.unit}_per_sec": window_units / elapsed}
+        if task.name == "classification":
+          record["accuracy"] = float(m["accuracy"])
         metrics.write(record)
         eta = (t.steps - done) * elapsed / window_steps
         print(f"step {done:>6d}/{t.steps}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
-              f"{record['tokens_per_sec']:,.0f} tok/s  eta {eta:.0f}s", flush=True)
-        window_start, window_steps = time.perf_counter(), 0
+              f"{window_units / elapsed:,.0f} {task.unit}/s  eta {eta:.0f}s", flush=True)
+        window_start, window_steps, window_units = time.perf_counter(), 0, 0
       if done % t.eval_every == 0 or done == t.steps:
         eval_start = time.perf_counter()
-        results = [eval_step(state["params"], batch("validation", i))
-                   for i in range(eval_batches)]
-        last_eval = {"step": done,
-                     "eval_loss": float(np.mean([r["loss"] for r in results])),
-                     "eval_accuracy": float(np.mean([r["accuracy"] for r in results]))}
+        last_eval = {"step": done, **evaluate(eval_step, state["params"], pipeline, task)}
         metrics.write(last_eval)
-        print(f"step {done:>6d}  eval_loss {last_eval['eval_loss']:.4f}  "
-              f"eval_accuracy {last_eval['eval_accuracy']:.3f}", flush=True)
+        print(f"step {done:>6d}  " + "  ".join(
+            f"{k} {v:.4f}" for k, v in last_eval.items() if k != "step"), flush=True)
+        if best is not None:
+          best.maybe_save(done, state["params"], last_eval)
         window_start += time.perf_counter() - eval_start    # throughput excludes eval
       preempted = stop.requested or (stop_after is not None and done - start >= stop_after)
       if done % t.checkpoint_every == 0 or done == t.steps or preempted:
@@ -188,15 +239,22 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
       if preempted:
         break
   ckpts.close()
-  if not preempted and t.get("sample_tokens", 0):
-    text = sampling.sample_text(config, state["params"], corpus.tokenizer,
-                                prompt=t.get("sample_prompt", "\n"),
-                                max_new_tokens=t.sample_tokens, temperature=0.8, top_k=20,
-                                seed=t.seed)
+  if best is not None:
+    best.close()
+  if not preempted and task.name == "lm" and t.get("sample_tokens", 0):
+    _write_sample(config, state["params"], pipeline.tokenizer, workdir)
+  return last_eval
+
+
+def _write_sample(config, params, tokenizer, workdir):
+  t = config.train
+  text = sampling.sample_text(config, params, tokenizer, prompt=t.get("sample_prompt", "\n"),
+                              max_new_tokens=t.sample_tokens, temperature=0.8, top_k=20,
+                              seed=t.seed)
+  if jax.process_index() == 0:
     with open(os.path.join(workdir, "samples.txt"), "a") as f:
       f.write(f"--- step {t.steps}\n{text}\n")
-    print(f"\n--- sample after {t.steps} steps ---\n{text}\n", flush=True)
-  return last_eval
+  print(f"\n--- sample after {t.steps} steps ---\n{text}\n", flush=True)
 
 
 def _last_eval(path):

@@ -1,5 +1,6 @@
-"""Optax optimizer from `config.optim`: AdamW with a decay mask, warmup + decay schedules,
-global-norm clipping and gradient accumulation."""
+"""Optax optimizer from `config.optim`: AdamW with a decay mask, warmup + decay schedules and
+global-norm clipping. (Gradient accumulation lives in the train step: `optim.grad_accum`
+micro-batches per optimizer step, so `train.steps` always counts optimizer updates.)"""
 
 from __future__ import annotations
 
@@ -49,13 +50,8 @@ def decay_mask(params):
 def make_optimizer(optim, total_steps: int) -> optax.GradientTransformation:
   if optim.get("name", "adamw") != "adamw":
     raise ValueError(f"optim.name={optim.name!r}: only 'adamw' is available")
-  if int(optim.grad_accum) < 1:
-    raise ValueError(f"optim.grad_accum={optim.grad_accum} must be >= 1")
-  tx = optax.chain(
+  return optax.chain(
       optax.clip_by_global_norm(float(optim.clip)) if optim.clip else optax.identity(),
       optax.adamw(learning_rate_schedule(optim, total_steps), b1=float(optim.b1),
                   b2=float(optim.b2), eps=float(optim.get("eps", 1e-8)),
                   weight_decay=float(optim.weight_decay), mask=decay_mask))
-  if int(optim.grad_accum) > 1:
-    tx = optax.MultiSteps(tx, every_k_schedule=int(optim.grad_accum))
-  return tx

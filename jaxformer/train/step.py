@@ -1,4 +1,10 @@
-"""The jitted train and eval steps for language models (loss in float32)."""
+"""The train and eval step functions (pure; the loop jits them with their shardings).
+
+Loss is float32 whatever the compute dtype: the weighted mean of per-prediction cross-entropy
+over the whole global batch. With `grad_accum > 1` the batch is split into that many
+micro-batches scanned in sequence and their gradients summed, so one optimizer step sees
+exactly the gradient of the full batch with a fraction of the activation memory.
+"""
 
 from __future__ import annotations
 
@@ -6,54 +12,74 @@ import jax
 import jax.numpy as jnp
 import optax
 
-
-def cross_entropy(logits, targets, *, label_smoothing: float = 0.0, z_loss: float = 0.0):
-  """Mean token cross-entropy in float32, with optional label smoothing and z-loss
-  (z_loss * log(Z)^2, PaLM) that keeps the softmax normaliser near 1."""
-  logits = logits.astype(jnp.float32)
-  log_z = jax.nn.logsumexp(logits, axis=-1)
-  nll = log_z - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  loss = nll
-  if label_smoothing:   # (1 - s) * nll + s * mean over the vocabulary of -log p
-    loss = (1 - label_smoothing) * nll + label_smoothing * (log_z - logits.mean(-1))
-  if z_loss:
-    loss = loss + z_loss * jnp.square(log_z)
-  return loss.mean(), nll.mean()
+from jaxformer.train.tasks import Task, cross_entropy, eval_sums
 
 
-def make_train_step(module, tx, *, label_smoothing=0.0, z_loss=0.0):
-  """state = {'step', 'params', 'opt_state', 'skipped'} -> (state, metrics). A step with a
-  non-finite loss or gradient leaves params/optimizer untouched and counts as skipped."""
+def _split_micro(batch: dict, n: int) -> dict:
+  def split(x):
+    if x.shape[0] % n:
+      raise ValueError(f"the per-step batch ({x.shape[0]} rows) is not divisible by "
+                       f"optim.grad_accum={n}; use a batch size that is a multiple of it")
+    return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+  return jax.tree.map(split, batch)
+
+
+def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
+                    z_loss: float = 0.0, grad_accum: int = 1):
+  """(state, batch, dropout_key) -> (state, metrics); state = {'step', 'params',
+  'opt_state', 'skipped'}. A step with a non-finite loss or gradient leaves params and
+  optimizer untouched and counts as skipped (reset to 0 by the next good step)."""
+
+  def weighted_sums(params, batch, rng):
+    """(sum of objective * w, (sum of nll * w, sum of correct * w)) over `batch`."""
+    args, kwargs = task.model_args(batch)
+    logits = module.apply({"params": params}, *args, **kwargs, deterministic=False,
+                          rngs={"dropout": rng})
+    labels, w = batch[task.labels], task.weights(batch)
+    objective, nll = cross_entropy(logits, labels, label_smoothing=label_smoothing,
+                                   z_loss=z_loss)
+    correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+    return jnp.sum(objective * w), (jnp.sum(nll * w), jnp.sum(correct * w))
+
+  grad_fn = jax.value_and_grad(weighted_sums, has_aux=True)
 
   def train_step(state, batch, dropout_key):
     rng = jax.random.fold_in(dropout_key, state["step"])
-
-    def loss_fn(params):
-      logits = module.apply({"params": params}, batch["inputs"], deterministic=False,
-                            rngs={"dropout": rng})
-      loss, nll = cross_entropy(logits, batch["targets"], label_smoothing=label_smoothing,
-                                z_loss=z_loss)
-      return loss, nll
-
-    (loss, nll), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    params = state["params"]
+    total_weight = jnp.maximum(jnp.sum(task.weights(batch)), 1e-9)
+    if grad_accum == 1:
+      (objective, (nll, correct)), grads = grad_fn(params, batch, rng)
+    else:
+      def micro(carry, xs):
+        i, mb = xs
+        (o, (n, c)), g = grad_fn(params, mb, jax.random.fold_in(rng, i))
+        acc_o, acc_n, acc_c, acc_g = carry
+        return (acc_o + o, acc_n + n, acc_c + c, jax.tree.map(jnp.add, acc_g, g)), None
+      zeros = jax.tree.map(jnp.zeros_like, params)
+      init = (jnp.zeros(()), jnp.zeros(()), jnp.zeros(()), zeros)
+      (objective, nll, correct, grads), _ = jax.lax.scan(
+          micro, init, (jnp.arange(grad_accum), _split_micro(batch, grad_accum)))
+    grads = jax.tree.map(lambda g: g / total_weight, grads)
+    loss = objective / total_weight
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
+    updates, opt_state = tx.update(grads, state["opt_state"], params)
+    new_params = optax.apply_updates(params, updates)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-    new_state = {"step": state["step"] + 1, "params": keep(params, state["params"]),
+    new_state = {"step": state["step"] + 1, "params": keep(new_params, params),
                  "opt_state": keep(opt_state, state["opt_state"]),
                  "skipped": jnp.where(finite, 0, state["skipped"] + 1)}
-    return new_state, {"loss": nll, "train_objective": loss, "grad_norm": grad_norm,
+    return new_state, {"loss": nll / total_weight, "train_objective": loss,
+                       "accuracy": correct / total_weight, "grad_norm": grad_norm,
                        "finite": finite}
 
-  return jax.jit(train_step, donate_argnums=(0,))
+  return train_step
 
 
-def make_eval_step(module):
+def make_eval_step(module, task: Task):
+  """(params, batch) -> sums of nll / correct / count (see tasks.eval_sums)."""
   def eval_step(params, batch):
-    logits = module.apply({"params": params}, batch["inputs"], deterministic=True)
-    _, nll = cross_entropy(logits, batch["targets"])
-    accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["targets"])
-    return {"loss": nll, "accuracy": accuracy}
-  return jax.jit(eval_step)
+    args, kwargs = task.model_args(batch)
+    logits = module.apply({"params": params}, *args, **kwargs, deterministic=True)
+    return eval_sums(task, logits, batch)
+  return eval_step

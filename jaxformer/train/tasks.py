@@ -1,0 +1,106 @@
+"""What each task feeds the model and how its loss and eval metrics are computed.
+
+The model family fixes the task: decoder -> "lm" (next token), bert -> "mlm" (masked tokens),
+vit -> "classification", seq2seq / rnn_seq2seq -> "seq2seq" (teacher-forced target tokens).
+Every task reduces to weighted token (or image) cross-entropy: `labels` and `weights` say which
+predictions count, so padding, packed-document boundaries and unmasked MLM positions drop out
+the same way. Eval metrics are sums over batches (not means of batch means), so a padded last
+batch or uneven batches give the exact split-level value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer.data.batching import VALID
+from jaxformer.data.pipeline import TASK_OF_FAMILY
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  name: str
+  unit: str                      # what throughput counts: "tokens" or "images"
+  inputs: tuple[str, ...]        # positional model arguments, by batch key
+  optional: tuple[tuple[str, str], ...]   # (batch key, model keyword) passed when present
+  labels: str
+
+  def model_args(self, batch: dict):
+    args = tuple(batch[k] for k in self.inputs)
+    kwargs = {kw: batch[k] for k, kw in self.optional if k in batch}
+    return args, kwargs
+
+  def weights(self, batch: dict):
+    """float32 weight per prediction (1 where it counts), shaped like the labels."""
+    labels = batch[self.labels]
+    w = batch["weights"] if "weights" in batch else jnp.ones(labels.shape, jnp.float32)
+    if VALID in batch:                 # padded eval rows
+      w = w * batch[VALID].reshape(batch[VALID].shape + (1,) * (labels.ndim - 1))
+    return w.astype(jnp.float32)
+
+  def units_per_batch(self, batch: dict) -> int:
+    labels = batch[self.labels]
+    return int(np.prod(labels.shape)) if self.unit == "tokens" else int(labels.shape[0])
+
+
+TASKS = {
+    "lm": Task("lm", "tokens", ("inputs",),
+               (("segment_ids", "segment_ids"), ("positions", "positions")), "targets"),
+    "mlm": Task("mlm", "tokens", ("inputs",),
+                (("attention_mask", "attention_mask"),
+                 ("token_type_ids", "token_type_ids")), "targets"),
+    "classification": Task("classification", "images", ("images",), (), "labels"),
+    "seq2seq": Task("seq2seq", "tokens", ("src", "tgt_in"), (("src_mask", "src_mask"),),
+                    "tgt_out"),
+}
+
+
+def task_for(model_config) -> Task:
+  family = model_config.get("family")
+  if family not in TASK_OF_FAMILY:
+    raise ValueError(f"model.family={family!r} has no training task; one of "
+                     f"{sorted(TASK_OF_FAMILY)}")
+  return TASKS[TASK_OF_FAMILY[family]]
+
+
+def cross_entropy(logits, labels, *, label_smoothing: float = 0.0, z_loss: float = 0.0):
+  """Per-prediction float32 (objective, nll): objective adds label smoothing
+  ((1-s) * nll + s * mean over classes of -log p) and z-loss (z * log(Z)^2, PaLM), which keeps
+  the softmax normaliser near 1."""
+  logits = logits.astype(jnp.float32)
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  nll = log_z - jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+  objective = nll
+  if label_smoothing:
+    objective = (1 - label_smoothing) * nll + label_smoothing * (log_z - logits.mean(-1))
+  if z_loss:
+    objective = objective + z_loss * jnp.square(log_z)
+  return objective, nll
+
+
+def eval_sums(task: Task, logits, batch) -> dict:
+  """Sums over one batch that `finalize_eval` turns into split-level metrics."""
+  labels, w = batch[task.labels], task.weights(batch)
+  _, nll = cross_entropy(logits, labels)
+  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  sums = {"nll": jnp.sum(nll * w), "correct": jnp.sum(correct * w), "count": jnp.sum(w)}
+  if task.name == "seq2seq":       # a sequence is right when all its weighted tokens are
+    row_ok = jnp.all((correct > 0) | (w == 0), axis=-1).astype(jnp.float32)
+    rows = batch[VALID] if VALID in batch else jnp.ones(row_ok.shape, jnp.float32)
+    sums.update(seq_correct=jnp.sum(row_ok * rows), seq_count=jnp.sum(rows))
+  return sums
+
+
+def finalize_eval(task: Task, totals: dict) -> dict:
+  count = max(float(totals["count"]), 1e-9)
+  loss = float(totals["nll"]) / count
+  out = {"eval_loss": loss, "eval_accuracy": float(totals["correct"]) / count}
+  if task.name in ("lm", "mlm"):
+    out["eval_perplexity"] = float(np.exp(min(loss, 80.0)))
+  if "seq_count" in totals:
+    out["eval_sequence_accuracy"] = float(totals["seq_correct"]) / max(
+        float(totals["seq_count"]), 1e-9)
+  return out

@@ -1,0 +1,120 @@
+"""Task losses and eval sums, gradient accumulation, best-checkpoint retention."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxformer import models
+from jaxformer.train import checkpoint, tasks
+from jaxformer.train.step import make_eval_step, make_train_step
+
+TINY_LM = dict(family="decoder", vocab_size=11, d_model=16, num_layers=1, num_heads=2,
+               mlp_dim=32, max_len=16, dropout_rate=0.0)
+
+
+def _nll64(logits, labels):
+  x = np.asarray(logits, np.float64)
+  m = x.max(-1, keepdims=True)
+  log_z = np.log(np.exp(x - m).sum(-1)) + m[..., 0]
+  return log_z - np.take_along_axis(x, labels[..., None], -1)[..., 0]
+
+
+def test_eval_sums_weight_tokens_and_drop_padded_rows():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(3, 5, 7)).astype(np.float32)
+  labels = rng.integers(0, 7, size=(3, 5))
+  weights = (rng.random((3, 5)) < 0.6).astype(np.float32)
+  valid = np.array([1, 1, 0], np.float32)          # the last row is padding
+  batch = {"targets": labels, "weights": weights, "valid": valid}
+  sums = tasks.eval_sums(tasks.TASKS["lm"], jnp.asarray(logits), batch)
+  w = weights * valid[:, None]
+  np.testing.assert_allclose(sums["nll"], (_nll64(logits, labels) * w).sum(), rtol=1e-5)
+  np.testing.assert_allclose(sums["correct"], ((logits.argmax(-1) == labels) * w).sum())
+  assert float(sums["count"]) == w.sum()
+  out = tasks.finalize_eval(tasks.TASKS["lm"], jax.device_get(sums))
+  np.testing.assert_allclose(out["eval_perplexity"], np.exp(out["eval_loss"]), rtol=1e-6)
+
+
+def test_seq2seq_sequence_accuracy_counts_whole_rows():
+  # row 0: both weighted tokens right; row 1: one wrong; row 2: padding row
+  logits = np.full((3, 3, 4), -5.0, np.float32)
+  labels = np.array([[1, 2, 0], [1, 2, 0], [3, 3, 3]])
+  for r, row in enumerate([[1, 2, 3], [1, 0, 0], [3, 3, 3]]):
+    for t, k in enumerate(row):
+      logits[r, t, k] = 5.0
+  batch = {"tgt_out": labels, "weights": np.array([[1, 1, 0]] * 3, np.float32),
+           "valid": np.array([1, 1, 0], np.float32)}
+  out = tasks.finalize_eval(tasks.TASKS["seq2seq"],
+                            jax.device_get(tasks.eval_sums(tasks.TASKS["seq2seq"],
+                                                           jnp.asarray(logits), batch)))
+  assert out["eval_sequence_accuracy"] == 0.5 and out["eval_accuracy"] == 0.75
+
+
+def test_classification_task_uses_images_and_labels():
+  task = tasks.task_for({"family": "vit"})
+  batch = {"images": np.zeros((4, 8, 8, 1)), "labels": np.arange(4)}
+  args, kwargs = task.model_args(batch)
+  assert args[0] is batch["images"] and kwargs == {}
+  assert task.units_per_batch(batch) == 4 and task.unit == "images"
+  with pytest.raises(ValueError, match="model.family='nope'"):
+    tasks.task_for({"family": "nope"})
+
+
+@pytest.fixture(scope="module")
+def lm_setup():
+  module = models.build(TINY_LM)
+  params = module.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
+  params = jax.tree.map(lambda x: getattr(x, "value", x), params,
+                        is_leaf=lambda x: hasattr(x, "value"))
+  rng = np.random.default_rng(1)
+  batch = {"inputs": rng.integers(0, 11, (4, 9)).astype(np.int32),
+           "targets": rng.integers(0, 11, (4, 9)).astype(np.int32),
+           "weights": (rng.random((4, 9)) < 0.7).astype(np.float32)}
+  return module, params, batch
+
+
+def test_grad_accumulation_equals_full_batch_gradient(lm_setup):
+  module, params, batch = lm_setup
+  tx = optax.sgd(1.0)
+  task = tasks.TASKS["lm"]
+  results = []
+  for accum in (1, 2, 4):
+    step = jax.jit(make_train_step(module, tx, task, grad_accum=accum))
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+             "skipped": jnp.zeros((), jnp.int32)}
+    new, metrics = step(state, batch, jax.random.key(0))
+    results.append((new["params"], float(metrics["loss"])))
+  for p, loss in results[1:]:
+    np.testing.assert_allclose(loss, results[0][1], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6),
+                 p, results[0][0])
+  # the train loss is the weighted mean nll: equals the eval sums' ratio
+  sums = jax.jit(make_eval_step(module, task))(params, batch)
+  _, first = jax.jit(make_train_step(module, tx, task))(
+      {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+       "skipped": jnp.zeros((), jnp.int32)}, batch, jax.random.key(0))
+  np.testing.assert_allclose(first["loss"], sums["nll"] / sums["count"], rtol=1e-5)
+  with pytest.raises(ValueError, match="optim.grad_accum=3"):
+    jax.jit(make_train_step(module, tx, task, grad_accum=3))(
+        {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+         "skipped": jnp.zeros((), jnp.int32)}, batch, jax.random.key(0))
+
+
+def test_best_checkpoints_keep_the_best_and_forget_redone_steps(tmp_path):
+  params = {"w": np.zeros(3, np.float32)}
+  best = checkpoint.BestCheckpoints(tmp_path / "best", metric="eval_loss", keep=2)
+  saved = [best.maybe_save(s, {"w": np.full(3, s, np.float32)}, {"eval_loss": v})
+           for s, v in ((10, 3.0), (20, 2.0), (30, 2.5), (40, 2.8), (50, 1.0))]
+  assert saved == [True, True, True, False, True]
+  best.manager.wait_until_finished()
+  assert sorted(best.manager.all_steps()) == [20, 50] and best.best_step() == 50
+  np.testing.assert_array_equal(best.restore(params)["w"], np.full(3, 50.0))
+  best.forget_after(30)
+  assert best.manager.all_steps() == [20]
+  best.close()
+  acc = checkpoint.BestCheckpoints(tmp_path / "acc", metric="eval_accuracy", keep=1)
+  assert [acc.maybe_save(s, params, {"eval_accuracy": v})
+          for s, v in ((1, 0.5), (2, 0.4), (3, 0.9))] == [True, False, True]
+  acc.close()
