@@ -14,16 +14,16 @@ import logging
 import os
 import shutil
 import signal
-import time
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxformer import models, sampling
+from jaxformer import models, sampling, scaling
 from jaxformer.data.pipeline import make_pipeline
-from jaxformer.train import checkpoint, optim, step as step_lib, tasks
+from jaxformer.train import checkpoint, optim, plots, profiling, progress, step as step_lib, tasks
 from jaxformer.train.metrics import MetricsWriter, read
+from jaxformer.train.tensorboard import SummaryWriter
 
 _POSITIVE_INTS = ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every")
 
@@ -44,6 +44,7 @@ def _validate(config):
   metric = config.train.get("best_metric", "eval_loss")
   if metric not in ("eval_loss", "eval_accuracy"):
     raise ValueError(f"train.best_metric={metric!r} must be 'eval_loss' or 'eval_accuracy'")
+  profiling.parse_profile_steps(config.train.get("profile_steps"))
   seq_len = config.data.get("seq_len")
   if seq_len is not None and (not isinstance(seq_len, int) or seq_len < 1):
     raise ValueError(f"data.seq_len={seq_len!r} must be an int >= 1")
@@ -141,6 +142,22 @@ def _fresh_start(workdir: str):
     os.remove(os.path.join(workdir, "metrics.jsonl"))
 
 
+def flops_per_step(config, task, batch, process_count: int) -> int:
+  """Model FLOPs of one optimizer step (Kaplan's 6N + attention convention, see
+  `scaling.flops_per_token`), for the MFU estimate."""
+  rows = batch[task.labels].shape[0] * process_count
+  if task.name == "classification":
+    m = config.model
+    tokens = (m.image_size // m.patch_size) ** 2 + (1 if m.get("pool", "cls") == "cls" else 0)
+    return scaling.flops_per_token(m, tokens) * tokens * rows
+  if task.name == "seq2seq":
+    tgt_len = batch["tgt_out"].shape[1]
+    length = max(batch["src"].shape[1], tgt_len)
+    return scaling.flops_per_token(config.model, length) * tgt_len * rows
+  seq_len = batch["inputs"].shape[1]
+  return scaling.flops_per_token(config.model, seq_len) * seq_len * rows
+
+
 def evaluate(eval_step, params, pipeline, task) -> dict:
   """Split-level eval metrics from per-batch sums (padded rows carry zero weight)."""
   totals = None
@@ -182,7 +199,8 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
   else:
     start, state = restored
     logging.info("resuming from step %d", start)
-  metrics.truncate_after(start)
+  if jax.process_index() == 0:
+    metrics.truncate_after(start)
   if best is not None:
     best.forget_after(start)            # saved after the checkpoint we resume from: redone
   if start >= t.steps:
@@ -196,15 +214,25 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
       donate_argnums=(0,))
   eval_step = jax.jit(step_lib.make_eval_step(module, task))
   max_skipped = t.get("max_skipped_steps", 5)
-  last_eval, window_start, window_steps, window_units = None, time.perf_counter(), 0, 0
+  is_main = jax.process_index() == 0
+  first = pipeline.train_batch(start)
+  units_per_step = task.units_per_batch(first) * jax.process_count()
+  peak = progress.peak_flops_per_device(dtype=config.model.get("dtype", "float32"))
+  bar = progress.Progress(
+      t.steps, start, unit=task.unit, units_per_step=units_per_step, window=1,
+      flops_per_step=flops_per_step(config, task, first, jax.process_count()),
+      peak_flops=peak * jax.device_count() if peak else None)
+  tb = SummaryWriter(workdir, purge_step=start + 1 if start else None) if is_main else None
+  profiler = profiling.StepProfiler(workdir, t.get("profile_steps"))
+  last_eval, preempted = None, False
 
   with _StopRequest() as stop:
     for s in range(start, t.steps):
-      batch = pipeline.train_batch(s)
+      batch = first if s == start else pipeline.train_batch(s)
+      profiler.before(s + 1)
       state, m = train_step(state, batch, dropout_key)
+      profiler.after(s + 1, m)
       done = s + 1
-      window_steps += 1
-      window_units += task.units_per_batch(batch) * jax.process_count()
       if not bool(m["finite"]):
         logging.warning("step %d: non-finite loss or gradient, update skipped", done)
         if int(state["skipped"]) >= max_skipped:
@@ -213,34 +241,44 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
               f"good checkpoint in {workdir}/checkpoints is intact (lower optim.lr or check "
               "the data)")
       if done % t.log_every == 0 or done == t.steps:
-        elapsed = time.perf_counter() - window_start
         record = {"step": done, "loss": float(m["loss"]), "lr": float(schedule(s)),
-                  "grad_norm": float(m["grad_norm"]), "skipped": int(state["skipped"]),
-                  f"{task.unit}_per_sec": window_units / elapsed}
+                  "grad_norm": float(m["grad_norm"]), "skipped": int(state["skipped"])}
         if task.name == "classification":
           record["accuracy"] = float(m["accuracy"])
-        metrics.write(record)
-        eta = (t.steps - done) * elapsed / window_steps
-        print(f"step {done:>6d}/{t.steps}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
-              f"{window_units / elapsed:,.0f} {task.unit}/s  eta {eta:.0f}s", flush=True)
-        window_start, window_steps, window_units = time.perf_counter(), 0, 0
+        bar.update(done, record)
+        rate = bar.steps_per_sec()
+        if rate:
+          record[f"{task.unit}_per_sec"] = rate * units_per_step
+        if bar.mfu() is not None:
+          record["mfu"] = bar.mfu()
+        if is_main:
+          metrics.write(record)
+          tb.scalars({k: v for k, v in record.items() if k != "step"}, done)
       if done % t.eval_every == 0 or done == t.steps:
-        eval_start = time.perf_counter()
-        last_eval = {"step": done, **evaluate(eval_step, state["params"], pipeline, task)}
-        metrics.write(last_eval)
-        print(f"step {done:>6d}  " + "  ".join(
-            f"{k} {v:.4f}" for k, v in last_eval.items() if k != "step"), flush=True)
-        if best is not None:
-          best.maybe_save(done, state["params"], last_eval)
-        window_start += time.perf_counter() - eval_start    # throughput excludes eval
+        with bar.paused():
+          last_eval = {"step": done, **evaluate(eval_step, state["params"], pipeline, task)}
+          bar.log(f"step {done:>6d}  " + "  ".join(
+              f"{k} {v:.4f}" for k, v in last_eval.items() if k != "step"))
+          if is_main:
+            metrics.write(last_eval)
+            tb.scalars({k: v for k, v in last_eval.items() if k != "step"}, done)
+          if best is not None:
+            best.maybe_save(done, state["params"], last_eval)
       preempted = stop.requested or (stop_after is not None and done - start >= stop_after)
       if done % t.checkpoint_every == 0 or done == t.steps or preempted:
-        ckpts.save(done, state)
+        with bar.paused():
+          ckpts.save(done, state)
       if preempted:
         break
+  bar.close()
+  profiler.close()
   ckpts.close()
   if best is not None:
     best.close()
+  if is_main:
+    tb.close()
+    plots.plot_curves(os.path.join(workdir, "metrics.jsonl"),
+                      os.path.join(workdir, "curves.png"))
   if not preempted and task.name == "lm" and t.get("sample_tokens", 0):
     _write_sample(config, state["params"], pipeline.tokenizer, workdir)
   return last_eval
