@@ -1,0 +1,133 @@
+"""Training curves from metrics.jsonl, attention heatmaps, and per-head attention entropy.
+
+Figures are drawn on `matplotlib.figure.Figure` objects with the Agg canvas, never through
+pyplot, so nothing touches the global backend, opens a window, or leaks figures in a long run.
+`attention_entropy` is the number the loop logs to watch heads go from uniform (log Tk nats)
+to focused (near 0).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Sequence
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from jaxformer.train.metrics import read
+
+MAX_LABELED_TOKENS = 40
+
+
+def _new_figure(width_in: float, height_in: float, dpi: int) -> Figure:
+  figure = Figure(figsize=(width_in, height_in), dpi=dpi, layout="constrained")
+  FigureCanvasAgg(figure)
+  return figure
+
+
+def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+  points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+  return [s for s, _ in points], [v for _, v in points]
+
+
+def plot_curves(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLike, *,
+                log_y: bool = False, dpi: int = 100) -> str:
+  """Loss (train and eval) vs step, eval accuracy and learning rate on their own panels
+  when the records have them. Returns `out_png`."""
+  records = read(metrics_jsonl_path)
+  panels = [("loss", ("loss", "eval_loss")), ("accuracy", ("eval_accuracy",)), ("lr", ("lr",))]
+  panels = [(name, keys) for name, keys in panels if any(_series(records, k)[0] for k in keys)]
+  if not panels:
+    raise ValueError(f"{metrics_jsonl_path}: no 'loss', 'eval_loss', 'eval_accuracy' or 'lr' "
+                     "records to plot; train for at least train.log_every steps first")
+  figure = _new_figure(6.4, 2.4 * len(panels), dpi)
+  axes = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+  for ax, (name, keys) in zip(axes, panels):
+    for key in keys:
+      steps, values = _series(records, key)
+      if steps:
+        ax.plot(steps, values, marker="o" if key.startswith("eval") else None, markersize=3,
+                label=key.replace("_", " "))
+    if log_y and name == "loss":
+      ax.set_yscale("log")
+    ax.set_ylabel(name)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+  axes[-1].set_xlabel("step")
+  figure.savefig(out_png, format="png")
+  return os.fspath(out_png)
+
+
+def _check_weights(weights) -> np.ndarray:
+  array = np.asarray(weights, dtype=np.float64)
+  if array.ndim < 3:
+    raise ValueError(f"weights: expected [..., heads, Tq, Tk] attention probabilities, got "
+                     f"shape {array.shape}; add a head axis with weights[None]")
+  if not np.all(np.isfinite(array)) or np.any(array < 0):
+    raise ValueError("weights must be finite and non-negative (softmax probabilities)")
+  return array
+
+
+def _label(token: str) -> str:
+  """Whitespace made visible for character-level tokens."""
+  return token.replace(" ", "\u2423").replace("\n", "\\n").replace("\t", "\\t")
+
+
+def plot_attention(weights, tokens: Sequence[str] | None, out_png: str | os.PathLike,
+                   title: str | None = None, *, dpi: int = 100) -> str:
+  """A grid of heatmaps of `weights` [H, Tq, Tk], one per head (query rows, key columns).
+
+  `tokens` label the keys (and the queries of self-attention, aligned to the last keys as in
+  causal decoding) when there are at most MAX_LABELED_TOKENS of them. Returns `out_png`.
+  """
+  array = _check_weights(weights)
+  if array.ndim != 3:
+    raise ValueError(f"weights: expected [heads, Tq, Tk], got shape {array.shape}; "
+                     "select one example, e.g. weights[0]")
+  heads, q_len, k_len = array.shape
+  if not heads * q_len * k_len:
+    raise ValueError(f"weights: shape {array.shape} is empty")
+  if tokens is not None and len(tokens) != k_len:
+    raise ValueError(f"tokens has {len(tokens)} entries but weights has Tk={k_len} keys")
+  cols = math.ceil(math.sqrt(heads))
+  rows = math.ceil(heads / cols)
+  figure = _new_figure(2.6 * cols + 0.8, 2.6 * rows + (0.4 if title else 0.0), dpi)
+  axes = figure.subplots(rows, cols, squeeze=False).ravel()
+  short = tokens is not None and k_len <= MAX_LABELED_TOKENS
+  labels = [_label(t) for t in tokens] if short else None
+  for head, ax in enumerate(axes):
+    if head >= heads:
+      ax.set_axis_off()
+      continue
+    image = ax.imshow(array[head], vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto",
+                      interpolation="nearest")
+    ax.set_title(f"head {head}", fontsize="small")
+    if labels:
+      ax.set_xticks(range(k_len), labels, rotation=90, fontsize=6)
+      if q_len <= k_len:
+        ax.set_yticks(range(q_len), labels[k_len - q_len:], fontsize=6)
+  figure.colorbar(image, ax=list(axes[:heads]), shrink=0.8)
+  if title:
+    figure.suptitle(title)
+  figure.savefig(out_png, format="png")
+  return os.fspath(out_png)
+
+
+def attention_entropy(weights) -> np.ndarray:
+  """Per-head entropy (nats) of the attention rows, averaged over query rows: [H].
+
+  `weights` [..., H, Tq, Tk] are probabilities over the last axis; 0 log 0 = 0, so masked keys
+  count for nothing. Rows with no weight at all (fully masked queries) are left out of the
+  mean; a head whose rows are all empty gets 0. Leading axes (batch) are averaged like rows.
+  """
+  array = _check_weights(weights)
+  logs = np.log(np.where(array > 0, array, 1.0))
+  row_entropy = -np.sum(array * logs, axis=-1)                       # [..., H, Tq]
+  valid = np.sum(array, axis=-1) > 0
+  heads = array.shape[-3]
+  row_entropy = np.moveaxis(row_entropy, -2, 0).reshape(heads, -1)
+  valid = np.moveaxis(valid, -2, 0).reshape(heads, -1)
+  counts = valid.sum(axis=1)
+  return np.where(valid, row_entropy, 0.0).sum(axis=1) / np.maximum(counts, 1)

@@ -1,0 +1,245 @@
+"""A live console progress line (throughput, MFU, ETA) and a table of accelerator peak FLOP/s.
+
+Throughput is measured over a sliding window of recent `update` calls, so the first step's
+compilation washes out, and time the loop spends on eval or checkpoints (`pause`/`resume`,
+`paused()`, or `exclude(seconds)`) is left out. MFU (model FLOPs utilisation, as in the PaLM
+paper) is `flops_per_step * steps_per_sec / peak_flops`, where `peak_flops` is the dense peak of
+*all* devices the step runs on: `peak_flops_per_device(...) * jax.device_count()`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import math
+import os
+import sys
+import time
+from typing import Callable, TextIO
+
+import numpy as np
+
+PEAK_FLOPS_ENV = "JAXFORMER_PEAK_FLOPS"
+_UNIT_SHORT = {"tokens": "tok", "images": "img"}
+_DTYPES = ("bfloat16", "float16", "float32")
+
+# Published dense (no 2:4 sparsity) peak FLOP/s per JAX device, by dtype. GPUs are matched on a
+# substring of `device.device_kind`, the first match wins (so "pcie"/"nvl" rows come first);
+# TPUs on the exact kind (JAX's v4, v5p and v6e devices are whole chips).
+#   H100 SXM / PCIe / NVL: NVIDIA H100 datasheet (2023): BF16 989.4 / 756 / 835 TFLOPS
+#     (1979 / 1513 / 1671 with sparsity), FP32 67 / 51 / 60 TFLOPS.
+#   H200 SXM / NVL: NVIDIA H200 datasheet (2024): BF16 989 / 835 TFLOPS dense, FP32 67 / 60.
+#   A100 (SXM and PCIe, 40/80GB): NVIDIA A100 datasheet: BF16 312 TFLOPS, FP32 19.5 TFLOPS.
+#   V100 SXM2 / PCIe: NVIDIA V100 datasheet: FP16 tensor 125 / 112 TFLOPS, FP32 15.7 / 14;
+#     no bfloat16 hardware, so none is listed.
+#   TPU v4 275, v5e 197, v5p 459, v6e (Trillium) 918 TFLOPS bf16 per chip: Google Cloud TPU
+#     system-architecture pages; Google does not publish fp32 peaks.
+# FP32 is the non-tensor-core figure: XLA's default matmul precision on Ampere and newer GPUs
+# uses TF32, so float32 MFU against it can read above 100%.
+_GPU_PEAKS = (
+    (("h100", "pcie"), {"bfloat16": 756e12, "float16": 756e12, "float32": 51e12}),
+    (("h100", "nvl"), {"bfloat16": 835e12, "float16": 835e12, "float32": 60e12}),
+    (("h100",), {"bfloat16": 989.4e12, "float16": 989.4e12, "float32": 67e12}),
+    (("h200", "nvl"), {"bfloat16": 835e12, "float16": 835e12, "float32": 60e12}),
+    (("h200",), {"bfloat16": 989e12, "float16": 989e12, "float32": 67e12}),
+    (("a100",), {"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12}),
+    (("v100", "pcie"), {"float16": 112e12, "float32": 14e12}),
+    (("v100",), {"float16": 125e12, "float32": 15.7e12}),
+)
+_TPU_PEAKS = {
+    "tpu v4": {"bfloat16": 275e12},
+    "tpu v5 lite": {"bfloat16": 197e12},
+    "tpu v5e": {"bfloat16": 197e12},
+    "tpu v5": {"bfloat16": 459e12},
+    "tpu v5p": {"bfloat16": 459e12},
+    "tpu v6 lite": {"bfloat16": 918e12},
+    "tpu v6e": {"bfloat16": 918e12},
+}
+
+
+def _dtype_name(dtype) -> str:
+  name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+  if name not in _DTYPES:
+    raise ValueError(f"dtype={dtype!r}: peak FLOP/s are tabulated for {_DTYPES}")
+  return name
+
+
+def _env_peak_flops() -> float | None:
+  text = os.environ.get(PEAK_FLOPS_ENV)
+  if not text:
+    return None
+  try:
+    value = float(text)
+  except ValueError:
+    value = -1.0
+  if not value > 0:
+    raise ValueError(f"{PEAK_FLOPS_ENV}={text!r} must be a positive number of FLOP/s per "
+                     "device, e.g. 1.5e12")
+  return value
+
+
+def peak_flops_per_device(device=None, dtype="bfloat16", *,
+                          override: float | None = None) -> float | None:
+  """Published dense peak FLOP/s of one `device` (default: `jax.devices()[0]`) in `dtype`.
+
+  `override` (or the JAXFORMER_PEAK_FLOPS env var) wins over the table, which is how a CPU or
+  an unlisted accelerator gets an MFU; otherwise an unknown device or dtype gives None.
+  """
+  dtype = _dtype_name(dtype)
+  if override is not None:
+    if not override > 0:
+      raise ValueError(f"override={override!r} must be a positive number of FLOP/s")
+    return float(override)
+  from_env = _env_peak_flops()
+  if from_env is not None:
+    return from_env
+  if device is None:
+    import jax                           # pylint: disable=import-outside-toplevel
+    device = jax.devices()[0]
+  kind = device.device_kind.lower().strip()
+  if kind in _TPU_PEAKS:
+    return _TPU_PEAKS[kind].get(dtype)
+  for needles, peaks in _GPU_PEAKS:
+    if all(needle in kind for needle in needles):
+      return peaks.get(dtype)
+  return None
+
+
+def format_duration(seconds: float) -> str:
+  """'42s', '3m05s', '2h07m' (or '?' when unknown)."""
+  if not math.isfinite(seconds) or seconds < 0:
+    return "?"
+  seconds = int(round(seconds))
+  if seconds < 60:
+    return f"{seconds}s"
+  if seconds < 3600:
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class Progress:
+  """Prints `step/total  loss  units/s  MFU  eta  elapsed` on each `update`.
+
+  On a TTY the line is rewritten in place (`\\r`); otherwise each update prints one line (the
+  loop calls `update` every `train.log_every` steps). Rates come from the last `window`
+  updates. `clock` is injectable for tests.
+  """
+
+  def __init__(self, total_steps: int, start_step: int = 0, *, unit: str = "tokens",
+               units_per_step: float, flops_per_step: float | None = None,
+               peak_flops: float | None = None, stream: TextIO | None = None,
+               window: int = 20, clock: Callable[[], float] = time.perf_counter):
+    if unit not in _UNIT_SHORT:
+      raise ValueError(f"unit={unit!r} must be one of {tuple(_UNIT_SHORT)}")
+    if not 0 <= start_step <= total_steps:
+      raise ValueError(f"start_step={start_step} must be in [0, total_steps={total_steps}]")
+    if window < 1:
+      raise ValueError(f"window={window} must be >= 1")
+    self.total_steps, self.unit = total_steps, unit
+    self.units_per_step, self.flops_per_step = units_per_step, flops_per_step
+    self.peak_flops = peak_flops
+    self.stream = sys.stderr if stream is None else stream
+    self._clock = clock
+    self._start = clock()
+    self._excluded = 0.0
+    self._paused_at: float | None = None
+    self._samples = collections.deque([(start_step, 0.0)], maxlen=window + 1)
+    self._line_width = 0
+
+  # --- time accounting --------------------------------------------------------------------
+
+  def pause(self) -> None:
+    """Stop the throughput clock (eval, checkpointing) until `resume()`."""
+    if self._paused_at is None:
+      self._paused_at = self._clock()
+
+  def resume(self) -> None:
+    if self._paused_at is not None:
+      self._excluded += self._clock() - self._paused_at
+      self._paused_at = None
+
+  @contextlib.contextmanager
+  def paused(self):
+    self.pause()
+    try:
+      yield
+    finally:
+      self.resume()
+
+  def exclude(self, seconds: float) -> None:
+    """Leave `seconds` (already measured by the caller) out of the throughput."""
+    if seconds < 0:
+      raise ValueError(f"seconds={seconds} must be >= 0")
+    self._excluded += seconds
+
+  def _active_seconds(self) -> float:
+    now = self._clock() if self._paused_at is None else self._paused_at
+    return now - self._start - self._excluded
+
+  # --- rates ------------------------------------------------------------------------------
+
+  def steps_per_sec(self) -> float | None:
+    """Steps per second of training time over the window, None before two samples."""
+    (first_step, first_time), (last_step, last_time) = self._samples[0], self._samples[-1]
+    if last_step == first_step or last_time <= first_time:
+      return None
+    return (last_step - first_step) / (last_time - first_time)
+
+  def mfu(self) -> float | None:
+    rate = self.steps_per_sec()
+    if rate is None or not self.flops_per_step or not self.peak_flops:
+      return None
+    return self.flops_per_step * rate / self.peak_flops
+
+  def eta_seconds(self) -> float | None:
+    rate = self.steps_per_sec()
+    return None if rate is None else (self.total_steps - self._samples[-1][0]) / rate
+
+  # --- output -----------------------------------------------------------------------------
+
+  def update(self, step: int, metrics: dict | None = None) -> str:
+    """Record that `step` steps are done and print the progress line (returned too)."""
+    self._samples.append((step, self._active_seconds()))
+    line = self.format_line(step, metrics or {})
+    if self._is_tty():
+      self.stream.write("\r" + line.ljust(self._line_width))
+      self._line_width = len(line)
+    else:
+      self.stream.write(line + "\n")
+    self.stream.flush()
+    return line
+
+  def log(self, message: str) -> None:
+    """Print a message (e.g. an eval result) without garbling the live line on a TTY."""
+    if self._is_tty() and self._line_width:
+      self.stream.write("\r" + " " * self._line_width + "\r")
+      self._line_width = 0
+    self.stream.write(message + "\n")
+    self.stream.flush()
+
+  def close(self) -> None:
+    """End the live line on a TTY."""
+    if self._is_tty() and self._line_width:
+      self.stream.write("\n")
+      self.stream.flush()
+      self._line_width = 0
+
+  def format_line(self, step: int, metrics: dict) -> str:
+    width = len(str(self.total_steps))
+    parts = [f"step {step:>{width}d}/{self.total_steps}"]
+    if "loss" in metrics:
+      parts.append(f"loss {float(metrics['loss']):.4f}")
+    rate = self.steps_per_sec()
+    short = _UNIT_SHORT[self.unit]
+    parts.append(f"{rate * self.units_per_step:,.0f} {short}/s" if rate else f"? {short}/s")
+    if self.flops_per_step:
+      mfu = self.mfu()
+      parts.append(f"MFU {mfu:.1%}" if mfu is not None else "MFU n/a")
+    eta = self.eta_seconds()
+    parts.append(f"eta {format_duration(eta) if eta is not None else '?'}")
+    parts.append(f"elapsed {format_duration(self._clock() - self._start)}")
+    return "  ".join(parts)
+
+  def _is_tty(self) -> bool:
+    isatty = getattr(self.stream, "isatty", None)
+    return bool(isatty and isatty())

@@ -1,0 +1,467 @@
+"""Tests for training observability: TensorBoard event files, progress line, plots, profiler."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import struct
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+
+from jaxformer.train import plots, profiling, progress, tensorboard
+
+# --- tensorboard ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("data, expected", [
+    (b"", 0x00000000),
+    (b"123456789", 0xE3069283),
+    (bytes(32), 0x8A9136AA),                 # RFC 3720 (iSCSI) B.4 test vectors
+    (b"\xff" * 32, 0x62A8AB43),
+    (bytes(range(32)), 0x46DD794E),
+    (bytes(range(31, -1, -1)), 0x113FDB5C),
+])
+def test_crc32c_known_vectors(data, expected):
+  assert tensorboard.crc32c(data) == expected
+
+
+def test_tfrecord_framing():
+  record = tensorboard.tfrecord(b"abc")
+  assert struct.unpack("<Q", record[:8])[0] == 3
+  assert record[12:15] == b"abc"
+  assert len(record) == 8 + 4 + 3 + 4
+  crc = tensorboard.crc32c(b"abc")
+  masked = (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+  assert struct.unpack("<I", record[-4:])[0] == masked
+
+
+def _event_files(logdir):
+  return sorted(os.path.join(logdir, n) for n in os.listdir(logdir) if "tfevents" in n)
+
+
+def test_summary_writer_roundtrip(tmp_path):
+  rgb = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+  with tensorboard.SummaryWriter(tmp_path) as writer:
+    writer.scalar("loss", 2.5, step=1)
+    writer.scalars({"loss": 1.25, "lr": 3e-4}, step=10)
+    writer.image("rgb", rgb, step=10)
+    writer.scalar("neg_step_is_fine", -0.5, step=2**40)
+  (path,) = _event_files(tmp_path)
+  assert os.path.basename(path).startswith("events.out.tfevents.")
+  events = tensorboard.read_events(path)
+  assert events[0]["file_version"] == "brain.Event:2"
+  assert [e["step"] for e in events[1:]] == [1, 10, 10, 2**40]
+  assert events[1]["scalars"] == {"loss": 2.5}
+  assert events[2]["scalars"]["loss"] == 1.25
+  assert events[2]["scalars"]["lr"] == pytest.approx(3e-4, rel=1e-7)
+  assert events[4]["scalars"] == {"neg_step_is_fine": -0.5}
+  image = events[3]["images"]["rgb"]
+  assert (image["height"], image["width"], image["colorspace"]) == (5, 7, 3)
+  np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(image["png"]))), rgb)
+  assert all(abs(e["wall_time"] - events[0]["wall_time"]) < 60 for e in events)
+
+
+def test_png_bytes_pass_through(tmp_path):
+  buffer = io.BytesIO()
+  Image.new("L", (4, 3), 128).save(buffer, format="PNG")
+  with tensorboard.SummaryWriter(tmp_path) as writer:
+    writer.image("gray", buffer.getvalue(), step=0)
+  image = tensorboard.read_events(_event_files(tmp_path)[0])[1]["images"]["gray"]
+  assert (image["height"], image["width"], image["colorspace"]) == (3, 4, 1)
+  assert image["png"] == buffer.getvalue()
+
+
+@pytest.mark.parametrize("bad", [b"not a png", np.zeros((4, 4, 3), np.float32),
+                                 np.zeros((4, 4, 2), np.uint8)])
+def test_bad_image_raises(tmp_path, bad):
+  with tensorboard.SummaryWriter(tmp_path) as writer, pytest.raises(ValueError, match="image"):
+    writer.image("x", bad, step=0)
+
+
+def test_new_file_per_writer_and_purge_step(tmp_path):
+  with tensorboard.SummaryWriter(tmp_path) as first:
+    first.scalar("loss", 1.0, step=5)
+  with tensorboard.SummaryWriter(tmp_path, purge_step=3) as resumed:
+    resumed.scalar("loss", 0.5, step=4)
+  paths = _event_files(tmp_path)
+  assert len(paths) == 2
+  by_count = {len(tensorboard.read_events(p)): tensorboard.read_events(p) for p in paths}
+  assert by_count[2][1]["scalars"] == {"loss": 1.0}
+  resumed_events = by_count[3]
+  assert resumed_events[1]["session_start"] and resumed_events[1]["step"] == 3
+  assert resumed_events[2]["scalars"] == {"loss": 0.5}
+  with pytest.raises(ValueError, match="purge_step"):
+    tensorboard.SummaryWriter(tmp_path, purge_step=-1)
+
+
+def test_flush_makes_events_readable_while_open(tmp_path):
+  writer = tensorboard.SummaryWriter(tmp_path, flush_secs=1e9)
+  writer.scalar("a", 1.0, step=1)
+  writer.flush()
+  assert tensorboard.read_events(writer.path)[-1]["scalars"] == {"a": 1.0}
+  writer.close()
+  with pytest.raises(ValueError, match="closed"):
+    writer.scalar("a", 2.0, step=2)
+
+
+def test_corruption_is_detected(tmp_path):
+  with tensorboard.SummaryWriter(tmp_path) as writer:
+    writer.scalar("loss", 1.0, step=1)
+  (path,) = _event_files(tmp_path)
+  data = bytearray(open(path, "rb").read())
+  data[-6] ^= 0x01                       # a byte inside the last record's payload
+  open(path, "wb").write(bytes(data))
+  with pytest.raises(ValueError, match="CRC"):
+    tensorboard.read_events(path)
+  open(path, "wb").write(bytes(data[:-2]))
+  with pytest.raises(ValueError, match="truncated"):
+    tensorboard.read_events(path)
+
+
+def _protobuf_event_class():
+  """An `Event` message class built from a hand-written descriptor (no TF / tensorboard)."""
+  descriptor_pb2 = pytest.importorskip("google.protobuf.descriptor_pb2")
+  from google.protobuf import descriptor_pool, message_factory  # pylint: disable=all
+  f = descriptor_pb2.FieldDescriptorProto
+  proto = descriptor_pb2.FileDescriptorProto(name="jaxformer_test_event.proto", package="t")
+
+  def message(name, fields, nested=()):
+    msg = descriptor_pb2.DescriptorProto(name=name)
+    for field_name, number, kind, type_name, repeated in fields:
+      field = msg.field.add(name=field_name, number=number, type=kind,
+                            label=f.LABEL_REPEATED if repeated else f.LABEL_OPTIONAL)
+      if type_name:
+        field.type_name = type_name
+    msg.nested_type.extend(nested)
+    return msg
+
+  image = message("Image", [("height", 1, f.TYPE_INT32, "", False),
+                            ("width", 2, f.TYPE_INT32, "", False),
+                            ("colorspace", 3, f.TYPE_INT32, "", False),
+                            ("encoded_image_string", 4, f.TYPE_BYTES, "", False)])
+  value = message("Value", [("tag", 1, f.TYPE_STRING, "", False),
+                            ("simple_value", 2, f.TYPE_FLOAT, "", False),
+                            ("image", 4, f.TYPE_MESSAGE, ".t.Summary.Image", False)])
+  proto.message_type.append(message("Summary", [("value", 1, f.TYPE_MESSAGE,
+                                                  ".t.Summary.Value", True)], [image, value]))
+  proto.message_type.append(message("SessionLog", [("status", 1, f.TYPE_INT32, "", False)]))
+  proto.message_type.append(message("Event", [
+      ("wall_time", 1, f.TYPE_DOUBLE, "", False), ("step", 2, f.TYPE_INT64, "", False),
+      ("file_version", 3, f.TYPE_STRING, "", False),
+      ("summary", 5, f.TYPE_MESSAGE, ".t.Summary", False),
+      ("session_log", 6, f.TYPE_MESSAGE, ".t.SessionLog", False)]))
+  pool = descriptor_pool.DescriptorPool()
+  pool.Add(proto)
+  return message_factory.GetMessageClass(pool.FindMessageTypeByName("t.Event"))
+
+
+def test_events_parse_with_protobuf(tmp_path):
+  event_class = _protobuf_event_class()
+  with tensorboard.SummaryWriter(tmp_path, purge_step=7) as writer:
+    writer.scalars({"eval/loss": 0.75, "lr": -2.0}, step=300)
+    writer.image("img", np.full((2, 3), 9, np.uint8), step=301)
+  records = tensorboard.read_records(writer.path)
+  events = [event_class.FromString(r) for r in records]
+  assert events[0].file_version == "brain.Event:2"
+  assert events[1].step == 7 and events[1].session_log.status == 1
+  assert events[2].step == 300
+  assert {v.tag: v.simple_value for v in events[2].summary.value} == {"eval/loss": 0.75,
+                                                                    "lr": -2.0}
+  image = events[3].summary.value[0].image
+  assert (events[3].step, image.height, image.width, image.colorspace) == (301, 2, 3, 1)
+  assert image.encoded_image_string.startswith(b"\x89PNG")
+
+# --- progress ------------------------------------------------------------------------------
+
+
+class FakeClock:
+  def __init__(self, now=100.0):
+    self.now = now
+
+  def __call__(self):
+    return self.now
+
+
+class FakeTty(io.StringIO):
+  def isatty(self):
+    return True
+
+
+def _progress(clock, stream=None, **kw):
+  defaults = dict(units_per_step=1000, flops_per_step=2e9, peak_flops=1e10)
+  return progress.Progress(100, 0, stream=stream or io.StringIO(), clock=clock,
+                           **{**defaults, **kw})
+
+
+def test_progress_rate_mfu_eta_and_excluded_time():
+  clock = FakeClock()
+  bar = _progress(clock)
+  clock.now += 2.0
+  line = bar.update(10, {"loss": 1.5})
+  assert bar.steps_per_sec() == pytest.approx(5.0)
+  assert bar.mfu() == pytest.approx(2e9 * 5.0 / 1e10)
+  assert bar.eta_seconds() == pytest.approx(90 / 5.0)
+  assert line == ("step  10/100  loss 1.5000  5,000 tok/s  MFU 100.0%  eta 18s  "
+                  "elapsed 2s")
+  with bar.paused():                     # an eval: not training time
+    clock.now += 30.0
+  clock.now += 4.0
+  bar.exclude(1.0)                       # a checkpoint measured by the loop
+  bar.pause()
+  clock.now += 5.0
+  bar.resume()
+  bar.update(25, {"loss": 1.25})
+  # 25 steps in 2 + 4 - 1 = 5 s of training time
+  assert bar.steps_per_sec() == pytest.approx(25 / 5.0)
+  assert bar.eta_seconds() == pytest.approx(75 / 5.0)
+  assert "elapsed 41s" in bar.format_line(25, {})
+
+
+def test_progress_sliding_window_forgets_slow_start():
+  clock = FakeClock()
+  bar = _progress(clock, window=2)
+  clock.now += 60.0                      # compilation
+  bar.update(1)
+  for step in (2, 3, 4):
+    clock.now += 0.5
+    bar.update(step)
+  assert bar.steps_per_sec() == pytest.approx(2.0)
+  with pytest.raises(ValueError, match="window"):
+    _progress(clock, window=0)
+
+
+def test_progress_non_tty_prints_one_line_per_update():
+  clock, stream = FakeClock(), io.StringIO()
+  bar = _progress(clock, stream, unit="images", units_per_step=32, flops_per_step=None,
+                  peak_flops=None)
+  bar.update(0)
+  clock.now += 4.0
+  bar.update(50, {"loss": 0.1234567})
+  bar.log("eval_loss 0.2")
+  lines = stream.getvalue().splitlines()
+  assert lines == ["step   0/100  ? img/s  eta ?  elapsed 0s",
+                   "step  50/100  loss 0.1235  400 img/s  eta 4s  elapsed 4s",
+                   "eval_loss 0.2"]
+  assert "\r" not in stream.getvalue()
+
+
+def test_progress_tty_rewrites_line_in_place():
+  clock, stream = FakeClock(), FakeTty()
+  bar = _progress(clock, stream, peak_flops=None)
+  clock.now += 3725.0
+  bar.update(10, {"loss": 9.87654})
+  clock.now += 1.0
+  bar.update(11)
+  out = stream.getvalue()
+  assert out.count("\r") == 2 and "\n" not in out
+  first, second = out.split("\r")[1:]
+  assert "MFU n/a" in first and "elapsed 1h02m" in first and "loss 9.8765" in first
+  assert len(second) >= len(first)        # padded so the old line is fully overwritten
+  bar.log("eval")
+  bar.close()
+  assert stream.getvalue().endswith("\reval\n")
+
+
+def test_progress_bad_arguments():
+  with pytest.raises(ValueError, match="unit"):
+    progress.Progress(10, 0, unit="samples", units_per_step=1)
+  with pytest.raises(ValueError, match="start_step"):
+    progress.Progress(10, 11, units_per_step=1)
+  with pytest.raises(ValueError, match="seconds"):
+    progress.Progress(10, 0, units_per_step=1).exclude(-1.0)
+
+
+def test_format_duration():
+  assert [progress.format_duration(s) for s in (0, 59.4, 61, 3599, 3600, 90061)] == [
+      "0s", "59s", "1m01s", "59m59s", "1h00m", "25h01m"]
+  assert progress.format_duration(float("inf")) == "?"
+
+
+@pytest.mark.parametrize("kind, dtype, expected", [
+    ("NVIDIA H100 80GB HBM3", "bfloat16", 989.4e12),
+    ("NVIDIA H100 PCIe", "bfloat16", 756e12),
+    ("NVIDIA H100 80GB HBM3", "float32", 67e12),
+    ("NVIDIA H200", jnp.bfloat16, 989e12),
+    ("NVIDIA A100-SXM4-80GB", "bfloat16", 312e12),
+    ("NVIDIA A100-PCIE-40GB", np.float32, 19.5e12),
+    ("Tesla V100-SXM2-16GB", "float16", 125e12),
+    ("Tesla V100-PCIE-32GB", "float32", 14e12),
+    ("Tesla V100-SXM2-16GB", "bfloat16", None),
+    ("TPU v4", "bfloat16", 275e12),
+    ("TPU v4 lite", "bfloat16", None),
+    ("TPU v5 lite", "bfloat16", 197e12),
+    ("TPU v5", "bfloat16", 459e12),
+    ("TPU v5p", "bfloat16", 459e12),
+    ("TPU v6 lite", "bfloat16", 918e12),
+    ("TPU v5 lite", "float32", None),
+    ("cpu", "bfloat16", None),
+])
+def test_peak_flops_table(monkeypatch, kind, dtype, expected):
+  monkeypatch.delenv(progress.PEAK_FLOPS_ENV, raising=False)
+  device = types.SimpleNamespace(device_kind=kind)
+  assert progress.peak_flops_per_device(device, dtype) == expected
+
+
+def test_peak_flops_cpu_overrides(monkeypatch):
+  monkeypatch.delenv(progress.PEAK_FLOPS_ENV, raising=False)
+  assert progress.peak_flops_per_device() is None          # this test session runs on CPU
+  assert progress.peak_flops_per_device(override=2e12) == 2e12
+  monkeypatch.setenv(progress.PEAK_FLOPS_ENV, "1.5e12")
+  assert progress.peak_flops_per_device(jax.devices()[0]) == 1.5e12
+  monkeypatch.setenv(progress.PEAK_FLOPS_ENV, "fast")
+  with pytest.raises(ValueError, match=progress.PEAK_FLOPS_ENV):
+    progress.peak_flops_per_device()
+  with pytest.raises(ValueError, match="dtype"):
+    progress.peak_flops_per_device(dtype="int8", override=1.0)
+
+# --- plots ---------------------------------------------------------------------------------
+
+
+def _png_size(path):
+  with open(path, "rb") as f:
+    header = f.read(24)
+  assert header[:8] == b"\x89PNG\r\n\x1a\n"
+  with Image.open(path) as image:
+    image.verify()
+  return struct.unpack(">II", header[16:24])
+
+
+def _write_metrics(path, with_accuracy):
+  records = [{"step": s, "loss": 3.0 / s, "lr": 1e-3 * min(1.0, s / 20)}
+             for s in range(10, 101, 10)]
+  for s in (50, 100):
+    record = {"step": s, "eval_loss": 3.2 / s}
+    if with_accuracy:
+      record["eval_accuracy"] = s / 200
+    records.append(record)
+  with open(path, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+@pytest.mark.parametrize("with_accuracy, panels", [(True, 3), (False, 2)])
+def test_plot_curves(tmp_path, with_accuracy, panels):
+  _write_metrics(tmp_path / "metrics.jsonl", with_accuracy)
+  out = plots.plot_curves(tmp_path / "metrics.jsonl", tmp_path / "curves.png",
+                          log_y=with_accuracy)
+  assert out == str(tmp_path / "curves.png")
+  assert _png_size(out) == (640, 240 * panels)
+
+
+def test_plot_curves_without_records_raises(tmp_path):
+  (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "tokens_per_sec": 5}) + "\n")
+  with pytest.raises(ValueError, match="no 'loss'"):
+    plots.plot_curves(tmp_path / "metrics.jsonl", tmp_path / "curves.png")
+
+
+def test_plot_attention(tmp_path):
+  weights = np.random.default_rng(1).dirichlet(np.ones(6), size=(3, 4))    # [H=3, Tq=4, Tk=6]
+  out = plots.plot_attention(weights, list("abcdef"), tmp_path / "attn.png", title="layer 0")
+  assert _png_size(out) == (600, 560)                      # 2x2 grid of heads + colorbar
+  out = plots.plot_attention(np.ones((1, 50, 50)) / 50, [f"t{i}" for i in range(50)],
+                             tmp_path / "long.png")
+  assert _png_size(out) == (340, 260)
+  with pytest.raises(ValueError, match="tokens"):
+    plots.plot_attention(weights, list("abc"), tmp_path / "x.png")
+  with pytest.raises(ValueError, match="heads"):
+    plots.plot_attention(weights[0], None, tmp_path / "x.png")
+
+
+def _entropy_reference(weights):
+  """Float64 loops: per head, mean over non-empty rows of -sum p log p (0 log 0 = 0)."""
+  heads = weights.shape[-3]
+  rows = np.moveaxis(weights, -3, 0).reshape(heads, -1, weights.shape[-1])
+  out = []
+  for head_rows in rows:
+    entropies = [-sum(float(p) * math.log(float(p)) for p in row if p > 0)
+                 for row in head_rows if row.sum() > 0]
+    out.append(sum(entropies) / len(entropies) if entropies else 0.0)
+  return np.array(out)
+
+
+def test_attention_entropy_matches_reference():
+  rng = np.random.default_rng(2)
+  logits = rng.normal(size=(2, 3, 5, 7)) * 3                # [B, H, Tq, Tk], odd sizes
+  mask = rng.random(logits.shape) < 0.7
+  mask[..., 0] = True
+  probs = np.where(mask, np.exp(logits), 0.0)
+  probs /= probs.sum(-1, keepdims=True)
+  probs[0, 1, 2] = 1.0 / 7                                  # uniform row
+  probs[1, 2, 3] = np.eye(7)[4]                             # one-hot row
+  probs[1, 0, 4] = 0.0                                      # fully masked query row
+  got = plots.attention_entropy(probs.astype(np.float32))
+  assert got.shape == (3,)
+  np.testing.assert_allclose(got, _entropy_reference(probs), rtol=1e-5)
+  single = plots.attention_entropy(probs[0, :, 2:3])        # [H, 1, Tk]
+  np.testing.assert_allclose(single[1], math.log(7), rtol=1e-6)
+  assert plots.attention_entropy(probs[1, :, 3:4])[2] == 0.0
+  assert plots.attention_entropy(np.zeros((2, 3, 4))).tolist() == [0.0, 0.0]
+  with pytest.raises(ValueError, match="non-negative"):
+    plots.attention_entropy(-probs)
+
+# --- profiling -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ([10, 11, 12], (10, 11, 12)), ("10-12", (10, 11, 12)), ("10,11,12", (10, 11, 12)),
+    (" 7 ", (7,)), ((3,), (3,)), ("", ()), (None, ()),
+])
+def test_parse_profile_steps(spec, expected):
+  assert profiling.parse_profile_steps(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["10-", "a-b", "12-10", "10,12", "-3", [1.5], [True], [],
+                                  "3,2", [5, 4]])
+def test_parse_profile_steps_rejects(spec):
+  with pytest.raises(ValueError, match="train.profile_steps"):
+    profiling.parse_profile_steps(spec)
+
+
+def _xplane_files(trace_dir):
+  return [os.path.join(root, name) for root, _, names in os.walk(trace_dir)
+          for name in names if name.endswith(".xplane.pb")]
+
+
+def test_step_profiler_writes_a_trace(tmp_path):
+  step_fn = jax.jit(lambda x: jnp.tanh(x @ x.T).sum())
+  x = jnp.ones((32, 16))
+  with profiling.StepProfiler(tmp_path, "2-3") as profiler:
+    for step in range(6):
+      profiler.before(step)
+      assert profiler.active == (step in (2, 3))
+      profiler.after(step, step_fn(x))
+      assert profiler.active == (step == 2)
+  (trace,) = _xplane_files(profiler.trace_dir)
+  assert os.path.getsize(trace) > 0
+  assert profiler.trace_dir == os.path.join(str(tmp_path), "profile")
+
+
+def test_step_profiler_blocks_on_outputs_before_stopping(tmp_path, monkeypatch):
+  calls = []
+  monkeypatch.setattr(jax, "block_until_ready", lambda x: calls.append(("block", x)) or x)
+  stop_trace = jax.profiler.stop_trace
+  monkeypatch.setattr(jax.profiler, "stop_trace", lambda: calls.append("stop") or stop_trace())
+  profiler = profiling.StepProfiler(tmp_path, "0")
+  profiler.before(0)
+  profiler.after(0, {"loss": 1.0})
+  assert calls == [("block", {"loss": 1.0}), "stop"]
+
+
+def test_step_profiler_resume_inside_range_and_close(tmp_path):
+  profiler = profiling.StepProfiler(tmp_path, [4, 5, 6])
+  profiler.before(5)                      # resumed at step 5: trace the rest of the range
+  assert profiler.active
+  profiler.close()                        # preempted before step 6 finished
+  assert not profiler.active and _xplane_files(profiler.trace_dir)
+  profiler.before(6)                      # one trace per run
+  assert not profiler.active
+  idle = profiling.StepProfiler(tmp_path / "none", None)
+  idle.before(0)
+  idle.after(0)
+  assert not os.path.exists(idle.trace_dir)
