@@ -134,3 +134,37 @@ def test_cross_entropy_matches_float64_reference(smoothing, z):
   objective, got_nll = cross_entropy(logits, targets, label_smoothing=smoothing, z_loss=z)
   np.testing.assert_allclose(objective, want, rtol=1e-5)
   np.testing.assert_allclose(got_nll, nll, rtol=1e-5)
+
+
+def test_vit_on_digits_trains_keeps_best_and_writes_observability_files(tmp_path):
+  from jaxformer.train.tensorboard import read_events
+  import configs.vit_tiny as vt
+  cfg = vt.get_config("digits")
+  cfg.optim.update(lr=3e-3, warmup_steps=5)
+  cfg.train.update(steps=40, eval_every=20, log_every=10, checkpoint_every=40,
+                   profile_steps="3-4")
+  workdir = str(tmp_path / "vit")
+  last = loop.train(cfg, workdir)
+  assert last["step"] == 40 and last["eval_accuracy"] > 0.4      # chance is 0.1
+  records = read(os.path.join(workdir, "metrics.jsonl"))
+  assert all("images_per_sec" in r for r in records if "loss" in r and r["step"] > 10)
+  events = [e for name in os.listdir(workdir) if name.startswith("events.out.tfevents")
+            for e in read_events(os.path.join(workdir, name))]
+  assert any("eval_accuracy" in e.get("scalars", {}) for e in events)
+  assert os.path.getsize(os.path.join(workdir, "curves.png")) > 1000
+  assert os.listdir(os.path.join(workdir, "profile"))
+  best = [r for r in records if "eval_accuracy" in r]
+  best_step = max(best, key=lambda r: r["eval_accuracy"])["step"]
+  assert os.path.isdir(os.path.join(workdir, "best", str(best_step)))
+
+
+def test_seq2seq_synthetic_trains_with_sequence_accuracy(tmp_path):
+  import configs.seq2seq_synthetic as ss
+  cfg = ss.get_config("copy")
+  cfg.data.update(max_len=8, num_eval=64)
+  cfg.model.update(d_model=32, mlp_dim=64, num_encoder_layers=1, num_decoder_layers=1)
+  cfg.train.update(steps=40, eval_every=40, log_every=10, batch_size=32, eval_batch_size=64)
+  last = loop.train(cfg, str(tmp_path / "s2s"))
+  losses = [r["loss"] for r in read(str(tmp_path / "s2s" / "metrics.jsonl")) if "loss" in r]
+  assert losses[-1] < losses[0] - 0.3
+  assert 0.0 <= last["eval_sequence_accuracy"] <= last["eval_accuracy"] <= 1.0
