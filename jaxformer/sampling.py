@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from ml_collections import ConfigDict
 
-from jaxformer.data.tokenizers import CharTokenizer
+from jaxformer.data.tokenizers import load_tokenizer
 from jaxformer.generate import generate
 
 
@@ -27,7 +27,7 @@ def load_run(workdir: str):
   ckpts.close()
   if restored is None:
     raise ValueError(f"--workdir={workdir!r} has no checkpoint yet")
-  tokenizer = CharTokenizer.load(os.path.join(workdir, "tokenizer.json"))
+  tokenizer = load_tokenizer(workdir)
   return config, restored[1]["params"], tokenizer
 
 

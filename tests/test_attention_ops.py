@@ -211,12 +211,6 @@ def test_auto_picks_by_size(monkeypatch):
                              atol=1e-6)
 
 
-def test_pallas_not_available_yet_is_explicit():
-  q, k, v, _ = make_inputs(b=1, tq=8, tk=8, h=2, hkv=2, d=8)
-  with pytest.raises(NotImplementedError, match="pallas"):
-    dot_product_attention(q, k, v, impl="pallas")
-
-
 # ----------------------------------------------------------------------------- bad input
 
 

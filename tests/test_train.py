@@ -18,7 +18,7 @@ def tiny_config(**train):
   import configs.shakespeare_char as sc
   cfg = sc.get_config("tiny")
   cfg.train.steps, cfg.train.log_every, cfg.train.eval_every = 24, 4, 12
-  cfg.train.checkpoint_every, cfg.train.eval_batches = 8, 2
+  cfg.train.checkpoint_every, cfg.data.eval_batches = 8, 2
   cfg.train.update(train)
   return cfg
 

@@ -1,44 +1,334 @@
-"""Tokenizers. Each one saves itself to JSON so `sample` can decode with the run's vocabulary."""
+"""Tokenizers behind one interface, saved with the run so sampling decodes with its vocabulary.
+
+Every tokenizer has `kind`, `vocab_size`, `encode(str) -> int32 array`, `decode(ids) -> str`,
+the special ids `bos_id`/`eos_id`/`pad_id`/`mask_id` (None where it has none) and
+`save(directory)`, which writes `directory/tokenizer.json` (the kind and what it needs) plus
+any model file next to it. `make_tokenizer(spec, texts, directory)` builds one from a
+`data.tokenizer` spec ("char", "spm:bpe:<V>", "spm:unigram:<V>", "hf:<path>") and reuses an
+identical one already saved in `directory`, so a resumed run keeps its vocabulary;
+`load_tokenizer(directory)` reads any saved kind back.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
+from typing import Callable, Iterable, Protocol
 
 import numpy as np
+
+TOKENIZER_FILE = "tokenizer.json"
+SPM_MODEL_FILE = "tokenizer.spm.model"
+HF_MODEL_FILE = "tokenizer.hf.json"
+SPM_MODEL_TYPES = ("bpe", "unigram")
+SPM_SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
+SPM_BYTE_PIECES = 256                  # byte fallback: every UTF-8 byte has its own piece
+SPM_MAX_TRAINING_TEXTS = 2_000_000     # the first this many texts train the model
+_SPEC_HELP = ('use "char", "spm:bpe:<vocab_size>", "spm:unigram:<vocab_size>" or '
+              '"hf:<tokenizer.json or a directory holding one>"')
+
+
+class Tokenizer(Protocol):
+  """What pipelines, the training loop and sampling need from a tokenizer."""
+  kind: str
+  vocab_size: int
+  bos_id: int | None
+  eos_id: int | None
+  pad_id: int | None
+  mask_id: int | None
+
+  def encode(self, text: str) -> np.ndarray: ...
+
+  def decode(self, ids) -> str: ...
+
+  def save(self, directory: str | os.PathLike): ...
+
+  def fingerprint(self) -> str:
+    """A hash of everything that defines the id mapping (keys caches of tokenized data)."""
+
+
+def _write_spec(directory, spec: dict):
+  os.makedirs(directory, exist_ok=True)
+  tmp = os.path.join(directory, TOKENIZER_FILE + ".tmp")
+  with open(tmp, "w") as f:
+    json.dump(spec, f)
+  os.replace(tmp, os.path.join(directory, TOKENIZER_FILE))
+
+
+def _sha256(data: bytes) -> str:
+  return hashlib.sha256(data).hexdigest()
+
+
+def _code_points(text: str) -> np.ndarray:
+  return np.frombuffer(text.encode("utf-32-le"), np.uint32)
 
 
 class CharTokenizer:
   """One id per distinct character of the training text, in sorted order (nanoGPT's scheme)."""
   kind = "char"
+  bos_id = eos_id = pad_id = mask_id = None
 
   def __init__(self, chars: str):
     if not chars:
       raise ValueError("CharTokenizer needs a non-empty character set")
     self.chars = "".join(sorted(set(chars)))
-    self._index = {c: i for i, c in enumerate(self.chars)}
+    self._codes = _code_points(self.chars)       # sorted: id = rank of the code point
 
   @property
   def vocab_size(self) -> int:
     return len(self.chars)
 
   def encode(self, text: str) -> np.ndarray:
-    unknown = sorted(set(text) - set(self._index))
-    if unknown:
-      raise ValueError(f"characters {unknown[:10]!r} are not in the tokenizer's vocabulary")
-    return np.fromiter((self._index[c] for c in text), np.int32, len(text))
+    codes = _code_points(text)
+    ids = np.minimum(np.searchsorted(self._codes, codes), len(self._codes) - 1)
+    unknown = self._codes[ids] != codes
+    if unknown.any():
+      chars = sorted(set(text[i] for i in np.flatnonzero(unknown)[:1000]))
+      raise ValueError(f"characters {chars[:10]!r} are not in the tokenizer's vocabulary")
+    return ids.astype(np.int32)
 
   def decode(self, ids) -> str:
     return "".join(self.chars[int(i)] for i in np.asarray(ids).reshape(-1))
 
-  def save(self, path: str | os.PathLike):
-    with open(path, "w") as f:
-      json.dump({"kind": self.kind, "chars": self.chars}, f)
+  def fingerprint(self) -> str:
+    return _sha256(f"char:{self.chars}".encode())
+
+  def save(self, directory: str | os.PathLike):
+    _write_spec(directory, {"kind": self.kind, "spec": "char", "chars": self.chars})
 
   @classmethod
-  def load(cls, path: str | os.PathLike) -> "CharTokenizer":
-    with open(path) as f:
-      spec = json.load(f)
-    if spec.get("kind") != cls.kind:
-      raise ValueError(f"{path} holds a {spec.get('kind')!r} tokenizer, not {cls.kind!r}")
-    return cls(spec["chars"])
+  def from_saved(cls, directory, saved: dict) -> CharTokenizer:
+    return cls(saved["chars"])
+
+  @classmethod
+  def load(cls, path: str | os.PathLike) -> CharTokenizer:
+    """A saved char tokenizer from its directory or its tokenizer.json."""
+    tokenizer = load_tokenizer(path)
+    if not isinstance(tokenizer, cls):
+      raise ValueError(f"{path} holds a {tokenizer.kind!r} tokenizer, not {cls.kind!r}")
+    return tokenizer
+
+
+class SentencePieceTokenizer:
+  """A SentencePiece model (BPE or unigram) with byte fallback: no text is ever unknown.
+
+  Trained with identity normalisation and no dummy prefix, so decode(encode(s)) == s.
+  """
+  kind = "spm"
+  mask_id = None
+
+  def __init__(self, model_proto: bytes, spec: str):
+    import sentencepiece as spm
+    self.model_proto, self.spec = model_proto, spec
+    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self.bos_id, self.eos_id, self.pad_id = (
+        self._optional_id(i) for i in (self._sp.bos_id(), self._sp.eos_id(), self._sp.pad_id()))
+
+  @staticmethod
+  def _optional_id(i: int) -> int | None:
+    return None if i < 0 else int(i)
+
+  @property
+  def vocab_size(self) -> int:
+    return self._sp.get_piece_size()
+
+  def encode(self, text: str) -> np.ndarray:
+    return np.asarray(self._sp.encode(text), np.int32)
+
+  def decode(self, ids) -> str:
+    return self._sp.decode([int(i) for i in np.asarray(ids).reshape(-1)])
+
+  def fingerprint(self) -> str:
+    return _sha256(self.model_proto)
+
+  def save(self, directory: str | os.PathLike):
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, SPM_MODEL_FILE), "wb") as f:
+      f.write(self.model_proto)
+    _write_spec(directory, {"kind": self.kind, "spec": self.spec, "model_file": SPM_MODEL_FILE,
+                            "sha256": self.fingerprint()})
+
+  @classmethod
+  def from_saved(cls, directory, saved: dict) -> SentencePieceTokenizer:
+    with open(os.path.join(directory, saved["model_file"]), "rb") as f:
+      proto = f.read()
+    if _sha256(proto) != saved["sha256"]:
+      raise ValueError(f"{directory}/{saved['model_file']} does not match its tokenizer.json "
+                       "(changed after training); delete both to retrain")
+    return cls(proto, saved["spec"])
+
+  @classmethod
+  def train(cls, model_type: str, vocab_size: int, texts: Iterable[str], spec: str
+            ) -> SentencePieceTokenizer:
+    """Deterministic training: one thread, fixed seed, no sentence sampling."""
+    import sentencepiece as spm
+    spm.set_random_generator_seed(0)
+    model = io.BytesIO()
+    sentences = (t for i, t in enumerate(texts) if i < SPM_MAX_TRAINING_TEXTS and t)
+    try:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=sentences, model_writer=model, model_type=model_type,
+          vocab_size=vocab_size, character_coverage=1.0, byte_fallback=True, num_threads=1,
+          input_sentence_size=0, shuffle_input_sentence=False, max_sentence_length=1 << 20,
+          normalization_rule_name="identity", remove_extra_whitespaces=False,
+          add_dummy_prefix=False, allow_whitespace_only_pieces=True,
+          user_defined_symbols=["\n"], minloglevel=2, **SPM_SPECIAL_IDS)
+    except RuntimeError as e:
+      raise ValueError(f"data.tokenizer={spec!r}: SentencePiece training failed ({e}); a "
+                       "vocab_size that fits the text usually fixes it") from e
+    return cls(model.getvalue(), spec)
+
+
+# Special tokens of common Hugging Face vocabularies, looked up by name (first match wins).
+HF_SPECIAL_TOKENS = {
+    "bos_id": ("<s>", "<|begin_of_text|>", "<bos>", "[CLS]"),
+    "eos_id": ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "[SEP]"),
+    "pad_id": ("<pad>", "[PAD]", "<|pad|>"),
+    "mask_id": ("<mask>", "[MASK]"),
+}
+
+
+class HuggingFaceTokenizer:
+  """A Hugging Face `tokenizer.json` run by the `tokenizers` library (no special tokens
+  are added by encode; bos/eos/pad/mask are found by their usual names)."""
+  kind = "hf"
+
+  def __init__(self, json_text: str, spec: str):
+    from tokenizers import Tokenizer as HfTokenizer
+    self.json_text, self.spec = json_text, spec
+    self._tok = HfTokenizer.from_str(json_text)
+    for attr, names in HF_SPECIAL_TOKENS.items():
+      ids = (self._tok.token_to_id(n) for n in names)
+      setattr(self, attr, next((int(i) for i in ids if i is not None), None))
+
+  @property
+  def vocab_size(self) -> int:
+    return self._tok.get_vocab_size(with_added_tokens=True)
+
+  def encode(self, text: str) -> np.ndarray:
+    return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, np.int32)
+
+  def decode(self, ids) -> str:
+    return self._tok.decode([int(i) for i in np.asarray(ids).reshape(-1)],
+                            skip_special_tokens=False)
+
+  def fingerprint(self) -> str:
+    return _sha256(self.json_text.encode())
+
+  def save(self, directory: str | os.PathLike):
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, HF_MODEL_FILE), "w", encoding="utf-8") as f:
+      f.write(self.json_text)
+    _write_spec(directory, {"kind": self.kind, "spec": self.spec, "model_file": HF_MODEL_FILE,
+                            "sha256": self.fingerprint()})
+
+  @classmethod
+  def from_saved(cls, directory, saved: dict) -> HuggingFaceTokenizer:
+    with open(os.path.join(directory, saved["model_file"]), encoding="utf-8") as f:
+      return cls(f.read(), saved["spec"])
+
+  @classmethod
+  def from_path(cls, path: str, spec: str) -> HuggingFaceTokenizer:
+    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+      raise ValueError(f"data.tokenizer={spec!r}: {file} does not exist; point it at a "
+                       "Hugging Face tokenizer.json or a checkpoint directory holding one")
+    with open(file, encoding="utf-8") as f:
+      text = f.read()
+    try:
+      return cls(text, spec)
+    except Exception as e:  # the tokenizers library raises its own exception types
+      raise ValueError(f"data.tokenizer={spec!r}: {file} is not a Hugging Face "
+                       f"tokenizer.json ({e})") from e
+
+
+KINDS = {cls.kind: cls for cls in (CharTokenizer, SentencePieceTokenizer, HuggingFaceTokenizer)}
+
+
+def _spec_file(path: str | os.PathLike) -> str:
+  """`path` itself if it is a tokenizer.json file, else `path`/tokenizer.json."""
+  path = os.fspath(path)
+  if path.endswith(".json") and os.path.isfile(path):
+    return path
+  return os.path.join(path, TOKENIZER_FILE)
+
+
+def _read_saved(path) -> dict | None:
+  file = _spec_file(path)
+  if not os.path.isfile(file):
+    return None
+  with open(file) as f:
+    return json.load(f)
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+  """The tokenizer saved in directory `path` (or in the tokenizer.json file `path`)."""
+  saved = _read_saved(path)
+  if saved is None:
+    raise ValueError(f"{path} holds no saved tokenizer ({TOKENIZER_FILE} is missing); "
+                     "train a run there first or pass the run's workdir")
+  kind = saved.get("kind")
+  if kind not in KINDS:
+    raise ValueError(f"{_spec_file(path)}: unknown tokenizer kind {kind!r}; "
+                     f"known kinds: {sorted(KINDS)}")
+  return KINDS[kind].from_saved(os.path.dirname(_spec_file(path)), saved)
+
+
+def parse_spec(spec: str) -> tuple[str, str | tuple[str, int]]:
+  """'char' -> ('char', ''); 'spm:bpe:8000' -> ('spm', ('bpe', 8000)); 'hf:p' -> ('hf', 'p')."""
+  if not isinstance(spec, str):
+    raise ValueError(f"data.tokenizer={spec!r} must be a string; {_SPEC_HELP}")
+  kind, _, rest = spec.partition(":")
+  if kind == "char" and not rest:
+    return kind, ""
+  if kind == "hf" and rest:
+    return kind, rest
+  if kind == "spm":
+    model_type, _, size = rest.partition(":")
+    if model_type in SPM_MODEL_TYPES and size.isdigit():
+      return kind, (model_type, int(size))
+  raise ValueError(f"data.tokenizer={spec!r} is not a tokenizer spec; {_SPEC_HELP}")
+
+
+def _min_spm_vocab(texts: Iterable[str]) -> int:
+  chars = set()
+  for i, t in enumerate(texts):
+    if i >= SPM_MAX_TRAINING_TEXTS:
+      break
+    chars.update(t)
+  return len(SPM_SPECIAL_IDS) + SPM_BYTE_PIECES + len(chars | {"\n"})
+
+
+def _build(spec: str, texts: Callable[[], Iterable[str]]) -> Tokenizer:
+  kind, arg = parse_spec(spec)
+  if kind == "char":
+    chars = set()
+    for t in texts():
+      chars.update(t)
+    if not chars:
+      raise ValueError(f"data.tokenizer={spec!r}: the text is empty, no characters to index")
+    return CharTokenizer("".join(chars))
+  if kind == "hf":
+    return HuggingFaceTokenizer.from_path(arg, spec)
+  model_type, vocab_size = arg
+  needed = _min_spm_vocab(texts())
+  if vocab_size < needed:
+    raise ValueError(f"data.tokenizer={spec!r}: vocab_size {vocab_size} is too small; this "
+                     f"text needs at least {needed} (4 special + 256 byte + one per character)")
+  return SentencePieceTokenizer.train(model_type, vocab_size, texts(), spec)
+
+
+def make_tokenizer(spec: str, texts: Callable[[], Iterable[str]],
+                   directory: str | os.PathLike) -> Tokenizer:
+  """The `spec` tokenizer, saved in `directory`; reused if `directory` already holds one
+  made from the same spec. `texts()` yields the training texts (called only when needed)."""
+  parse_spec(spec)
+  saved = _read_saved(directory)
+  if saved is not None and saved.get("spec", saved.get("kind")) == spec:
+    return load_tokenizer(directory)
+  tokenizer = _build(spec, texts)
+  tokenizer.save(directory)
+  return tokenizer
+

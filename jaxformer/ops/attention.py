@@ -3,7 +3,8 @@
 Implementations (`impl=`):
   "xla"     the straightforward reference: materialises [B, H, Tq, Tk] float32 logits.
   "blocked" pure-JAX online-softmax attention over key blocks (`ops.flash`), O(T) memory.
-  "pallas"  the Pallas kernel (arrives with its own issue; selecting it raises for now).
+  "pallas"  our Pallas flash-attention kernel (`ops.pallas`): skips key blocks outside the
+            causal/window band; interpreted on CPU, Triton on GPU, Mosaic on TPU.
   "cudnn"   `jax.nn.dot_product_attention(implementation="cudnn")` on NVIDIA GPUs.
   "auto"    cudnn where the inputs allow on GPU; otherwise blocked when the xla path's
             logits would exceed `AUTO_XLA_MAX_LOGIT_BYTES`, else xla.
@@ -21,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.ops import flash, masks
+from jaxformer.ops import flash, masks, pallas
 
 IMPLS = ("xla", "blocked", "pallas", "cudnn", "auto")
 # "auto" switches from xla to blocked once the float32 logits would take more than this.
@@ -60,9 +61,9 @@ def dot_product_attention(q, k, v, *, bias=None, mask=None, causal: bool = False
                                    causal=causal, window=a["window"], scale=a["scale"])
   if impl == "cudnn":
     return _jax_nn_attention(q, k, v, a, implementation="cudnn")
-  raise NotImplementedError(
-      "impl='pallas': the Pallas kernel is not part of this build yet; use impl='blocked' "
-      "(same semantics, O(T) memory) or impl='auto'.")
+  return pallas.pallas_attention(q, k, v, bias=a["bias"], mask=a["mask"],
+                                 q_segment_ids=a["q_seg"], kv_segment_ids=a["kv_seg"],
+                                 causal=causal, window=a["window"], scale=a["scale"])
 
 
 def dot_product_attention_weights(q, k, *, bias=None, mask=None, causal=False, window=None,

@@ -1,0 +1,4 @@
+"""Sweep definitions: `configs/sweeps/<name>.py` has `get_sweep(arg=None)` (see jaxformer/sweep.py).
+
+Run one with `python -m jaxformer.sweep --config=configs/sweeps/<name>.py[:arg] --workdir=DIR`.
+"""

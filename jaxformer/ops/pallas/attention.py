@@ -1,0 +1,567 @@
+"""Flash attention as Pallas kernels (forward + backward), our `impl="pallas"`.
+
+Why a kernel when `ops.flash` exists: the plain-JAX blocked path computes every key block for
+every query, and XLA keeps its tiles in HBM. Here one program owns a tile of queries, keeps its
+running max / sum / accumulator on chip, and walks only the key blocks its band can see:
+
+  forward   grid (batch, q_head, q_block); online softmax over key blocks; writes out and the
+            per-row log-sum-exp (LSE).
+  backward  delta = rowsum(dO * O) (a fused XLA reduction), then two kernels that recompute the
+            probabilities from the LSE: dq (grid over q blocks, loop over key blocks; also
+            writes dS, the bias cotangent, when a bias is given) and dk/dv (grid over
+            (batch, kv_head, k_block), loop over the query heads of the group and their q blocks).
+
+Block skipping: causal and sliding-window masks are bands, so `key_block_bounds` /
+`query_block_bounds` give, per block, the range of blocks holding any visible entry (the loop
+bounds; nothing outside is loaded or computed) and the inner range where every entry is visible
+(looped without building the structural mask). Segment ids, a boolean mask and a bias are tiles
+applied inside the visited blocks.
+
+Layout: inputs are moved to [B, H, T, D] and padded to whole blocks (T) and a power-of-two head
+dim (D), so every load is a power-of-two tile as Triton requires. GQA maps query head h to kv
+head h // (H // Hkv) in the BlockSpec index map; K/V are never repeated. Per-row statistics and
+segment ids are 2-D ([T, 1] / [1, T]) so they broadcast against [block_q, block_k] tiles and
+suit Mosaic's 2-D layouts. A query row with no visible key returns zeros and zero gradients.
+
+Cost notes: K/V of one head are a single BlockSpec block (the loop slices it), and a bias or
+mask is materialised at [.., Tq, Tk]; the dbias cotangent is [B, H, Tq, Tk] float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from jaxformer.ops import masks
+
+_NN = ((1,), (0,))      # a @ b
+_NT = ((1,), (1,))      # a @ b.T
+_TN = ((0,), (0,))      # a.T @ b
+_MIN_BLOCK = {"gpu": 16, "tpu": 128, "cpu": 1}   # tl.dot needs >= 16; Mosaic lanes are 128
+
+
+def default_block_sizes(head_dim: int, backend: str | None = None) -> tuple[int, int]:
+  """(block_q, block_k) for a backend ("gpu" | "tpu" | "cpu", default: jax's) and head dim.
+
+  GPU: tiles that fit a Triton program's registers/shared memory (smaller for large heads);
+  TPU: 128-lane aligned; CPU (interpret mode): large blocks, since every grid step and loop
+  iteration is interpreted.
+  """
+  backend = backend or jax.default_backend()
+  if backend == "gpu":
+    return (128, 64) if head_dim <= 64 else (64, 64) if head_dim <= 128 else (32, 32)
+  return 128, 128
+
+
+def pallas_attention(q, k, v, *, bias=None, mask=None, q_segment_ids=None,
+                     kv_segment_ids=None, causal: bool = False, window=None, scale: float,
+                     block_q: int | None = None, block_k: int | None = None,
+                     interpret: bool | None = None):
+  """Attention over validated inputs (see `ops.attention.dot_product_attention`).
+
+  q [B, Tq, H, D]; k, v [B, Tk, Hkv, D]; bias/mask 4-D broadcastable to [B, H, Tq, Tk] or None;
+  segment ids [B, Tq] / [B, Tk] or None; window a (left, right) tuple or None.
+  block_q/block_k: powers of two (default `default_block_sizes`, shrunk for short inputs);
+  interpret: run the kernels in the Pallas interpreter (default: when the backend is CPU).
+  Returns [B, Tq, H, D] in q's dtype.
+  """
+  cfg = _make_config(q, k, causal, window, scale, block_q, block_k, interpret)
+  b, tq, h, d = q.shape
+  d_pad = _pow2_at_least(d, _MIN_BLOCK["gpu"] if cfg.backend == "gpu" else 1)
+  qp = _to_kernel_layout(q, cfg.padded_tq, d_pad)
+  kp, vp = (_to_kernel_layout(x, cfg.padded_tk, d_pad) for x in (k, v))
+  pair_shape = (cfg.padded_tq, cfg.padded_tk)
+  bias = None if bias is None else _pad_pair(bias, (tq, cfg.tk), pair_shape)
+  mask = None if mask is None else _pad_pair(mask.astype(jnp.int8), (tq, cfg.tk), pair_shape)
+  q_ids = kv_ids = None
+  if q_segment_ids is not None:
+    q_ids = _pad_axis(q_segment_ids.astype(jnp.int32), 1, cfg.padded_tq)[:, :, None]
+    kv_ids = _pad_axis(kv_segment_ids.astype(jnp.int32), 1, cfg.padded_tk)[:, None, :]
+  out = _flash(qp, kp, vp, bias, mask, q_ids, kv_ids, cfg)
+  return jnp.swapaxes(out[:, :, :tq, :d], 1, 2)
+
+
+# ----------------------------------------------------------------------------- configuration
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+  """Static kernel parameters (hashable: a custom_vjp nondiff argument)."""
+  causal: bool
+  window: masks.Window | None
+  scale: float
+  block_q: int
+  block_k: int
+  tq: int
+  tk: int
+  interpret: bool
+  backend: str
+  head_dim: int
+
+  @property
+  def padded_tq(self) -> int:
+    return -(-self.tq // self.block_q) * self.block_q
+
+  @property
+  def padded_tk(self) -> int:
+    return -(-self.tk // self.block_k) * self.block_k
+
+  def bounds_kwargs(self) -> dict:
+    return dict(tq=self.tq, tk=self.tk, block_q=self.block_q, block_k=self.block_k,
+                causal=self.causal, window=self.window)
+
+
+def _is_pow2(n) -> bool:
+  return isinstance(n, int) and not isinstance(n, bool) and n > 0 and n & (n - 1) == 0
+
+
+def _pow2_at_least(n: int, minimum: int) -> int:
+  return max(minimum, pl.next_power_of_2(n))
+
+
+def _fit_block(name: str, block: int | None, default: int, length: int, backend: str) -> int:
+  """The user's or default block, shrunk to the (power-of-two rounded) length."""
+  minimum = _MIN_BLOCK.get(backend, 1)
+  if block is None:
+    return max(minimum, min(default, pl.next_power_of_2(length)))
+  if not _is_pow2(block):
+    raise ValueError(f"{name}={block!r} must be a power of two (e.g. 64 or 128)")
+  if block < minimum:
+    raise ValueError(f"{name}={block} is below {minimum}, the smallest block the {backend} "
+                     f"Pallas backend supports; pass {name}>={minimum} or leave it None")
+  return block
+
+
+def _make_config(q, k, causal, window, scale, block_q, block_k, interpret) -> _Config:
+  if not jnp.issubdtype(q.dtype, jnp.floating):
+    raise ValueError(f"impl='pallas' needs floating-point q/k/v; got {q.dtype}")
+  if interpret is not None and not isinstance(interpret, bool):
+    raise ValueError(f"interpret must be a bool or None; got {interpret!r}")
+  backend = jax.default_backend()
+  interpret = backend == "cpu" if interpret is None else interpret
+  if backend not in ("gpu", "tpu") and not interpret:
+    raise ValueError(f"interpret=False needs a GPU or TPU backend (this one is {backend!r}); "
+                     "pass interpret=None or True")
+  kind = "cpu" if interpret else backend
+  head_dim = q.shape[-1]
+  default_q, default_k = default_block_sizes(head_dim, kind)
+  return _Config(
+      causal=causal, window=masks.normalize_window(window), scale=float(scale),
+      block_q=_fit_block("block_q", block_q, default_q, q.shape[1], kind),
+      block_k=_fit_block("block_k", block_k, default_k, k.shape[1], kind),
+      tq=q.shape[1], tk=k.shape[1], interpret=interpret, backend=kind, head_dim=head_dim)
+
+
+def _compiler_params(cfg: _Config, num_dims: int = 3):
+  if cfg.backend == "gpu":
+    from jax.experimental.pallas import triton as pltriton
+    return pltriton.CompilerParams(num_warps=4 if cfg.head_dim <= 64 else 8, num_stages=2)
+  if cfg.backend == "tpu":
+    from jax.experimental.pallas import tpu as pltpu
+    return pltpu.CompilerParams(dimension_semantics=("parallel",) * num_dims)
+  return None
+
+
+# ------------------------------------------------------------------------------ loop bounds
+
+
+def _band(causal: bool, window) -> tuple[int | None, int | None]:
+  """(left, right) key offsets a query can see; causal caps right at 0; None = unbounded."""
+  left, right = window if window is not None else (None, None)
+  if causal:
+    right = 0 if right is None else min(right, 0)
+  return left, right
+
+
+def _cdiv(a, b: int):
+  """ceil(a / b) for a >= 0 (traced or not)."""
+  return jax.lax.div(a + (b - 1), b)
+
+
+def _ordered(lo, mid_lo, mid_hi, hi):
+  """Clamp so that lo <= mid_lo <= mid_hi <= hi (an empty band gives empty ranges)."""
+  hi = jnp.maximum(hi, lo)
+  mid_lo = jnp.clip(mid_lo, lo, hi)
+  return lo, mid_lo, jnp.clip(mid_hi, mid_lo, hi), hi
+
+
+def key_block_bounds(q_block, *, tq: int, tk: int, block_q: int, block_k: int, causal: bool,
+                     window=None):
+  """(lo, mid_lo, mid_hi, hi) key-block indices for query block `q_block`.
+
+  Key blocks in [lo, hi) hold a structurally visible key for some real row of the block; all
+  others are skipped. Blocks in [mid_lo, mid_hi) are fully visible and real (no mask needed).
+  Positions follow `dot_product_attention`: query row r sits at r + (tk - tq).
+  """
+  left, right = _band(causal, masks.normalize_window(window))
+  q_block = jnp.asarray(q_block, jnp.int32)
+  num_k = -(-tk // block_k)
+  first = q_block * block_q + (tk - tq)
+  last = first + block_q - 1
+  last_real = jnp.minimum(last, tk - 1)
+  zero = jnp.zeros_like(q_block)
+  lo = zero if left is None else jax.lax.div(jnp.maximum(first - left, 0), block_k)
+  hi = zero + num_k if right is None else _cdiv(jnp.clip(last_real + right + 1, 0, tk), block_k)
+  mid_lo = zero if left is None else _cdiv(jnp.maximum(last - left, 0), block_k)
+  mid_hi = zero + tk // block_k if right is None else jax.lax.div(
+      jnp.clip(first + right + 1, 0, tk), block_k)
+  return _ordered(lo, mid_lo, mid_hi, hi)
+
+
+def query_block_bounds(k_block, *, tq: int, tk: int, block_q: int, block_k: int, causal: bool,
+                       window=None):
+  """(lo, mid_lo, mid_hi, hi) query-block indices for key block `k_block` (see
+  `key_block_bounds`): [lo, hi) see some real key of the block, [mid_lo, mid_hi) see all of it."""
+  left, right = _band(causal, masks.normalize_window(window))
+  k_block = jnp.asarray(k_block, jnp.int32)
+  num_q = -(-tq // block_q)
+  offset = tk - tq
+  first = k_block * block_k
+  last = first + block_k - 1
+  last_real = jnp.minimum(last, tk - 1)
+  zero = jnp.zeros_like(k_block)
+  lo = zero if right is None else jax.lax.div(jnp.maximum(first - right - offset, 0), block_q)
+  hi = zero + num_q if left is None else _cdiv(
+      jnp.clip(last_real + left - offset + 1, 0, tq), block_q)
+  mid_lo = zero if right is None else _cdiv(jnp.maximum(last - right - offset, 0), block_q)
+  mid_hi = zero + num_q if left is None else jax.lax.div(
+      jnp.maximum(first + left - offset + 1, 0), block_q)
+  mid_hi = jnp.where(last < tk, mid_hi, 0)            # a block with padded keys needs the mask
+  return _ordered(lo, mid_lo, mid_hi, hi)
+
+
+def _banded_loop(bounds, body, carry):
+  """Run body(j, carry, structural) over [lo, hi), without the structural mask inside."""
+  lo, mid_lo, mid_hi, hi = bounds
+  carry = jax.lax.fori_loop(lo, mid_lo, functools.partial(body, structural=True), carry)
+  carry = jax.lax.fori_loop(mid_lo, mid_hi, functools.partial(body, structural=False), carry)
+  return jax.lax.fori_loop(mid_hi, hi, functools.partial(body, structural=True), carry)
+
+
+# ------------------------------------------------------------------------------- tile math
+
+
+class _Extras(NamedTuple):
+  """Per-tile masking inputs (None when absent): ids [bq, 1] / [1, bk], bias/mask [bq, bk]."""
+  q_ids: jax.Array | None
+  kv_ids: jax.Array | None
+  bias: jax.Array | None
+  mask: jax.Array | None
+
+
+def _dot(a, b, contract):
+  return jax.lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=jnp.float32)
+
+
+def _block(start, size: int):
+  return pl.ds(pl.multiple_of(start, size), size)
+
+
+def _visible(cfg: _Config, row0, col0, structural: bool, extras: _Extras):
+  """Boolean [bq, bk] visibility of a tile whose first query row / key is row0 / col0."""
+  shape = (cfg.block_q, cfg.block_k)
+  conds = []
+  if structural:
+    q_pos = row0 + (cfg.tk - cfg.tq) + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+    k_pos = col0 + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+    left, right = _band(cfg.causal, cfg.window)
+    if right is not None:
+      conds.append(k_pos <= q_pos + right)
+    if left is not None:
+      conds.append(k_pos >= q_pos - left)
+    if cfg.tk % cfg.block_k:
+      conds.append(k_pos < cfg.tk)
+  if extras.q_ids is not None:
+    conds.append(extras.q_ids == extras.kv_ids)
+  if extras.mask is not None:
+    conds.append(extras.mask != 0)
+  return functools.reduce(jnp.logical_and, conds) if conds else None
+
+
+def _logits(q, k, cfg: _Config, row0, col0, structural: bool, extras: _Extras):
+  """Scaled float32 logits of one tile with invisible entries at -inf."""
+  s = _dot(q, k, _NT) * cfg.scale
+  if extras.bias is not None:
+    s = s + extras.bias.astype(jnp.float32)
+  visible = _visible(cfg, row0, col0, structural, extras)
+  return s if visible is None else jnp.where(visible, s, -jnp.inf)
+
+
+def _key_extras(q_ids, kv_ids_ref, bias_ref, mask_ref, cols):
+  """Extras of one key block for kernels that hold a [bq, Tk] row block of bias/mask."""
+  return _Extras(q_ids, None if kv_ids_ref is None else kv_ids_ref[:, cols],
+                 None if bias_ref is None else bias_ref[:, cols],
+                 None if mask_ref is None else mask_ref[:, cols])
+
+
+# --------------------------------------------------------------------------------- kernels
+
+
+def _forward_kernel(q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, bias_ref, mask_ref,
+                    o_ref, lse_ref, *, cfg: _Config):
+  i = pl.program_id(2)
+  q = q_ref[...]
+  q_ids = None if q_ids_ref is None else q_ids_ref[...]
+
+  def body(j, carry, structural):
+    row_max, row_sum, acc = carry
+    cols = _block(j * cfg.block_k, cfg.block_k)
+    extras = _key_extras(q_ids, kv_ids_ref, bias_ref, mask_ref, cols)
+    s = _logits(q, k_ref[cols, :], cfg, i * cfg.block_q, j * cfg.block_k, structural, extras)
+    new_max = jnp.maximum(row_max, s.max(axis=1, keepdims=True))
+    safe_max = jnp.where(new_max == -jnp.inf, 0.0, new_max)
+    correction = jnp.exp(row_max - safe_max)
+    p = jnp.exp(s - safe_max)
+    row_sum = row_sum * correction + p.sum(axis=1, keepdims=True)
+    v = v_ref[cols, :]
+    acc = acc * correction + _dot(p.astype(v.dtype), v, _NN)
+    return new_max, row_sum, acc
+
+  stats = (cfg.block_q, 1)
+  init = (jnp.full(stats, -jnp.inf, jnp.float32), jnp.zeros(stats, jnp.float32),
+          jnp.zeros((cfg.block_q, o_ref.shape[-1]), jnp.float32))
+  bounds = key_block_bounds(i, **cfg.bounds_kwargs())
+  row_max, row_sum, acc = _banded_loop(bounds, body, init)
+  empty = row_sum == 0.0
+  safe_sum = jnp.where(empty, 1.0, row_sum)
+  o_ref[...] = (acc / safe_sum).astype(o_ref.dtype)
+  lse_ref[...] = jnp.where(empty, 0.0, jnp.where(empty, 0.0, row_max) + jnp.log(safe_sum))
+
+
+def _dq_kernel(q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, bias_ref, mask_ref, do_ref,
+               lse_ref, delta_ref, dq_ref, ds_ref, *, cfg: _Config):
+  i = pl.program_id(2)
+  q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+  q_ids = None if q_ids_ref is None else q_ids_ref[...]
+
+  def body(j, dq, structural):
+    cols = _block(j * cfg.block_k, cfg.block_k)
+    k, v = k_ref[cols, :], v_ref[cols, :]
+    extras = _key_extras(q_ids, kv_ids_ref, bias_ref, mask_ref, cols)
+    p = jnp.exp(_logits(q, k, cfg, i * cfg.block_q, j * cfg.block_k, structural, extras) - lse)
+    ds = p * (_dot(do, v, _NT) - delta)
+    if ds_ref is not None:
+      ds_ref[:, cols] = ds.astype(ds_ref.dtype)
+    return dq + _dot(ds.astype(k.dtype), k, _NN)
+
+  bounds = key_block_bounds(i, **cfg.bounds_kwargs())
+  if ds_ref is not None:     # skipped blocks have a zero bias cotangent
+    _zero_blocks(ds_ref, 0, bounds[0], cfg.block_k)
+    _zero_blocks(ds_ref, bounds[3], cfg.padded_tk // cfg.block_k, cfg.block_k)
+  dq = _banded_loop(bounds, body, jnp.zeros(q.shape, jnp.float32))
+  dq_ref[...] = (dq * cfg.scale).astype(dq_ref.dtype)
+
+
+def _zero_blocks(ref, start, stop, block: int):
+  """ref[:, blocks start..stop) = 0, one [rows, block] tile at a time."""
+  def body(j, carry):
+    ref[:, _block(j * block, block)] = jnp.zeros((ref.shape[0], block), ref.dtype)
+    return carry
+  jax.lax.fori_loop(start, stop, body, 0)
+
+
+def _dkdv_kernel(q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, bias_ref, mask_ref, do_ref,
+                 lse_ref, delta_ref, dk_ref, dv_ref, *, cfg: _Config, groups: int,
+                 bias_grouped: bool, mask_grouped: bool):
+  """One key block of one kv head; q/do/lse/delta rows are [group * padded_tq] (head-major)."""
+  j = pl.program_id(2)
+  k, v = k_ref[...], v_ref[...]
+  kv_ids = None if kv_ids_ref is None else kv_ids_ref[...]
+  bq, tq_pad = cfg.block_q, cfg.padded_tq
+
+  def pair_rows(ref, grouped, g, i):
+    return None if ref is None else ref[_block((g if grouped else 0) * tq_pad + i * bq, bq), :]
+
+  def body(i, carry, g, structural):
+    dk, dv = carry
+    rows = _block(g * tq_pad + i * bq, bq)
+    q, do = q_ref[rows, :], do_ref[rows, :]
+    extras = _Extras(None if q_ids_ref is None else q_ids_ref[_block(i * bq, bq), :], kv_ids,
+                     pair_rows(bias_ref, bias_grouped, g, i),
+                     pair_rows(mask_ref, mask_grouped, g, i))
+    s = _logits(q, k, cfg, i * bq, j * cfg.block_k, structural, extras)
+    p = jnp.exp(s - lse_ref[rows, :])
+    dv = dv + _dot(p.astype(do.dtype), do, _TN)
+    ds = p * (_dot(do, v, _NT) - delta_ref[rows, :])
+    return dk + _dot(ds.astype(q.dtype), q, _TN), dv
+
+  bounds = query_block_bounds(j, **cfg.bounds_kwargs())
+
+  def per_query_head(g, carry):
+    return _banded_loop(bounds, functools.partial(body, g=g), carry)
+
+  zeros = jnp.zeros(k.shape, jnp.float32)
+  dk, dv = jax.lax.fori_loop(0, groups, per_query_head, (zeros, zeros))
+  dk_ref[...] = (dk * cfg.scale).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+# ----------------------------------------------------------------------------- pallas_calls
+
+
+def _pair_spec(x, rows: int, cols: int, index):
+  """BlockSpec of a [b|1, h|1, Tq, Tk] array whose size-1 batch/head dims broadcast."""
+  if x is None:
+    return None
+  keep_b, keep_h = x.shape[0] > 1, x.shape[1] > 1
+
+  def index_map(b, h, blk):
+    r, c = index(blk)
+    return (b if keep_b else 0, h if keep_h else 0, r, c)
+  return pl.BlockSpec((None, None, rows, cols), index_map)
+
+
+def _query_block_specs(q, k, q_ids, kv_ids, bias, mask, cfg: _Config):
+  """Specs for grid (batch, q_head, q_block): a query tile against all keys of its kv head."""
+  d, tk_pad, bq = q.shape[-1], k.shape[2], cfg.block_q
+  groups = q.shape[1] // k.shape[1]
+  row = pl.BlockSpec((None, None, bq, d), lambda b, h, i: (b, h, i, 0))
+  kv = pl.BlockSpec((None, None, tk_pad, d), lambda b, h, i: (b, jax.lax.div(h, groups), 0, 0))
+  return dict(
+      row=row, stat=pl.BlockSpec((None, None, bq, 1), lambda b, h, i: (b, h, i, 0)),
+      inputs=[row, kv, kv,
+              None if q_ids is None else pl.BlockSpec((None, bq, 1), lambda b, h, i: (b, i, 0)),
+              None if kv_ids is None else pl.BlockSpec((None, 1, tk_pad),
+                                                       lambda b, h, i: (b, 0, 0)),
+              _pair_spec(bias, bq, tk_pad, lambda i: (i, 0)),
+              _pair_spec(mask, bq, tk_pad, lambda i: (i, 0))])
+
+
+def _forward(q, k, v, bias, mask, q_ids, kv_ids, cfg: _Config):
+  b, h, tq_pad, _ = q.shape
+  specs = _query_block_specs(q, k, q_ids, kv_ids, bias, mask, cfg)
+  out, lse = pl.pallas_call(
+      functools.partial(_forward_kernel, cfg=cfg),
+      grid=(b, h, tq_pad // cfg.block_q),
+      in_specs=specs["inputs"],
+      out_specs=[specs["row"], specs["stat"]],
+      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                 jax.ShapeDtypeStruct((b, h, tq_pad, 1), jnp.float32)],
+      compiler_params=_compiler_params(cfg), interpret=cfg.interpret,
+      name="jaxformer_flash_forward",
+  )(q, k, v, q_ids, kv_ids, bias, mask)
+  return out, lse
+
+
+def _dq(q, k, v, bias, mask, q_ids, kv_ids, do, lse, delta, cfg: _Config):
+  """(dq, dS or None): dS [B, H, Tq, Tk] float32 is the bias cotangent before broadcasting."""
+  b, h, tq_pad, _ = q.shape
+  specs = _query_block_specs(q, k, q_ids, kv_ids, bias, mask, cfg)
+  out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+  out_specs = [specs["row"]]
+  if bias is not None:
+    out_shape.append(jax.ShapeDtypeStruct((b, h, tq_pad, k.shape[2]), jnp.float32))
+    out_specs.append(pl.BlockSpec((None, None, cfg.block_q, k.shape[2]),
+                                  lambda b, h, i: (b, h, i, 0)))
+  outs = pl.pallas_call(
+      functools.partial(_dq_kernel, cfg=cfg) if bias is not None else
+      functools.partial(_dq_kernel_without_ds, cfg=cfg),
+      grid=(b, h, tq_pad // cfg.block_q),
+      in_specs=specs["inputs"] + [specs["row"], specs["stat"], specs["stat"]],
+      out_specs=out_specs, out_shape=out_shape,
+      compiler_params=_compiler_params(cfg), interpret=cfg.interpret,
+      name="jaxformer_flash_dq",
+  )(q, k, v, q_ids, kv_ids, bias, mask, do, lse, delta)
+  return outs[0], (outs[1] if bias is not None else None)
+
+
+def _dq_kernel_without_ds(*refs, cfg: _Config):
+  _dq_kernel(*refs, None, cfg=cfg)
+
+
+def _grouped_rows(x, num_kv_heads: int):
+  """[B, H, T, ...] -> [B, Hkv, (H // Hkv) * T, ...]: a kv head's query heads stacked by rows."""
+  b, h, t = x.shape[:3]
+  return x.reshape((b, num_kv_heads, (h // num_kv_heads) * t) + x.shape[3:])
+
+
+def _dkdv(q, k, v, bias, mask, q_ids, kv_ids, do, lse, delta, cfg: _Config):
+  b, hkv, tk_pad, d = k.shape
+  groups, bk = q.shape[1] // hkv, cfg.block_k
+  rows = groups * cfg.padded_tq
+  per_key_block = pl.BlockSpec((None, None, bk, d), lambda b, h, j: (b, h, j, 0))
+  grouped = pl.BlockSpec((None, None, rows, d), lambda b, h, j: (b, h, 0, 0))
+  grouped_stat = pl.BlockSpec((None, None, rows, 1), lambda b, h, j: (b, h, 0, 0))
+
+  def pair(x):
+    """(array, grouped, rows): per-head bias/mask are regrouped like q; head-broadcast ones
+    keep their single head."""
+    if x is None or x.shape[1] == 1:
+      return x, False, cfg.padded_tq
+    return _grouped_rows(x, hkv), True, rows
+
+  bias, bias_grouped, bias_rows = pair(bias)
+  mask, mask_grouped, mask_rows = pair(mask)
+  in_specs = [
+      grouped, per_key_block, per_key_block,
+      None if q_ids is None else pl.BlockSpec((None, cfg.padded_tq, 1), lambda b, h, j: (b, 0, 0)),
+      None if kv_ids is None else pl.BlockSpec((None, 1, bk), lambda b, h, j: (b, 0, j)),
+      _pair_spec(bias, bias_rows, bk, lambda j: (0, j)),
+      _pair_spec(mask, mask_rows, bk, lambda j: (0, j)),
+      grouped, grouped_stat, grouped_stat]
+  kernel = functools.partial(_dkdv_kernel, cfg=cfg, groups=groups, bias_grouped=bias_grouped,
+                             mask_grouped=mask_grouped)
+  return pl.pallas_call(
+      kernel, grid=(b, hkv, tk_pad // bk), in_specs=in_specs,
+      out_specs=[per_key_block, per_key_block],
+      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+      compiler_params=_compiler_params(cfg), interpret=cfg.interpret,
+      name="jaxformer_flash_dkdv",
+  )(_grouped_rows(q, hkv), k, v, q_ids, kv_ids, bias, mask, _grouped_rows(do, hkv),
+    _grouped_rows(lse, hkv), _grouped_rows(delta, hkv))
+
+
+# ---------------------------------------------------------------------------- custom_vjp
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _flash(q, k, v, bias, mask, q_ids, kv_ids, cfg):
+  return _forward(q, k, v, bias, mask, q_ids, kv_ids, cfg)[0]
+
+
+def _flash_fwd(q, k, v, bias, mask, q_ids, kv_ids, cfg):
+  out, lse = _forward(q, k, v, bias, mask, q_ids, kv_ids, cfg)
+  return out, (q, k, v, bias, mask, q_ids, kv_ids, out, lse)
+
+
+def _flash_bwd(cfg, residuals, d_out):
+  q, k, v, bias, mask, q_ids, kv_ids, out, lse = residuals
+  # delta_i = sum_j P_ij dP_ij = dO_i . O_i: one fused elementwise + reduction in XLA.
+  delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
+  args = (q, k, v, bias, mask, q_ids, kv_ids, d_out.astype(q.dtype), lse, delta)
+  dq, ds = _dq(*args, cfg)
+  dk, dv = _dkdv(*args, cfg)
+  dbias = None if bias is None else masks.sum_to_shape(ds, bias.shape).astype(bias.dtype)
+  return dq, dk, dv, dbias, None, None, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# ------------------------------------------------------------------------------- layout
+
+
+def _pad_axis(x, axis: int, size: int):
+  pad = size - x.shape[axis]
+  if pad == 0:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, pad)
+  return jnp.pad(x, widths)
+
+
+def _to_kernel_layout(x, length: int, head_dim: int):
+  """[B, T, H, D] -> [B, H, length, head_dim], zero padded."""
+  x = jnp.swapaxes(x, 1, 2)
+  return _pad_axis(_pad_axis(x, 2, length), 3, head_dim)
+
+
+def _pad_pair(x, real: tuple[int, int], padded: tuple[int, int]):
+  """[b|1, h|1, Tq|1, Tk|1] -> [b|1, h|1, padded Tq, padded Tk] (broadcast, then zero pad)."""
+  x = jnp.broadcast_to(x, x.shape[:2] + real)
+  return _pad_axis(_pad_axis(x, 2, padded[0]), 3, padded[1])

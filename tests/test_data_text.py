@@ -1,0 +1,366 @@
+"""Text data: tokenizers, the local-text TFDS builder, packing, LM/MLM pipelines."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from ml_collections import ConfigDict
+
+from jaxformer.data import packing, text, text_builder, tokenizers
+
+SMALL_TEXT = (text_builder.BUNDLED["tinyshakespeare"].read_text(encoding="utf-8")[:12000]
+              + "\n\n\nJULIET:\nAy me!  ¿Qué?\n\n")
+
+
+def old_text_corpus_batch(ids, step, *, batch_size, seq_len, seed, split_id):
+  """A copy of the pre-pipeline `TextCorpus.batch` formula (the README result depends on it)."""
+  rng = np.random.default_rng([seed, split_id, step])
+  starts = rng.integers(0, len(ids) - seq_len - 1, size=batch_size)
+  windows = ids[starts[:, None] + np.arange(seq_len + 1)]
+  return {"inputs": windows[:, :-1], "targets": windows[:, 1:]}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("tfds"))
+
+
+@pytest.fixture(scope="module")
+def small_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp("text") / "small.txt"
+  path.write_text(SMALL_TEXT, encoding="utf-8")
+  return str(path)
+
+
+def data_config(source, tokenizer="char", seq_len=16, **extra):
+  return ConfigDict(dict(source=source, tokenizer=tokenizer, seq_len=seq_len, **extra))
+
+
+def pipeline(cfg, task="lm", *, workdir, data_dir, batch=4, **kw):
+  kw = dict(seed=3, global_batch_size=batch, eval_batch_size=batch, workdir=str(workdir),
+            data_dir=data_dir, **kw)
+  return text.make_text_pipeline(cfg, task, **kw)
+
+
+# ----------------------------------------------------------------------------- tokenizers
+
+def test_char_tokenizer_saves_and_loads_old_workdirs(tmp_path):
+  tok = tokenizers.make_tokenizer("char", lambda: ["hello", " world"], tmp_path / "a")
+  assert (tok.vocab_size, tok.chars, tok.eos_id, tok.mask_id) == (8, " dehlorw", None, None)
+  np.testing.assert_array_equal(tok.encode("low"), [4, 5, 7])
+  assert tokenizers.load_tokenizer(tmp_path / "a").decode(tok.encode("hello")) == "hello"
+  old = tmp_path / "old"                       # a workdir written before tokenizers.save(dir)
+  old.mkdir()
+  (old / "tokenizer.json").write_text(json.dumps({"kind": "char", "chars": "ab\n"}))
+  for path in (old, old / "tokenizer.json"):
+    assert tokenizers.load_tokenizer(path).chars == "\nab"
+    assert tokenizers.CharTokenizer.load(path).vocab_size == 3
+  reused = tokenizers.make_tokenizer("char", lambda: ["xyz"], old)   # resumed: keeps vocab
+  assert reused.chars == "\nab"
+  with pytest.raises(ValueError, match="no saved tokenizer"):
+    tokenizers.load_tokenizer(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("model_type", ["bpe", "unigram"])
+def test_sentencepiece_is_deterministic_lossless_and_reused(tmp_path, model_type):
+  spec, lines = f"spm:{model_type}:400", SMALL_TEXT.split("\n\n")
+  a = tokenizers.make_tokenizer(spec, lambda: lines, tmp_path / "a")
+  b = tokenizers.make_tokenizer(spec, lambda: lines, tmp_path / "b")
+  assert a.model_proto == b.model_proto and a.vocab_size == 400
+  assert (a.pad_id, a.bos_id, a.eos_id, a.mask_id) == (0, 2, 3, None)
+  odd = "ROMEO:\n  two  spaces\tand 日本語 ✓\n\n"     # unseen characters: byte fallback
+  ids = a.encode(odd)
+  assert ids.dtype == np.int32 and a.decode(ids) == odd
+  assert len(a.encode("First Citizen")) < len("First Citizen")    # it learned merges
+
+  def must_not_retrain():
+    raise AssertionError("retrained instead of reusing the saved model")
+  reused = tokenizers.make_tokenizer(spec, must_not_retrain, tmp_path / "a")
+  np.testing.assert_array_equal(reused.encode(odd), ids)
+  np.testing.assert_array_equal(tokenizers.load_tokenizer(tmp_path / "a").encode(odd), ids)
+  (tmp_path / "a" / tokenizers.SPM_MODEL_FILE).write_bytes(b.model_proto[:-1])
+  with pytest.raises(ValueError, match="does not match"):
+    tokenizers.load_tokenizer(tmp_path / "a")
+
+
+def test_huggingface_tokenizer_file_or_directory(tmp_path):
+  from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+  hf = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+  hf.pre_tokenizer = pre_tokenizers.Whitespace()
+  hf.train_from_iterator([SMALL_TEXT], trainers.WordLevelTrainer(
+      special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+  (tmp_path / "ckpt").mkdir()
+  hf.save(str(tmp_path / "ckpt" / "tokenizer.json"))
+  for i, src in enumerate([tmp_path / "ckpt", tmp_path / "ckpt" / "tokenizer.json"]):
+    tok = tokenizers.make_tokenizer(f"hf:{src}", lambda: [], tmp_path / f"run{i}")
+    assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.mask_id) == (0, 2, 3, 4)
+    phrase = "Before we proceed, Ay me!"
+    np.testing.assert_array_equal(tok.encode(phrase), hf.encode(phrase).ids)
+    loaded = tokenizers.load_tokenizer(tmp_path / f"run{i}")
+    assert loaded.vocab_size == hf.get_vocab_size()
+    assert loaded.decode(tok.encode(phrase)) == hf.decode(hf.encode(phrase).ids)
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("bpe", "not a tokenizer spec"), ("spm:bpe", "not a tokenizer spec"),
+    ("spm:wordpiece:500", "not a tokenizer spec"), ("hf:/no/such/dir", "does not exist"),
+    ("spm:bpe:50", "vocab_size 50 is too small"), (None, "must be a string")])
+def test_bad_tokenizer_specs_name_the_field(tmp_path, spec, match):
+  with pytest.raises(ValueError, match=f"data.tokenizer.*{match}"):
+    tokenizers.make_tokenizer(spec, lambda: ["some text"], tmp_path)
+
+
+# ------------------------------------------------------------------------ TFDS builder
+
+def test_text_records_join_back_to_the_text_and_cut_after_blank_lines():
+  text = "a\n\n\nb c\n\nlong paragraph here\nend\n\nx"
+  pieces = text_builder.text_records(text, max_chars=9)
+  assert "".join(pieces) == text and max(map(len, pieces)) == 9
+  assert pieces == ["a\n\n\nb c\n\n", "long para", "graph her", "e\nend\n\nx"]
+  assert text_builder.text_records(text) == [text]
+
+
+def test_local_text_builder_splits_by_characters_and_rebuilds_on_change(tmp_path, data_dir,
+                                                                         small_file):
+  builder = text_builder.build_local_text(small_file, train_fraction=0.7, data_dir=data_dir,
+                                         record_chars=1000)
+  n = int(len(SMALL_TEXT) * 0.7)
+  for split, expected in (("train", SMALL_TEXT[:n]), ("validation", SMALL_TEXT[n:])):
+    records = list(builder.as_data_source(split=split))
+    ordered = sorted(records, key=lambda r: r["index"])
+    assert [r["index"] for r in ordered] == list(range(len(records))) and len(records) > 2
+    assert "".join(r["text"].decode() for r in ordered) == expected
+  again = text_builder.build_local_text(small_file, train_fraction=0.7, data_dir=data_dir,
+                                       record_chars=1000)
+  assert again.data_path == builder.data_path
+  other = tmp_path / "other.txt"
+  other.write_text(SMALL_TEXT + "x")
+  changed = text_builder.build_local_text(str(other), train_fraction=0.7, data_dir=data_dir,
+                                         record_chars=1000)
+  assert changed.data_path != builder.data_path
+
+
+def test_killed_build_does_not_look_complete(tmp_path, monkeypatch):
+  source = tmp_path / "t.txt"
+  source.write_text(SMALL_TEXT)
+
+  def crash(self, text):
+    yield 0, {"index": 0, "text": text[:10]}
+    raise KeyboardInterrupt("killed")
+  monkeypatch.setattr(text_builder.LocalText, "_generate_examples", crash)
+  with pytest.raises(KeyboardInterrupt):
+    text_builder.build_local_text(str(source), data_dir=str(tmp_path / "dd"))
+  monkeypatch.undo()
+  config = text_builder.local_text_config(str(source), 0.9)
+  assert not text_builder.LocalText(config=config, data_dir=str(tmp_path / "dd"),
+                                    file_format="array_record").is_prepared()
+  builder = text_builder.build_local_text(str(source), data_dir=str(tmp_path / "dd"))
+  (record,) = builder.as_data_source(split="train")
+  assert record["text"].decode() == SMALL_TEXT[:int(len(SMALL_TEXT) * 0.9)]
+
+
+def test_bad_sources_name_data_source(tmp_path, data_dir):
+  empty = tmp_path / "empty.txt"
+  empty.write_text("")
+  for source, match in ((str(tmp_path / "missing.txt"), "no such file"),
+                        (str(empty), "is empty"), ("tfds:Bad Name!", "expected 'tfds:")):
+    with pytest.raises(ValueError, match=f"data.source=.*{match}"):
+      pipeline(data_config(source), workdir=tmp_path, data_dir=data_dir)
+  with pytest.raises(ValueError, match="data.train_fraction=1.5"):
+    pipeline(data_config("tinyshakespeare", train_fraction=1.5), workdir=tmp_path,
+             data_dir=data_dir)
+
+
+def test_catalog_source_errors_say_how_to_fix(tmp_path, data_dir, small_file):
+  with pytest.raises(ValueError, match=r"not prepared.*tfds build lm1b "
+                                       r"--file_format=array_record --data_dir="):
+    text_builder.catalog_builder("tfds:lm1b", data_dir)
+  built = text_builder.build_local_text(small_file, train_fraction=0.7, data_dir=data_dir)
+  source = f"tfds:local_text/{built.builder_config.name}:1.0.0"
+  with pytest.raises(ValueError, match=r"data.eval_split='test'.*\['train', 'validation'\]"):
+    pipeline(data_config(source, eval_split="test"), workdir=tmp_path, data_dir=data_dir)
+  with pytest.raises(ValueError, match=r"data.text_key='sentence'.*\['index', 'text'\]"):
+    pipeline(data_config(source, text_key="sentence"), workdir=tmp_path, data_dir=data_dir)
+
+
+# ----------------------------------------------------------------------------- packing
+
+def reference_next_fit(docs, row_len):
+  """Plain-Python next-fit over row-sized pieces: lists of (token, segment, position)."""
+  rows, row = [], None
+  for doc in docs:
+    for start in range(0, len(doc), row_len):
+      piece = list(doc[start:start + row_len])
+      if row is None or len(row) + len(piece) > row_len:
+        row = []
+        rows.append(row)
+      segment = 1 + (max(s for _, s, _ in row) if row else 0)
+      row.extend((t, segment, p) for p, t in enumerate(piece))
+  return [row + [(0, 0, 0)] * (row_len - len(row)) for row in rows]
+
+
+@pytest.mark.parametrize("row_len", [1, 7, 13])
+def test_pack_documents_matches_reference_and_invariants(row_len):
+  rng = np.random.default_rng(row_len)
+  docs = [rng.integers(1, 50, size=n).astype(np.int32)
+          for n in rng.integers(0, 3 * row_len, size=23)]
+  packed = packing.pack_documents(docs, row_len)
+  expected = np.asarray(reference_next_fit(docs, row_len), np.int32)
+  for i, key in enumerate(packing.PACKED_FIELDS):
+    assert packed[key].dtype == np.int32 and packed[key].shape == expected.shape[:2]
+    np.testing.assert_array_equal(packed[key], expected[..., i])
+  seg = packed["segment_ids"]
+  # every token exactly once, in document order (pieces are consecutive segments)
+  np.testing.assert_array_equal(packed["tokens"][seg > 0], np.concatenate(docs))
+  for row_seg, row_pos in zip(seg, packed["positions"]):
+    used = row_seg[row_seg > 0]
+    assert np.all(row_seg[len(used):] == 0)                  # padding only at the end
+    assert np.all(np.diff(used) >= 0) and np.all(np.diff(np.unique(used)) == 1)
+    for s in np.unique(used):                                # contiguous, positions 0..n-1
+      np.testing.assert_array_equal(row_pos[row_seg == s], np.arange(np.sum(row_seg == s)))
+  assert packing.pack_documents([], 4)["tokens"].shape == (0, 4)
+  with pytest.raises(ValueError, match="row_len=0"):
+    packing.pack_documents(docs, 0)
+
+
+# --------------------------------------------------------------------------- pipelines
+
+def test_stream_lm_batches_match_the_old_text_corpus_exactly(tmp_path, data_dir):
+  cfg = data_config("tinyshakespeare", seq_len=64, eval_batches=3)
+  p = pipeline(cfg, workdir=tmp_path, data_dir=data_dir, batch=12)
+  assert p.task == "lm" and p.info == {"vocab_size": 65}
+  full = text_builder.BUNDLED["tinyshakespeare"].read_text(encoding="utf-8")
+  ids = p.tokenizer.encode(full)
+  train, val = ids[:1003854], ids[1003854:]
+  for step in (0, 7, 1999):
+    old = old_text_corpus_batch(train, step, batch_size=12, seq_len=64, seed=3, split_id=0)
+    new = p.train_batch(step)
+    assert new.keys() == old.keys() and new["inputs"].dtype == np.int32
+    for key in old:
+      np.testing.assert_array_equal(new[key], old[key])
+  evals = list(p.eval_batches())
+  assert len(evals) == 3
+  for i, batch in enumerate(evals):
+    old = old_text_corpus_batch(val, i, batch_size=12, seq_len=64, seed=3, split_id=1)
+    np.testing.assert_array_equal(batch["inputs"], old["inputs"])
+    np.testing.assert_array_equal(batch["valid"], np.ones(12))
+  assert tokenizers.load_tokenizer(tmp_path).chars == p.tokenizer.chars   # saved in workdir
+  halves = [pipeline(cfg, workdir=tmp_path, data_dir=data_dir, batch=12, process_index=k,
+                     process_count=2).train_batch(5)["targets"] for k in (0, 1)]
+  np.testing.assert_array_equal(np.concatenate(halves), p.train_batch(5)["targets"])
+
+
+def test_stream_eval_covers_the_whole_split_when_eval_batches_is_none(tmp_path, data_dir,
+                                                                      small_file):
+  cfg = data_config(small_file, seq_len=16, train_fraction=0.7, eval_batches=None)
+  p = pipeline(cfg, workdir=tmp_path, data_dir=data_dir, batch=6)
+  val = p.tokenizer.encode(SMALL_TEXT[int(len(SMALL_TEXT) * 0.7):])
+  batches = list(p.eval_batches())
+  valid = np.concatenate([b["valid"] for b in batches]).astype(bool)
+  inputs = np.concatenate([b["inputs"] for b in batches])[valid]
+  targets = np.concatenate([b["targets"] for b in batches])[valid]
+  count = (len(val) - 17) // 16 + 1
+  assert len(inputs) == count and not valid[count:].any()
+  np.testing.assert_array_equal(inputs.reshape(-1), val[:count * 16])
+  np.testing.assert_array_equal(targets.reshape(-1), val[1:count * 16 + 1])
+
+
+def test_packed_lm_pipeline_batches_cache_and_processes(tmp_path, data_dir, small_file,
+                                                        monkeypatch):
+  cfg = data_config(small_file, tokenizer="spm:bpe:400", seq_len=24, packing="packed",
+                    train_fraction=0.7, eval_batches=None)
+  p = pipeline(cfg, workdir=tmp_path, data_dir=data_dir)
+  tok, row_len = p.tokenizer, 25
+  train_text = SMALL_TEXT[:int(len(SMALL_TEXT) * 0.7)]
+  docs = [tok.encode(t) for t in text_builder.text_records(train_text)]
+  expected = packing.pack_documents(docs, row_len)
+  records = p.records["train"]
+  assert len(records) == len(expected["tokens"])
+  for i in range(len(records)):                        # the cached rows, in order
+    seg = expected["segment_ids"][i]
+    want = {"inputs": expected["tokens"][i, :-1], "targets": expected["tokens"][i, 1:],
+            "segment_ids": seg[:-1], "positions": expected["positions"][i, :-1],
+            "weights": (seg[1:] == seg[:-1]) & (seg[1:] > 0)}
+    assert records[i].keys() == want.keys()
+    for key, value in want.items():
+      np.testing.assert_array_equal(records[i][key], value)
+  steps = len(records) // 4                            # one epoch: every row once, shuffled
+  batches = [p.train_batch(s) for s in range(steps)]
+  assert {k: v.shape for k, v in batches[0].items()} == {k: (4, 24) for k in want}
+  assert batches[0]["weights"].dtype == np.float32 and batches[0]["inputs"].dtype == np.int32
+  seen = np.concatenate([b["inputs"] for b in batches])
+  rows = np.stack([records[i]["inputs"] for i in range(len(records))])
+  assert not np.array_equal(seen, rows[:len(seen)])
+  assert len(np.unique(np.concatenate([seen, rows]), axis=0)) == len(np.unique(rows, axis=0))
+  evals = list(p.eval_batches())
+  assert sum(b["valid"].sum() for b in evals) == len(p.records["validation"])
+
+  monkeypatch.setattr(packing, "pack_documents", lambda *a: pytest.fail("re-packed"))
+  halves = [pipeline(cfg, workdir=tmp_path, data_dir=data_dir, process_index=k,
+                     process_count=2).train_batch(9) for k in (0, 1)]
+  for key, value in p.train_batch(9).items():
+    np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), value)
+
+
+def test_catalog_source_packs_documents_by_default(tmp_path, data_dir, small_file):
+  built = text_builder.build_local_text(small_file, train_fraction=0.7, data_dir=data_dir)
+  source = f"tfds:local_text/{built.builder_config.name}:1.0.0"
+  p = pipeline(data_config(source, tokenizer="spm:unigram:400", seq_len=32, text_key="text"),
+               workdir=tmp_path, data_dir=data_dir)
+  assert isinstance(p, text.LMPackedPipeline) and p.info == {"vocab_size": 400}
+  batch = p.train_batch(0)
+  assert batch["weights"].sum() > 0 and (batch["segment_ids"] > 0).any()
+
+
+def test_mlm_masking_statistics_determinism_and_processes(tmp_path, data_dir, small_file):
+  cfg = data_config("tinyshakespeare", seq_len=128, mask_rate=0.15, eval_batches=2)
+  p = pipeline(cfg, "mlm", workdir=tmp_path, data_dir=data_dir, batch=64)
+  assert p.task == "mlm" and p.info == {"vocab_size": 66} and p.mask_id == 65
+  batch = p.train_batch(4)
+  selected = batch["weights"] == 1
+  assert 0.13 < selected.mean() < 0.17
+  masked = selected & (batch["inputs"] == 65)
+  kept = selected & (batch["inputs"] == batch["targets"])
+  assert 0.76 < masked.sum() / selected.sum() < 0.84
+  assert 0.07 < kept.sum() / selected.sum() < 0.13
+  np.testing.assert_array_equal(batch["inputs"][~selected], batch["targets"][~selected])
+  assert batch["inputs"].max() <= 65 and batch["weights"].dtype == np.float32
+  windows = text.stream_windows(p.streams["train"], seed=3, split_id=0, step=4,
+                                batch_size=64, length=128)
+  np.testing.assert_array_equal(batch["targets"], windows)
+  halves = [pipeline(cfg, "mlm", workdir=tmp_path, data_dir=data_dir, batch=64,
+                     process_index=k, process_count=2).train_batch(4) for k in range(2)]
+  for key in batch:
+    np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), batch[key])
+  first, again = list(p.eval_batches()), list(p.eval_batches())
+  assert len(first) == 2 and not np.array_equal(first[0]["inputs"], first[1]["inputs"])
+  np.testing.assert_array_equal(first[1]["inputs"], again[1]["inputs"])
+  rare = pipeline(data_config(small_file, seq_len=8, mask_rate=1e-9), "mlm",
+                  workdir=tmp_path / "rare", data_dir=data_dir, batch=16).train_batch(0)
+  np.testing.assert_array_equal(rare["weights"].sum(1), np.ones(16))     # at least one
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("seq_len", 4096, "data.seq_len=4096 is longer than the validation split"),
+    ("seq_len", 0, "data.seq_len=0 must be"),
+    ("packing", "ragged", "data.packing='ragged'"),
+    ("eval_batches", 0, "data.eval_batches=0"),
+    ("mask_rate", 0.0, "data.mask_rate=0.0"),
+    ("tokenizer", None, "data.tokenizer is not set")])
+def test_bad_data_configs_name_the_field(tmp_path, data_dir, small_file, field, value, match):
+  cfg = data_config(small_file, train_fraction=0.7)
+  cfg[field] = value
+  with pytest.raises(ValueError, match=match):
+    pipeline(cfg, "mlm" if field == "mask_rate" else "lm", workdir=tmp_path, data_dir=data_dir)
+
+
+def test_batch_size_arguments_are_checked(tmp_path, data_dir, small_file):
+  cfg = data_config(small_file, train_fraction=0.7)
+  with pytest.raises(ValueError, match="eval_batch_size=3"):
+    text.make_text_pipeline(cfg, seed=0, global_batch_size=4, eval_batch_size=3,
+                            process_count=2, workdir=str(tmp_path), data_dir=data_dir)
+  with pytest.raises(ValueError, match="task='seq2seq'"):
+    text.make_text_pipeline(cfg, "seq2seq", seed=0, global_batch_size=4, eval_batch_size=4,
+                            workdir=str(tmp_path), data_dir=data_dir)

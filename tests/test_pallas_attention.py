@@ -1,0 +1,232 @@
+"""Pallas flash attention (CPU interpret mode) against the float64 NumPy reference."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxformer.ops.attention import dot_product_attention
+from jaxformer.ops.pallas import attention as pallas_ops
+from tests import attention_reference as ref
+
+BLOCK = 16
+
+
+def make_inputs(b=2, tq=33, tk=33, h=4, hkv=2, d=8, seed=0):
+  rng = np.random.default_rng(seed)
+  q = rng.normal(size=(b, tq, h, d)).astype(np.float32)
+  k = rng.normal(size=(b, tk, hkv, d)).astype(np.float32)
+  v = rng.normal(size=(b, tk, hkv, d)).astype(np.float32)
+  d_out = rng.normal(size=(b, tq, h, d)).astype(np.float32)
+  return q, k, v, d_out
+
+
+def segments(b, t, seed=1):
+  return np.sort(np.random.default_rng(seed).integers(0, 3, size=(b, t)), axis=1).astype(np.int32)
+
+
+def alibi_bias(h, tq, tk):
+  """[1, H, Tq, Tk] ALiBi: -slope_h * distance to the key (queries are the last Tq positions)."""
+  slopes = 2.0 ** (-8.0 * np.arange(1, h + 1) / h)
+  dist = (np.arange(tq)[:, None] + tk - tq) - np.arange(tk)[None, :]
+  return (-slopes[:, None, None] * np.abs(dist))[None].astype(np.float32)
+
+
+def cases():
+  b, t = 2, 33
+  rng = np.random.default_rng(2)
+  mask = rng.random((b, 1, t, t)) > 0.4
+  mask[:, :, 5] = False                     # query row 5 sees nothing
+  return {
+      "causal_gqa2_d12": (dict(d=12), dict(causal=True)),
+      "decode_mqa8_window": (dict(tq=7, h=8, hkv=1, d=16), dict(causal=True, window=(9, None))),
+      "tq_one_mha": (dict(tq=1, h=2, hkv=2), {}),
+      "segments_alibi_causal": ({}, dict(segment_ids=segments(b, t), causal=True,
+                                         bias=alibi_bias(4, t, t))),
+      "everything_empty_rows": ({}, dict(
+          bias=rng.normal(size=(b, 4, t, t)).astype(np.float32), mask=mask, causal=True,
+          window=(7, None), segment_ids=segments(b, t), scale=0.3)),
+      "cross_segments_all_empty": (dict(tq=7), dict(
+          segment_ids=(np.full((b, 7), 9, np.int32), segments(b, t)))),
+  }
+
+
+CASES = cases()
+
+
+def _ref_kwargs(kw):
+  out = {key: val for key, val in kw.items() if key not in ("bias", "segment_ids")}
+  seg = kw.get("segment_ids")
+  if seg is not None:
+    out["q_seg"], out["kv_seg"] = seg if isinstance(seg, tuple) else (seg, seg)
+  return out
+
+
+def _pallas(q, k, v, *, bias=None, mask=None, segment_ids=None, causal=False, window=None,
+            scale=None, **block_kw):
+  """`pallas_attention` with `dot_product_attention`'s argument conventions."""
+  q_seg = kv_seg = segment_ids
+  if isinstance(segment_ids, tuple):
+    q_seg, kv_seg = segment_ids
+  return pallas_ops.pallas_attention(
+      q, k, v, bias=bias, mask=mask, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
+      causal=causal, window=window,
+      scale=1 / np.sqrt(q.shape[-1]) if scale is None else scale, **block_kw)
+
+
+def _grad_fn(kw, attention):
+  """jit(grad) of sum(attention(q, k, v, **kw) * d_out) w.r.t. q, k, v (and bias if given)."""
+  kw = dict(kw)
+  bias = kw.pop("bias", None)
+
+  def loss(q, k, v, bias, d_out):
+    out = attention(q, k, v, **kw, **({} if bias is None else dict(bias=bias)))
+    return jnp.sum(out * d_out), out
+
+  argnums = (0, 1, 2) + ((3,) if bias is not None else ())
+  grad = jax.jit(jax.grad(loss, argnums=argnums, has_aux=True))
+  return lambda q, k, v, d_out: grad(q, k, v, bias, d_out)
+
+
+def _with_impl(impl):
+  return lambda *args, **kw: dot_product_attention(*args, impl=impl, **kw)
+
+
+def _with_blocks(block_q, block_k):
+  return lambda *args, **kw: _pallas(*args, block_q=block_q, block_k=block_k, **kw)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_values_and_grads_match_float64_reference(name):
+  shape_kw, kw = CASES[name]
+  q, k, v, d_out = make_inputs(**shape_kw)
+  bias = kw.get("bias")
+  expected, _ = ref.attention(q, k, v, bias=bias, **_ref_kwargs(kw))
+  dq, dk, dv, ds = ref.attention_grads(q, k, v, d_out, bias=bias, **_ref_kwargs(kw))
+
+  grads, out = _grad_fn(kw, _with_blocks(BLOCK, BLOCK))(q, k, v, d_out)
+  chex.assert_shape(out, q.shape)
+  chex.assert_tree_all_finite(grads)
+  np.testing.assert_allclose(out, expected, atol=2e-5, rtol=1e-5)
+  for got, want in zip(grads[:3], (dq, dk, dv)):
+    np.testing.assert_allclose(got, want, atol=5e-5, rtol=1e-4)
+  if bias is not None:   # the cotangent of a broadcast bias is summed over broadcast dims
+    want = ds.sum(axis=tuple(i for i, n in enumerate(bias.shape) if n == 1), keepdims=True)
+    np.testing.assert_allclose(grads[3], want, atol=5e-5, rtol=1e-4)
+  visible = ref.visible_mask(q.shape[0], q.shape[2], q.shape[1], k.shape[1],
+                             **{key: val for key, val in _ref_kwargs(kw).items()
+                                if key != "scale"})
+  empty_rows = ~visible.any(-1)                 # [B, H, Tq]
+  if empty_rows.any():
+    np.testing.assert_array_equal(np.moveaxis(np.asarray(out), 2, 1)[empty_rows], 0)
+    np.testing.assert_array_equal(np.moveaxis(np.asarray(grads[0]), 2, 1)[empty_rows], 0)
+
+
+def test_dot_product_attention_pallas_equals_xla_under_jit_grad():
+  """Default block sizes, two-sided window, segments, MQA (ratio 8)."""
+  q, k, v, d_out = make_inputs(b=1, tq=21, tk=21, h=8, hkv=1, d=16, seed=3)
+  kw = dict(causal=True, window=(6, 2), segment_ids=segments(1, 21))
+  got = _grad_fn(kw, _with_impl("pallas"))(q, k, v, d_out)
+  want = _grad_fn(kw, _with_impl("xla"))(q, k, v, d_out)
+  chex.assert_trees_all_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+def test_bfloat16_forward_within_bf16_tolerance():
+  q, k, v, _ = make_inputs(b=1, tq=33, tk=33, h=4, hkv=2, d=16)
+  want, _ = ref.attention(q, k, v, causal=True)
+  out = pallas_ops.pallas_attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)),
+                                    causal=True, scale=0.25, block_q=BLOCK, block_k=BLOCK)
+  assert out.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=3e-2, rtol=3e-2)
+
+
+def test_skipped_key_blocks_are_never_read():
+  """Keys outside every query's window hold NaN: the kernels must not load them (blocked,
+  which computes every block, turns them into NaN), while visible blocks stay exact."""
+  q, k, v, d_out = make_inputs(b=1, tq=8, tk=64, h=2, hkv=1, d=8)
+  kw = dict(causal=True, window=(10, None))    # queries at 56..63 see keys >= 46 only
+  k[:, :32], v[:, :32] = np.nan, np.nan       # key blocks 0 and 1 (block 16) are invisible
+  blocked = dot_product_attention(q, k, v, impl="blocked", **kw)
+  assert np.isnan(np.asarray(blocked)).all(), "poisoning must be able to fail this test"
+  grads, out = _grad_fn(kw, _with_blocks(BLOCK, BLOCK))(q, k, v, d_out)
+  want, _ = ref.attention(q, np.nan_to_num(k), np.nan_to_num(v), **kw)
+  np.testing.assert_allclose(out, want, atol=2e-5, rtol=1e-5)
+  chex.assert_tree_all_finite(grads[0])
+  np.testing.assert_array_equal(grads[1][:, :32], 0)   # no query reached those keys
+  np.testing.assert_array_equal(grads[2][:, :32], 0)
+
+
+BOUND_CASES = [  # (tq, tk, block_q, block_k, causal, window)
+    (33, 33, 16, 16, True, None), (33, 33, 8, 16, False, (5, 3)), (7, 40, 4, 8, True, (9, None)),
+    (40, 7, 8, 4, True, None), (37, 29, 16, 4, False, (None, 2)), (50, 50, 8, 8, True, (0, 0)),
+    (64, 64, 16, 16, False, (3, 20)), (17, 17, 32, 32, False, None), (9, 23, 4, 8, True, (2, 40)),
+]
+
+
+def _block_visibility(tq, tk, bq, bk, causal, window):
+  """For each (q block, k block): (any entry visible, all entries visible and real)."""
+  nq, nk = -(-tq // bq), -(-tk // bk)
+  # positions as in the kernel: padded rows continue the sequence, padded keys are invisible
+  qp = np.arange(nq * bq)[:, None] + (tk - tq)
+  kp = np.arange(nk * bk)[None, :]
+  vis = np.ones((nq * bq, nk * bk), bool)
+  left, right = window if window is not None else (None, None)
+  if causal:
+    vis &= kp <= qp
+  if left is not None:
+    vis &= kp >= qp - left
+  if right is not None:
+    vis &= kp <= qp + right
+  vis &= kp < tk
+  tiles = vis.reshape(nq, bq, nk, bk)
+  real_rows = (np.arange(nq * bq) < tq).reshape(nq, bq)
+  any_visible = (tiles & real_rows[:, :, None, None]).any(axis=(1, 3))
+  return any_visible, tiles.all(axis=(1, 3))
+
+
+def _as_set(bounds, index):
+  lo, mid_lo, mid_hi, hi = (int(np.asarray(x)[index]) for x in bounds)
+  assert lo <= mid_lo <= mid_hi <= hi
+  return set(range(lo, hi)), set(range(mid_lo, mid_hi))
+
+
+@pytest.mark.parametrize("tq, tk, bq, bk, causal, window", BOUND_CASES)
+def test_loop_bounds_visit_exactly_the_visible_blocks(tq, tk, bq, bk, causal, window):
+  any_visible, all_visible = _block_visibility(tq, tk, bq, bk, causal, window)
+  nq, nk = any_visible.shape
+  kw = dict(tq=tq, tk=tk, block_q=bq, block_k=bk, causal=causal, window=window)
+  by_query = pallas_ops.key_block_bounds(np.arange(nq), **kw)
+  for i in range(nq):
+    visited, unmasked = _as_set(by_query, i)
+    assert visited == set(np.flatnonzero(any_visible[i])), (i, visited)
+    assert unmasked == set(np.flatnonzero(all_visible[i])) & visited, (i, unmasked)
+  by_key = pallas_ops.query_block_bounds(np.arange(nk), **kw)
+  for j in range(nk):
+    visited, unmasked = _as_set(by_key, j)
+    assert visited == set(np.flatnonzero(any_visible[:, j])), (j, visited)
+    assert unmasked == set(np.flatnonzero(all_visible[:, j])) & visited, (j, unmasked)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(block_q=48), "block_q=48 must be a power of two"),
+    (dict(block_k=0), "block_k=0"),
+    (dict(interpret=False), "interpret=False needs a GPU or TPU"),
+    (dict(interpret="yes"), "interpret must be a bool"),
+])
+def test_bad_kernel_arguments_raise_value_error(kwargs, match):
+  if "interpret" in kwargs and jax.default_backend() != "cpu":
+    pytest.skip("interpret=False is valid on accelerators")
+  q, k, v, _ = make_inputs(b=1, tq=8, tk=8, h=2, hkv=1, d=8)
+  with pytest.raises(ValueError, match=match):
+    pallas_ops.pallas_attention(q, k, v, scale=0.3, **kwargs)
+
+
+def test_default_block_sizes_per_backend():
+  assert pallas_ops.default_block_sizes(64, "gpu") == (128, 64)
+  assert pallas_ops.default_block_sizes(256, "gpu") == (32, 32)
+  assert pallas_ops.default_block_sizes(128, "tpu") == (128, 128)
+  for d in (64, 128, 256):
+    assert all(b & (b - 1) == 0 for b in pallas_ops.default_block_sizes(d, "gpu"))
