@@ -181,17 +181,16 @@ def test_kv_cache_overflow_raises():
     dec.apply(variables, jnp.zeros((1, 5, E)), mutable=["cache"])
 
 
-def test_sow_weights_returns_probabilities():
-  module = MultiHeadAttention(num_heads=4, causal=True, sow_weights=True)
+def test_mutable_attention_weights_collection_returns_probabilities():
+  module = MultiHeadAttention(num_heads=4, causal=True)
   x = rand(B, T, E)
   variables = init(module, x)
-  out, state = module.apply(variables, x, mutable=["intermediates"])
-  (w,) = state["intermediates"]["attention_weights"]
+  out, state = module.apply(variables, x, mutable=["attention_weights"])
+  (w,) = state["attention_weights"]["weights"]
   chex.assert_shape(w, (B, 4, T, T))
   np.testing.assert_allclose(w.sum(-1), 1, atol=1e-5)
   np.testing.assert_array_equal(np.triu(np.asarray(w), 1), 0)
-  np.testing.assert_allclose(out, MultiHeadAttention(num_heads=4, causal=True).apply(variables, x),
-                             atol=1e-5)
+  np.testing.assert_allclose(out, module.apply(variables, x), atol=1e-5)
 
 
 def test_attention_dropout_uses_rng_and_is_off_when_deterministic():

@@ -168,3 +168,15 @@ def test_seq2seq_synthetic_trains_with_sequence_accuracy(tmp_path):
   losses = [r["loss"] for r in read(str(tmp_path / "s2s" / "metrics.jsonl")) if "loss" in r]
   assert losses[-1] < losses[0] - 0.3
   assert 0.0 <= last["eval_sequence_accuracy"] <= last["eval_accuracy"] <= 1.0
+
+
+def test_moe_gpt_logs_router_metrics_and_aux_loss(tmp_path):
+  import configs.moe_gpt as mg
+  cfg = mg.get_config("tiny")
+  cfg.train.update(steps=6, log_every=3, eval_every=6, sample_tokens=0)
+  cfg.data.eval_batches = 1
+  loop.train(cfg, str(tmp_path / "moe"))
+  record = [r for r in read(str(tmp_path / "moe" / "metrics.jsonl")) if "loss" in r][-1]
+  assert len(record["moe_expert_load"]) == 4
+  np.testing.assert_allclose(sum(record["moe_expert_load"]), 1.0, rtol=1e-5)
+  assert 0.0 <= record["moe_dropped_fraction"] < 1.0 and record["moe_load_balance_loss"] >= 1.0

@@ -836,6 +836,13 @@ def save(model_config, params, out_dir: str | os.PathLike) -> str:
   save_file = _safetensors().numpy.save_file
   cfg = _config_dict(model_config)
   family = cfg["family"]
+  if cfg.get("num_experts") and (cfg.get("moe_dispatch", "dropless") != "dropless"
+                                 or not cfg.get("moe_renormalize", True)
+                                 or not cfg.get("moe_gated", True)):
+    raise ValueError("hf.save writes Mixtral checkpoints, whose routing is dropless top-k "
+                     "with renormalised gates and SwiGLU experts; this model has "
+                     f"moe_dispatch={cfg.get('moe_dispatch')!r}, moe_renormalize="
+                     f"{cfg.get('moe_renormalize')}, moe_gated={cfg.get('moe_gated')}")
   arch, hc, flags = _TO_HF[family](cfg)
   kind = ARCHITECTURES[arch][1]
   expected = _expected_shapes(cfg)

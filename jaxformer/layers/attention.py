@@ -18,6 +18,8 @@ from jaxformer.ops.attention import (IMPLS, attend, dot_product_attention,
 POSITIONS = ("none", "rope", "alibi")
 
 
+WEIGHTS_COLLECTION = "attention_weights"   # mutable -> every layer sows its probabilities
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention over [B, T, E] inputs.
 
@@ -30,8 +32,9 @@ class MultiHeadAttention(nn.Module):
   prompt (prefill) and with one token at a time appends to the cache and gives the outputs a
   full causal forward pass would give.
 
-  Attention weights: `sow_weights=True` stores the [B, H, Tq, Tk] probabilities in the
-  "intermediates" collection (computed by the xla path). Attention dropout also needs the
+  Attention weights: applying with `mutable=["attention_weights"]` stores the [B, H, Tq, Tk]
+  probabilities of every attention layer in that collection (computed by the xla path), so
+  any model can be inspected without a config switch. Attention dropout also needs the
   probabilities, so it runs on the xla path while training.
   """
   num_heads: int
@@ -47,7 +50,6 @@ class MultiHeadAttention(nn.Module):
   dropout_rate: float = 0.0           # on the attention probabilities
   impl: str = "auto"
   decode: bool = False
-  sow_weights: bool = False
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   kernel_init: Callable = default_kernel_init   # (in_axis, out_axis) -> initializer
@@ -129,10 +131,11 @@ class MultiHeadAttention(nn.Module):
 
     attn = dict(bias=bias, mask=mask, causal=causal, window=window, segment_ids=segment_ids)
     use_dropout = self.dropout_rate > 0 and not deterministic
-    if self.sow_weights or use_dropout:
+    record = self.is_mutable_collection(WEIGHTS_COLLECTION) and not self.is_initializing()
+    if record or use_dropout:
       weights = dot_product_attention_weights(q, k, **attn)
-      if self.sow_weights:
-        self.sow("intermediates", "attention_weights", weights)
+      if record:
+        self.sow(WEIGHTS_COLLECTION, "weights", weights)
       weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
       out = attend(weights, v).astype(self.dtype)
     else:

@@ -32,6 +32,11 @@ class TransformerBlock(nn.Module):
   ffn: str = "mlp"                    # a key of FFNS
   num_experts: int = 0                # ffn="moe": experts and top-k
   experts_per_token: int = 2
+  moe_dispatch: str = "dropless"      # ffn="moe": see layers/moe.py for these five
+  moe_capacity_factor: float = 1.25
+  moe_router_jitter: float = 0.0
+  moe_renormalize: bool = True
+  moe_gated: bool = True
   activation: str | None = None       # None: the FFN's default (gelu for mlp, silu for swiglu)
   use_bias: bool = True               # attention output, FFN and norm biases
   qkv_bias: bool = False
@@ -66,7 +71,10 @@ class TransformerBlock(nn.Module):
       raise ValueError(f"ffn={self.ffn!r} is not one of {sorted(FFNS)}")
     kwargs = {} if self.activation is None else {"activation": self.activation}
     if self.ffn == "moe":
-      kwargs.update(num_experts=self.num_experts, experts_per_token=self.experts_per_token)
+      kwargs.update(num_experts=self.num_experts, experts_per_token=self.experts_per_token,
+                    dispatch=self.moe_dispatch, capacity_factor=self.moe_capacity_factor,
+                    router_jitter=self.moe_router_jitter, renormalize=self.moe_renormalize,
+                    gated=self.moe_gated)
     return FFNS[self.ffn](hidden_dim=self.mlp_dim, use_bias=self.use_bias, dtype=self.dtype,
                           param_dtype=self.param_dtype, name="ffn", **kwargs)
 

@@ -1,29 +1,279 @@
-"""Mixture-of-experts FFN: softmax router, top-k experts, dropless grouped matmuls.
+"""Mixture-of-experts FFN: softmax router, top-k experts, two dispatch modes, aux losses,
+expert parallelism.
 
-Tokens are sorted by their assigned expert and the experts run as one grouped matmul
-(`jax.lax.ragged_dot`), so no token is dropped and no [tokens, experts, capacity] dispatch
-tensor is built. The top-k router weights are renormalised to sum to 1 (Mixtral).
+Why two dispatch modes:
+- "dropless" (Mixtral, MegaBlocks): every assignment is computed. Assignments are grouped by
+  expert and run as one grouped matmul: `jax.lax.ragged_dot` on GPU/TPU (native kernels);
+  on CPU, where XLA lowers ragged_dot to one masked dense matmul per expert (E x the FLOPs),
+  each expert's rows are padded to a multiple of a block and the blocks run as one batched
+  matmul (at most E * (block - 1) padding rows).
+- "capacity" (GShard, Switch): each expert takes at most C tokens per sequence, static shapes,
+  one-hot dispatch/combine einsums; tokens over capacity get zero expert output and pass through
+  the block's residual. C = min(T, ceil(capacity_factor * T * k / E)) for a sequence of T tokens
+  (rounded up; never more than T since a token picks an expert at most once). Priority: the
+  top-1 choices of all tokens of the sequence first (in token order), then the top-2 choices, ...
+  Routing groups are sequences, so sharding the batch never changes which tokens are dropped.
+
+Router: float32 linear -> softmax -> top-k; `router_jitter` multiplies the router input by
+U(1 - eps, 1 + eps) during training (Switch), drawn from the 'dropout' rng stream (which the
+train step already passes and `nn.scan` already splits per layer); `renormalize` rescales the
+top-k probabilities to sum to 1 (Mixtral True, Switch False).
+
+Aux losses / metrics are sown per layer into the "intermediates" collection (the one that
+`BlockStack`'s `nn.scan` stacks over layers) under names starting with "moe_"; `collect_moe`
+turns them into the training loss term and logged metrics:
+- load balance (Switch): E * sum_i f_i * P_i, f_i = fraction of all N*k assignments that chose
+  expert i (before capacity dropping), P_i = mean router probability of expert i; 1 if uniform.
+- router z-loss (ST-MoE): mean over tokens of logsumexp(router logits)^2.
+- expert load f_i [E] and the fraction of assignments dropped (0 for dropless).
+
+Expert parallelism: when the current mesh (`jax.set_mesh`) has an 'expert' axis of size S > 1,
+the expert weights are split over it and the expert computation runs in `jax.shard_map` with
+tokens split over ('data', 'expert') on the batch dim: each device routes its own tokens and
+exchanges them with `jax.lax.all_to_all`. Capacity mode sends [E, G_local * C, d] buffers.
+Dropless mode sends a fixed buffer of all n*k local assignments to every expert shard (the
+static worst case: every assignment may go to one shard), so its exchange buffers and the
+expert activations on each device are S x those of the unsharded layer; nothing is dropped.
+Routing and aux losses are computed outside the shard_map, so they equal the unsharded values.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from jaxformer.layers.dense import default_kernel_init, dense
 from jaxformer.layers.mlp import activation_fn
 
+DISPATCHES = ("dropless", "capacity")
+GROUPED_MATMULS = ("auto", "ragged", "blocked")
+MOE_COLLECTION = "intermediates"
+# Sown metric name -> number of trailing (per-layer) dims.
+MOE_METRICS = {"moe_load_balance_loss": 0, "moe_z_loss": 0, "moe_dropped_fraction": 0,
+               "moe_expert_load": 1}
+TOKEN_MESH_AXES = ("data", "expert")
+CPU_BLOCK_ROWS = 128               # max rows per block of the CPU grouped matmul
+
+
+def validate_moe(*, num_experts: int, experts_per_token: int, dispatch: str,
+                 capacity_factor: float, router_jitter: float, field: Callable[[str], str]):
+  """Raise ValueError naming `field(name)` (e.g. 'model.moe_dispatch') for a bad setting."""
+  if not 0 < experts_per_token <= num_experts:
+    raise ValueError(f"{field('experts_per_token')}={experts_per_token} must be in "
+                     f"[1, {field('num_experts')}={num_experts}]: lower the top-k or add "
+                     "experts")
+  if dispatch not in DISPATCHES:
+    raise ValueError(f"{field('dispatch')}={dispatch!r} is not one of {sorted(DISPATCHES)}")
+  if not capacity_factor > 0:
+    raise ValueError(f"{field('capacity_factor')}={capacity_factor} must be > 0 "
+                     "(1.0-2.0 is usual; dropless dispatch ignores it)")
+  if not 0 <= router_jitter < 1:
+    raise ValueError(f"{field('router_jitter')}={router_jitter} must be in [0, 1) "
+                     "(Switch uses 0.01; 0 turns it off)")
+
+
+def expert_capacity(tokens_per_group: int, num_experts: int, experts_per_token: int,
+                    capacity_factor: float) -> int:
+  """Slots per expert and sequence: min(T, ceil(capacity_factor * T * k / E))."""
+  slots = math.ceil(capacity_factor * tokens_per_group * experts_per_token / num_experts)
+  return min(tokens_per_group, slots)
+
+
+def route(logits, experts_per_token: int, renormalize: bool):
+  """float32 logits [..., E] -> (probs [..., E], gates [..., k], experts [..., k] int32)."""
+  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  gates, experts = jax.lax.top_k(probs, experts_per_token)
+  if renormalize:
+    gates = gates / gates.sum(-1, keepdims=True)
+  return probs, gates, experts.astype(jnp.int32)
+
+
+def capacity_positions(experts, num_experts: int):
+  """experts [G, T, k] -> each assignment's slot in its expert [G, T, k]: top-1 choices of
+  the whole sequence first (token order), then top-2, ..."""
+  g, t, k = experts.shape
+  onehot = jax.nn.one_hot(experts.transpose(0, 2, 1).reshape(g, k * t), num_experts,
+                          dtype=jnp.int32)                              # [G, k*T, E]
+  slots = jnp.sum((jnp.cumsum(onehot, axis=1) - 1) * onehot, axis=-1)   # [G, k*T]
+  return slots.reshape(g, k, t).transpose(0, 2, 1)
+
+
+def load_balance_loss(probs, experts):
+  """Switch load-balancing loss E * sum_i f_i P_i from probs [N, E], experts [N, k]."""
+  num_experts = probs.shape[-1]
+  return num_experts * jnp.sum(expert_load(experts, num_experts) * probs.mean(0))
+
+
+def expert_load(experts, num_experts: int):
+  """Fraction of all assignments [N, k] that chose each expert -> [E] (sums to 1)."""
+  counts = jnp.bincount(experts.reshape(-1), length=num_experts)
+  return counts.astype(jnp.float32) / experts.size
+
+
+def router_z_loss(logits):
+  """Mean over tokens of logsumexp(logits)^2 (ST-MoE)."""
+  return jnp.mean(jnp.square(jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)))
+
+
+def collect_moe(mutated: Any, *, load_balance_weight: float, z_loss_weight: float):
+  """(aux_loss, metrics) from the collections `apply(..., mutable=[MOE_COLLECTION])` returned.
+
+  Each metric is averaged over every MoE layer (unscanned layers and `nn.scan`-stacked ones);
+  aux_loss = load_balance_weight * mean load-balance loss + z_loss_weight * mean z-loss.
+  A model without MoE layers gives (0.0, {}).
+  """
+  found: dict[str, list] = {name: [] for name in MOE_METRICS}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(mutated)[0]:
+    name = next((k.key for k in path if getattr(k, "key", None) in MOE_METRICS), None)
+    if name is not None:
+      ndim = MOE_METRICS[name]
+      found[name].append(jnp.reshape(leaf, (-1,) + leaf.shape[leaf.ndim - ndim:]))
+  metrics = {name: jnp.concatenate(v).mean(0) for name, v in found.items() if v}
+  if not metrics:
+    return jnp.zeros((), jnp.float32), {}
+  aux = (load_balance_weight * metrics["moe_load_balance_loss"]
+         + z_loss_weight * metrics["moe_z_loss"])
+  return aux, metrics
+
+
+def expert_ffn(xs, weights: dict, act: Callable, matmul: Callable):
+  """The expert MLP on grouped rows: gated (wi_gate, wi_up) or not (wi), then wo."""
+  if "wi_gate" in weights:
+    h = act(matmul(xs, weights["wi_gate"])) * matmul(xs, weights["wi_up"])
+  else:
+    h = act(matmul(xs, weights["wi"]))
+  return matmul(h, weights["wo"])
+
+
+def _block_rows(rows: int, num_groups: int) -> int:
+  """Block size of the CPU grouped matmul: ~rows per group, a multiple of 8, at most 128."""
+  return int(min(CPU_BLOCK_ROWS, max(8, -(-rows // num_groups // 8) * 8)))
+
+
+def grouped_experts(rows, group_ids, weights: dict, act: Callable, impl: str):
+  """Run each row [R, d] through expert `group_ids[r]` of the stacked weights [G, ...];
+  rows with id == G (padding) give zeros. impl: "ragged" (ragged_dot) or "blocked"."""
+  num_groups = next(iter(weights.values())).shape[0]
+  order = jnp.argsort(group_ids, stable=True)
+  sorted_ids = group_ids[order]
+  sizes = jnp.bincount(group_ids, length=num_groups).astype(jnp.int32)
+  if impl == "ragged":
+    ys = expert_ffn(rows[order], weights, act,
+                    lambda a, w: jax.lax.ragged_dot(a, w, sizes))
+  else:
+    ys = _blocked_experts(rows[order], sorted_ids, sizes, weights, act)
+  ys = jnp.where((sorted_ids < num_groups)[:, None], ys, 0)
+  return jnp.zeros_like(ys).at[order].set(ys)
+
+
+def _blocked_experts(rows, sorted_ids, sizes, weights: dict, act: Callable):
+  """Rows sorted by group -> each group padded to whole blocks -> one batched matmul."""
+  num_rows, num_groups = rows.shape[0], sizes.shape[0]
+  block = _block_rows(num_rows, num_groups)
+  num_blocks = -(-(num_rows + num_groups * (block - 1)) // block)
+  padded = -(-sizes // block) * block
+  padded_start = jnp.cumsum(padded) - padded
+  ids = jnp.minimum(sorted_ids, num_groups - 1)
+  rank = jnp.arange(num_rows) - (jnp.cumsum(sizes) - sizes)[ids]
+  dest = jnp.where(sorted_ids < num_groups, padded_start[ids] + rank, num_blocks * block)
+  xs = jnp.zeros((num_blocks * block, rows.shape[1]), rows.dtype).at[dest].set(
+      rows, mode="drop").reshape(num_blocks, block, -1)
+  block_group = jnp.minimum(jnp.searchsorted(jnp.cumsum(padded), jnp.arange(num_blocks) * block,
+                                             side="right"), num_groups - 1)
+  matmul = lambda a, w: jnp.einsum("nbd,ndh->nbh", a, w[block_group])
+  ys = expert_ffn(xs, weights, act, matmul).reshape(num_blocks * block, -1)
+  return ys.at[dest].get(mode="fill", fill_value=0)
+
+
+def _exchange(x, axis: str | None):
+  """all_to_all over `axis` of x [S, ...]: x[s] goes to shard s; the result's [s] came from
+  shard s. Identity without an expert axis."""
+  if axis is None:
+    return x
+  return jax.lax.all_to_all(x, axis, 0, 0, tiled=True)
+
+
+def capacity_dispatch(x, experts, gates, slots, weights: dict, *, num_experts: int,
+                      capacity: int, act: Callable, axis: str | None):
+  """GShard dispatch on one device's sequences: x [G, T, d], experts/gates/slots [G, T, k];
+  weights hold this device's E / S experts. Returns float32 [G, T, d]."""
+  g, _, d = x.shape
+  shards = num_experts // next(iter(weights.values())).shape[0]
+  onehot_expert = jax.nn.one_hot(experts, num_experts, dtype=x.dtype)      # [G, T, k, E]
+  onehot_slot = jax.nn.one_hot(slots, capacity, dtype=x.dtype)             # 0 when dropped
+  dispatch = jnp.einsum("gtke,gtkc->gtec", onehot_expert, onehot_slot)
+  combine = jnp.einsum("gtke,gtkc,gtk->gtec", onehot_expert.astype(jnp.float32),
+                       onehot_slot.astype(jnp.float32), gates)
+  xe = jnp.einsum("gtec,gtd->egcd", dispatch, x).reshape(shards, -1, g * capacity, d)
+  xe = _exchange(xe, axis)                                  # [S (source), E / S, G * C, d]
+  local = xe.transpose(1, 0, 2, 3).reshape(xe.shape[1], -1, d)
+  ye = expert_ffn(local, weights, act, lambda a, w: jnp.einsum("erd,edh->erh", a, w))
+  ye = _exchange(ye.reshape(xe.shape[1], shards, -1, d).transpose(1, 0, 2, 3), axis)
+  ye = ye.reshape(num_experts, g, capacity, d).astype(jnp.float32)
+  return jnp.einsum("gtec,egcd->gtd", combine, ye)
+
+
+def dropless_dispatch(x, experts, gates, weights: dict, *, num_experts: int, act: Callable,
+                      axis: str | None, impl: str):
+  """Dropless dispatch on one device's tokens: x [n, d], experts/gates [n, k]; weights hold
+  this device's E / S experts. Returns float32 [n, d]."""
+  n, k = experts.shape
+  local_experts = next(iter(weights.values())).shape[0]
+  rows, ids = jnp.repeat(x, k, axis=0), experts.reshape(-1)
+  if axis is None:
+    ys = grouped_experts(rows, ids, weights, act, impl)
+  else:
+    ys = _exchange_dropless(rows, ids, weights, act, impl, axis, num_experts // local_experts)
+  return jnp.einsum("nkd,nk->nd", ys.reshape(n, k, -1).astype(jnp.float32), gates)
+
+
+def _exchange_dropless(rows, ids, weights, act, impl, axis, shards):
+  """Send every assignment to the shard owning its expert in a fixed [S, n*k] buffer (the
+  worst case), run the local experts, send the results back, undo the sort."""
+  m, local_experts = rows.shape[0], next(iter(weights.values())).shape[0]
+  order = jnp.argsort(ids, stable=True)
+  sorted_ids, sorted_rows = ids[order], rows[order]
+  dst = sorted_ids // local_experts
+  counts = jnp.bincount(dst, length=shards)
+  starts = jnp.cumsum(counts) - counts
+  src = starts[:, None] + jnp.arange(m)[None]                        # [S, m]
+  valid = jnp.arange(m)[None] < counts[:, None]
+  src = jnp.minimum(src, m - 1)
+  send_rows = jnp.where(valid[..., None], sorted_rows[src], 0)
+  send_ids = jnp.where(valid, sorted_ids[src] % local_experts, local_experts)
+  recv_rows, recv_ids = _exchange(send_rows, axis), _exchange(send_ids, axis)
+  out = grouped_experts(recv_rows.reshape(shards * m, -1), recv_ids.reshape(-1), weights, act,
+                        impl)
+  back = _exchange(out.reshape(shards, m, -1), axis)
+  ys_sorted = back[dst, jnp.arange(m) - starts[dst]]
+  return jnp.zeros_like(ys_sorted).at[order].set(ys_sorted)
+
+
+def _expert_axis_size() -> int:
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or "expert" not in mesh.axis_names:
+    return 1
+  return mesh.shape["expert"]
+
 
 class MoE(nn.Module):
+  """Top-k mixture of `num_experts` MLPs on [..., T, d] (see the module docstring)."""
   num_experts: int
   experts_per_token: int
   hidden_dim: int
   activation: str = "silu"
   gated: bool = True                  # SwiGLU experts (Mixtral); False: act(x W_in) W_out
   use_bias: bool = False              # accepted for FFN-interface parity; experts have none
+  dispatch: str = "dropless"          # "dropless" | "capacity"
+  capacity_factor: float = 1.25       # capacity dispatch: slots per expert, see module doc
+  router_jitter: float = 0.0          # training-time multiplicative noise on the router input
+  renormalize: bool = True            # top-k gates sum to 1 (Mixtral); False: raw probs (Switch)
+  grouped_matmul: str = "auto"        # dropless: "ragged" | "blocked" | "auto" (blocked on CPU)
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   kernel_init: Callable = default_kernel_init   # (in_axis, out_axis, batch_axis) -> init
@@ -34,36 +284,85 @@ class MoE(nn.Module):
     return self.param(name, nn.with_logical_partitioning(init, axes), shape,
                       self.param_dtype).astype(self.dtype)
 
+  def _weights(self, d: int) -> dict:
+    e, h = self.num_experts, self.hidden_dim
+    names = ("wi_gate", "wi_up") if self.gated else ("wi",)
+    weights = {n: self._expert_weights(n, (e, d, h), ("expert", "embed", "mlp")) for n in names}
+    weights["wo"] = self._expert_weights("wo", (e, h, d), ("expert", "mlp", "embed"))
+    return weights
+
+  def _router_logits(self, x, deterministic: bool):
+    r = x.astype(jnp.float32)
+    if self.router_jitter and not deterministic:
+      noise = jax.random.uniform(self.make_rng("dropout"), r.shape, jnp.float32,
+                                 1 - self.router_jitter, 1 + self.router_jitter)
+      r = r * noise
+    return dense(self.num_experts, ("embed", None), name="router", dtype=jnp.float32,
+                 param_dtype=self.param_dtype)(r)
+
+  def _grouped_matmul_impl(self) -> str:
+    if self.grouped_matmul not in GROUPED_MATMULS:
+      raise ValueError(f"grouped_matmul={self.grouped_matmul!r} is not one of "
+                       f"{sorted(GROUPED_MATMULS)}")
+    if self.grouped_matmul != "auto":
+      return self.grouped_matmul
+    return "blocked" if jax.default_backend() == "cpu" else "ragged"
+
   @nn.compact
   def __call__(self, x, *, deterministic: bool = True):
-    if not 0 < self.experts_per_token <= self.num_experts:
-      raise ValueError(f"experts_per_token={self.experts_per_token} must be in "
-                       f"[1, num_experts={self.num_experts}]")
+    validate_moe(num_experts=self.num_experts, experts_per_token=self.experts_per_token,
+                 dispatch=self.dispatch, capacity_factor=self.capacity_factor,
+                 router_jitter=self.router_jitter, field=lambda name: name)
+    impl = self._grouped_matmul_impl()
     act = activation_fn(self.activation)
-    shape, e = x.shape, x.shape[-1]
-    tokens = x.reshape(-1, e)
-    logits = dense(self.num_experts, ("embed", None), name="router", dtype=jnp.float32,
-                   param_dtype=self.param_dtype)(tokens.astype(jnp.float32))
-    weights, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), self.experts_per_token)
-    weights = weights / weights.sum(-1, keepdims=True)                 # [N, k]
-
-    flat_experts = experts.reshape(-1)                                  # [N * k]
-    order = jnp.argsort(flat_experts, stable=True)
-    group_sizes = jnp.bincount(flat_experts, length=self.num_experts).astype(jnp.int32)
-    xs = tokens[order // self.experts_per_token].astype(self.dtype)     # sorted by expert
-    x_axes = ("expert", "embed", "mlp")
-    if self.gated:
-      h = act(jax.lax.ragged_dot(xs, self._expert_weights(
-          "wi_gate", (self.num_experts, e, self.hidden_dim), x_axes), group_sizes))
-      h = h * jax.lax.ragged_dot(xs, self._expert_weights(
-          "wi_up", (self.num_experts, e, self.hidden_dim), x_axes), group_sizes)
+    shape, d = x.shape, x.shape[-1]
+    seqs = x.reshape((-1,) + x.shape[-2:]) if x.ndim >= 3 else x[None]   # [G, T, d]
+    logits = self._router_logits(seqs, deterministic)                    # [G, T, E]
+    probs, gates, experts = route(logits, self.experts_per_token, self.renormalize)
+    flat_probs, flat_experts = probs.reshape(-1, self.num_experts), experts.reshape(
+        -1, self.experts_per_token)
+    self.sow(MOE_COLLECTION, "moe_load_balance_loss", load_balance_loss(flat_probs,
+                                                                        flat_experts))
+    self.sow(MOE_COLLECTION, "moe_z_loss", router_z_loss(logits))
+    self.sow(MOE_COLLECTION, "moe_expert_load", expert_load(flat_experts, self.num_experts))
+    weights = self._weights(d)
+    inputs = (seqs.astype(self.dtype), experts, gates)
+    if self.dispatch == "capacity":
+      capacity = expert_capacity(seqs.shape[1], self.num_experts, self.experts_per_token,
+                                 self.capacity_factor)
+      slots = capacity_positions(experts, self.num_experts)
+      self.sow(MOE_COLLECTION, "moe_dropped_fraction", jnp.mean(slots >= capacity,
+                                                                dtype=jnp.float32))
+      fn = lambda xs, ex, gs, sl, w, axis: capacity_dispatch(
+          xs, ex, gs, sl, w, num_experts=self.num_experts, capacity=capacity, act=act,
+          axis=axis)
+      inputs = inputs + (slots,)
     else:
-      h = act(jax.lax.ragged_dot(xs, self._expert_weights(
-          "wi", (self.num_experts, e, self.hidden_dim), x_axes), group_sizes))
-    ys = jax.lax.ragged_dot(h, self._expert_weights(
-        "wo", (self.num_experts, self.hidden_dim, e), ("expert", "mlp", "embed")),
-        group_sizes)
-    ys = jnp.zeros_like(ys).at[order].set(ys).reshape(-1, self.experts_per_token, e)
-    out = jnp.einsum("nke,nk->ne", ys.astype(jnp.float32), weights)
+      self.sow(MOE_COLLECTION, "moe_dropped_fraction", jnp.zeros((), jnp.float32))
+      fn = lambda xs, ex, gs, w, axis: dropless_dispatch(
+          xs.reshape(-1, d), ex.reshape(-1, ex.shape[-1]), gs.reshape(-1, gs.shape[-1]), w,
+          num_experts=self.num_experts, act=act, axis=axis, impl=impl).reshape(xs.shape)
+    out = self._run(fn, inputs, weights)
     return out.reshape(shape).astype(self.dtype)
 
+  def _run(self, fn: Callable, inputs: tuple, weights: dict):
+    """fn on one device, or per device under shard_map when the mesh has an expert axis."""
+    shards = _expert_axis_size()
+    if shards == 1:
+      return fn(*inputs, weights, None)
+    if self.num_experts % shards:
+      raise ValueError(f"model.num_experts={self.num_experts} is not divisible by "
+                       f"mesh.expert={shards}: use a multiple of mesh.expert experts or a "
+                       "mesh.expert that divides model.num_experts")
+    mesh = jax.sharding.get_abstract_mesh()
+    token_axes = tuple(a for a in TOKEN_MESH_AXES if a in mesh.axis_names)
+    devices = math.prod(mesh.shape[a] for a in token_axes)
+    if inputs[0].shape[0] % devices:
+      raise ValueError(f"expert parallelism splits the batch over mesh axes {token_axes} "
+                       f"({devices} devices): batch size {inputs[0].shape[0]} must be a "
+                       "multiple of it")
+    token_spec = P(token_axes)
+    sharded = jax.shard_map(lambda *a: fn(*a[:-1], a[-1], "expert"),
+                            in_specs=(token_spec,) * len(inputs) + (P("expert"),),
+                            out_specs=token_spec)
+    return sharded(*inputs, weights)

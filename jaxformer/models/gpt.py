@@ -2,7 +2,10 @@
 
 One code path; the families differ only in fields: positions ("learned" for GPT, "rope" for
 Llama), norm ("layernorm" / "rmsnorm"), ffn ("mlp" + gelu / "swiglu"), biases, GQA
-(num_kv_heads), tied or untied output head and sliding window.
+(num_kv_heads), tied or untied output head and sliding window. num_experts > 0 swaps every FFN
+for a mixture of experts (layers/moe.py); the `moe_*` fields choose its routing, and the two
+aux-loss weights live here so the objective travels with the model (the train step reads them
+through `jaxformer.layers.moe.collect_moe`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import jax.numpy as jnp
 
 from jaxformer.layers import Embed, LearnedPositionEmbedding, make_norm
 from jaxformer.layers.dense import dense
+from jaxformer.layers.moe import validate_moe
 from jaxformer.models.stack import BlockStack
 from jaxformer.ops import positions as pos_ops
 
@@ -39,6 +43,13 @@ class DecoderLM(nn.Module):
   window: int | None = None           # sliding-window attention (Mistral)
   num_experts: int = 0                # > 0: mixture-of-experts FFN (Mixtral)
   experts_per_token: int = 2
+  moe_dispatch: str = "dropless"      # "dropless" (Mixtral) | "capacity" (GShard/Switch)
+  moe_capacity_factor: float = 1.25   # capacity dispatch: expert slots = ceil(cf * T * k / E)
+  moe_router_jitter: float = 0.0      # training noise on the router input (Switch: 0.01)
+  moe_renormalize: bool = True        # top-k gates sum to 1 (Mixtral); False: Switch
+  moe_gated: bool = True              # SwiGLU-style experts; False: act(x W_in) W_out
+  moe_load_balance_weight: float = 0.01   # aux-loss weights, see collect_moe
+  moe_z_loss_weight: float = 0.001
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   attention_impl: str = "auto"
@@ -48,9 +59,22 @@ class DecoderLM(nn.Module):
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
+  def __post_init__(self):
+    if self.num_experts:
+      validate_moe(num_experts=self.num_experts, experts_per_token=self.experts_per_token,
+                   dispatch=self.moe_dispatch, capacity_factor=self.moe_capacity_factor,
+                   router_jitter=self.moe_router_jitter, field=_moe_field)
+      for name in ("moe_load_balance_weight", "moe_z_loss_weight"):
+        if getattr(self, name) < 0:
+          raise ValueError(f"model.{name}={getattr(self, name)} must be >= 0")
+    super().__post_init__()
+
   def block_fields(self) -> dict:
     ffn = "moe" if self.num_experts else self.ffn
-    extra = dict(num_experts=self.num_experts, experts_per_token=self.experts_per_token) if (
+    extra = dict(num_experts=self.num_experts, experts_per_token=self.experts_per_token,
+                 moe_dispatch=self.moe_dispatch, moe_capacity_factor=self.moe_capacity_factor,
+                 moe_router_jitter=self.moe_router_jitter,
+                 moe_renormalize=self.moe_renormalize, moe_gated=self.moe_gated) if (
         self.num_experts) else {}
     return dict(num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
                 head_dim=self.head_dim, mlp_dim=self.mlp_dim, pre_norm=True, norm=self.norm,
@@ -92,3 +116,8 @@ class DecoderLM(nn.Module):
       logits = dense(self.vocab_size, ("embed", "vocab"), name="lm_head", dtype=self.dtype,
                      param_dtype=self.param_dtype)(x)
     return nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+
+
+def _moe_field(name: str) -> str:
+  """The DecoderLM config key of a MoE layer field (for error messages)."""
+  return f"model.{name}" if name in ("num_experts", "experts_per_token") else f"model.moe_{name}"

@@ -57,7 +57,8 @@ class BlockStack(nn.Module):
     block = FrozenDict(self.block)
     inputs = (context, mask, context_mask, segment_ids, positions)
     if self.scan:
-      layer = nn.scan(layer, variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+      layer = nn.scan(layer, variable_axes={"params": 0, "cache": 0, "intermediates": 0,
+                                                  "attention_weights": 0},
                       split_rngs={"params": True, "dropout": True},
                       in_axes=(nn.broadcast,) * len(inputs), length=self.num_layers,
                       metadata_params={nn.PARTITION_NAME: "layers"})

@@ -245,6 +245,9 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
                   "grad_norm": float(m["grad_norm"]), "skipped": int(state["skipped"])}
         if task.name == "classification":
           record["accuracy"] = float(m["accuracy"])
+        for key in (k for k in m if k.startswith("moe_")):
+          value = jax.device_get(m[key])
+          record[key] = value.tolist() if value.ndim else float(value)
         bar.update(done, record)
         rate = bar.steps_per_sec()
         if rate:
@@ -253,7 +256,7 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
           record["mfu"] = bar.mfu()
         if is_main:
           metrics.write(record)
-          tb.scalars({k: v for k, v in record.items() if k != "step"}, done)
+          tb.scalars(_scalars(record), done)
       if done % t.eval_every == 0 or done == t.steps:
         with bar.paused():
           last_eval = {"step": done, **evaluate(eval_step, state["params"], pipeline, task)}
@@ -261,7 +264,7 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
               f"{k} {v:.4f}" for k, v in last_eval.items() if k != "step"))
           if is_main:
             metrics.write(last_eval)
-            tb.scalars({k: v for k, v in last_eval.items() if k != "step"}, done)
+            tb.scalars(_scalars(last_eval), done)
           if best is not None:
             best.maybe_save(done, state["params"], last_eval)
       preempted = stop.requested or (stop_after is not None and done - start >= stop_after)
@@ -282,6 +285,19 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
   if not preempted and task.name == "lm" and t.get("sample_tokens", 0):
     _write_sample(config, state["params"], pipeline.tokenizer, workdir)
   return last_eval
+
+
+def _scalars(record: dict) -> dict:
+  """TensorBoard scalars of a metrics record; a list (per-expert load) becomes tag/i."""
+  out = {}
+  for key, value in record.items():
+    if key == "step":
+      continue
+    if isinstance(value, list):
+      out.update({f"{key}/{i}": v for i, v in enumerate(value)})
+    else:
+      out[key] = value
+  return out
 
 
 def _write_sample(config, params, tokenizer, workdir):

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxformer.layers.moe import MOE_COLLECTION, collect_moe
 from jaxformer.train.tasks import Task, cross_entropy, eval_sums
 
 
@@ -28,18 +29,32 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
                     z_loss: float = 0.0, grad_accum: int = 1):
   """(state, batch, dropout_key) -> (state, metrics); state = {'step', 'params',
   'opt_state', 'skipped'}. A step with a non-finite loss or gradient leaves params and
-  optimizer untouched and counts as skipped (reset to 0 by the next good step)."""
+  optimizer untouched and counts as skipped (reset to 0 by the next good step).
 
-  def weighted_sums(params, batch, rng):
-    """(sum of objective * w, (sum of nll * w, sum of correct * w)) over `batch`."""
+  Mixture-of-experts models add their weighted auxiliary losses (load balancing, router
+  z-loss; weights on the model config) to the objective and report `moe_*` metrics.
+  """
+  moe = getattr(module, "num_experts", 0) > 0
+
+  def weighted_sums(params, batch, rng, aux_scale):
+    """(sum of objective * w [+ aux * aux_scale], (sum nll * w, sum correct * w, moe))."""
     args, kwargs = task.model_args(batch)
-    logits = module.apply({"params": params}, *args, **kwargs, deterministic=False,
-                          rngs={"dropout": rng})
+    apply = lambda **extra: module.apply({"params": params}, *args, **kwargs,
+                                         deterministic=False, rngs={"dropout": rng}, **extra)
+    aux, moe_metrics = jnp.zeros(()), {}
+    if moe:
+      logits, mutated = apply(mutable=[MOE_COLLECTION])
+      aux, moe_metrics = collect_moe(mutated,
+                                     load_balance_weight=module.moe_load_balance_weight,
+                                     z_loss_weight=module.moe_z_loss_weight)
+    else:
+      logits = apply()
     labels, w = batch[task.labels], task.weights(batch)
     objective, nll = cross_entropy(logits, labels, label_smoothing=label_smoothing,
                                    z_loss=z_loss)
     correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-    return jnp.sum(objective * w), (jnp.sum(nll * w), jnp.sum(correct * w))
+    total = jnp.sum(objective * w) + aux * aux_scale
+    return total, (jnp.sum(nll * w), jnp.sum(correct * w), moe_metrics)
 
   grad_fn = jax.value_and_grad(weighted_sums, has_aux=True)
 
@@ -47,18 +62,20 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
     rng = jax.random.fold_in(dropout_key, state["step"])
     params = state["params"]
     total_weight = jnp.maximum(jnp.sum(task.weights(batch)), 1e-9)
+    aux_scale = total_weight / grad_accum     # aux enters the loss once, micro-batch mean
     if grad_accum == 1:
-      (objective, (nll, correct)), grads = grad_fn(params, batch, rng)
+      (objective, (nll, correct, moe_metrics)), grads = grad_fn(params, batch, rng, aux_scale)
     else:
       def micro(carry, xs):
         i, mb = xs
-        (o, (n, c)), g = grad_fn(params, mb, jax.random.fold_in(rng, i))
+        (o, (n, c, mm)), g = grad_fn(params, mb, jax.random.fold_in(rng, i), aux_scale)
         acc_o, acc_n, acc_c, acc_g = carry
-        return (acc_o + o, acc_n + n, acc_c + c, jax.tree.map(jnp.add, acc_g, g)), None
+        return (acc_o + o, acc_n + n, acc_c + c, jax.tree.map(jnp.add, acc_g, g)), mm
       zeros = jax.tree.map(jnp.zeros_like, params)
       init = (jnp.zeros(()), jnp.zeros(()), jnp.zeros(()), zeros)
-      (objective, nll, correct, grads), _ = jax.lax.scan(
+      (objective, nll, correct, grads), moe_metrics = jax.lax.scan(
           micro, init, (jnp.arange(grad_accum), _split_micro(batch, grad_accum)))
+      moe_metrics = jax.tree.map(lambda x: x.mean(0), moe_metrics)
     grads = jax.tree.map(lambda g: g / total_weight, grads)
     loss = objective / total_weight
     grad_norm = optax.tree.norm(grads)
@@ -71,7 +88,7 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
                  "skipped": jnp.where(finite, 0, state["skipped"] + 1)}
     return new_state, {"loss": nll / total_weight, "train_objective": loss,
                        "accuracy": correct / total_weight, "grad_norm": grad_norm,
-                       "finite": finite}
+                       "finite": finite, **moe_metrics}
 
   return train_step
 
