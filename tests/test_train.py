@@ -153,6 +153,10 @@ def test_vit_on_digits_trains_keeps_best_and_writes_observability_files(tmp_path
   assert any("eval_accuracy" in e.get("scalars", {}) for e in events)
   assert os.path.getsize(os.path.join(workdir, "curves.png")) > 1000
   assert os.listdir(os.path.join(workdir, "profile"))
+  assert sorted(os.listdir(os.path.join(workdir, "attention"))) == [
+      "step_000020.png", "step_000040.png"]
+  assert all(0 < r["attention_entropy"] <= np.log(17) + 1e-5
+             for r in records if "eval_loss" in r)        # 16 patches + [CLS]
   best = [r for r in records if "eval_accuracy" in r]
   best_step = max(best, key=lambda r: r["eval_accuracy"])["step"]
   assert os.path.isdir(os.path.join(workdir, "best", str(best_step)))
@@ -179,4 +183,18 @@ def test_moe_gpt_logs_router_metrics_and_aux_loss(tmp_path):
   record = [r for r in read(str(tmp_path / "moe" / "metrics.jsonl")) if "loss" in r][-1]
   assert len(record["moe_expert_load"]) == 4
   np.testing.assert_allclose(sum(record["moe_expert_load"]), 1.0, rtol=1e-5)
-  assert 0.0 <= record["moe_dropped_fraction"] < 1.0 and record["moe_load_balance_loss"] >= 1.0
+  assert 0.0 <= record["moe_dropped_fraction"] < 1.0 and record["moe_load_balance_loss"] > 0.5
+
+
+def test_attention_map_layer_choice():
+  from jaxformer.train.attention_maps import pick_layer
+  w = lambda *shape: np.zeros(shape)
+  name, got = pick_layer({"decoder/layers_2/self_attention": w(1, 2, 3, 3),
+                          "decoder/layers_10/self_attention": w(1, 2, 3, 3) + 1,
+                          "encoder/layers_11/self_attention": w(1, 2, 5, 5)})
+  assert name == "decoder/layers_10/self_attention" and got.shape == (2, 3, 3) and got[0, 0, 0] == 1
+  scanned = np.arange(2 * 1 * 2 * 3 * 4).reshape(2, 1, 2, 3, 4)
+  name, got = pick_layer({"decoder/layers/cross_attention": scanned,
+                          "decoder/layers/self_attention": w(2, 1, 2, 3, 3)})
+  assert name == "decoder/layers/cross_attention"
+  np.testing.assert_array_equal(got, scanned[-1, 0])

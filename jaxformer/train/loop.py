@@ -12,16 +12,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pathlib
 import shutil
 import signal
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxformer import models, sampling, scaling
 from jaxformer.data.pipeline import make_pipeline
-from jaxformer.train import checkpoint, optim, plots, profiling, progress, step as step_lib, tasks
+from jaxformer.train import (attention_maps, checkpoint, optim, plots, profiling, progress,
+                             step as step_lib, tasks)
 from jaxformer.train.metrics import MetricsWriter, read
 from jaxformer.train.tensorboard import SummaryWriter
 
@@ -224,6 +227,13 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
       peak_flops=peak * jax.device_count() if peak else None)
   tb = SummaryWriter(workdir, purge_step=start + 1 if start else None) if is_main else None
   profiler = profiling.StepProfiler(workdir, t.get("profile_steps"))
+  show_attention = is_main and t.get("attention_maps", True)
+  if show_attention:
+    snapshot_fn = attention_maps.make_snapshot_fn(module, task)
+    example = next(iter(pipeline.eval_batches()))
+    tokenizer = getattr(pipeline, "tokenizer", None)
+    labels = ([tokenizer.decode([i]) for i in example[task.inputs[0]][0]]
+              if tokenizer is not None and task.name in ("lm", "mlm") else None)
   last_eval, preempted = None, False
 
   with _StopRequest() as stop:
@@ -260,6 +270,12 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
       if done % t.eval_every == 0 or done == t.steps:
         with bar.paused():
           last_eval = {"step": done, **evaluate(eval_step, state["params"], pipeline, task)}
+          if show_attention:
+            png, entropy = attention_maps.write_attention_map(
+                snapshot_fn, state["params"], example, step=done, workdir=workdir,
+                tokens=labels)
+            last_eval["attention_entropy"] = float(np.mean(entropy))
+            tb.image("attention", pathlib.Path(png).read_bytes(), done)
           bar.log(f"step {done:>6d}  " + "  ".join(
               f"{k} {v:.4f}" for k, v in last_eval.items() if k != "step"))
           if is_main:
