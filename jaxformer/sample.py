@@ -1,6 +1,6 @@
 """python -m jaxformer.sample --workdir=DIR --prompt="ROMEO:" --max_new_tokens=500
 
-Samples text from the latest checkpoint of a training run with the KV cache; seeded and
+Samples text from the latest (or --checkpoint=best) checkpoint of a training run with the KV cache; seeded and
 reproducible (greedy with --temperature=0).
 """
 
@@ -15,6 +15,8 @@ flags.DEFINE_float("temperature", 0.8, "0 = greedy.")
 flags.DEFINE_integer("top_k", None, "Keep the k most likely tokens.")
 flags.DEFINE_float("top_p", None, "Nucleus sampling mass.")
 flags.DEFINE_integer("seed", 0, "Sampling seed.")
+flags.DEFINE_enum("checkpoint", "latest", ["latest", "best"],
+                  "The latest checkpoint, or the params of the best eval.")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -22,7 +24,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  config, params, tokenizer = load_run(FLAGS.workdir)
+  config, params, tokenizer = load_run(FLAGS.workdir, which=FLAGS.checkpoint)
   print(sample_text(config, params, tokenizer, prompt=FLAGS.prompt,
                     max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
                     top_k=FLAGS.top_k, top_p=FLAGS.top_p, seed=FLAGS.seed))

@@ -13,8 +13,11 @@ from jaxformer.data.tokenizers import load_tokenizer
 from jaxformer.generate import generate
 
 
-def load_run(workdir: str):
-  """(config, params, tokenizer) of the latest checkpoint in a training workdir."""
+def load_run(workdir: str, *, which: str = "latest"):
+  """(config, params, tokenizer) of a training workdir: its latest checkpoint, or with
+  which="best" the params kept for the best eval (train.best_metric)."""
+  if which not in ("latest", "best"):
+    raise ValueError(f"--checkpoint={which!r} must be 'latest' or 'best'")
   from jaxformer.train import checkpoint, loop   # noqa: deferred (train imports this module)
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
@@ -22,13 +25,21 @@ def load_run(workdir: str):
   with open(path) as f:
     config = ConfigDict(json.load(f))
   _, _, init_state = loop.train_state_fns(config)
-  ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"))
-  restored = ckpts.restore_latest(jax.eval_shape(init_state))
-  ckpts.close()
-  if restored is None:
-    raise ValueError(f"--workdir={workdir!r} has no checkpoint yet")
+  abstract = jax.eval_shape(init_state)
+  if which == "best":
+    best = checkpoint.BestCheckpoints(os.path.join(workdir, "best"),
+                                      metric=config.train.get("best_metric", "eval_loss"))
+    params = best.restore(abstract["params"])
+    best.close()
+  else:
+    ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"))
+    restored = ckpts.restore_latest(abstract)
+    ckpts.close()
+    params = None if restored is None else restored[1]["params"]
+  if params is None:
+    raise ValueError(f"--workdir={workdir!r} has no {which} checkpoint yet")
   tokenizer = load_tokenizer(workdir)
-  return config, restored[1]["params"], tokenizer
+  return config, params, tokenizer
 
 
 def sample_text(config, params, tokenizer, *, prompt: str, max_new_tokens: int,

@@ -3,6 +3,7 @@
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -54,6 +55,8 @@ def test_short_run_learns_and_resume_reproduces_uninterrupted_run(tmp_path):
                              seed=4)
   with pytest.raises(ValueError, match="no training run"):
     load_run(str(tmp_path / "nothing"))
+  _, best_params, _ = load_run(full, which="best")      # eval at 24 was the best (lowest)
+  jax.tree.map(np.testing.assert_array_equal, best_params, params)
 
 
 def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
