@@ -71,20 +71,46 @@ def model(family: str, name: str, **fields) -> config_dict.ConfigDict:
   return cfg
 
 
+def _with_placeholders(fields: dict, typed: dict) -> config_dict.ConfigDict:
+  """ConfigDict of `fields`; optional fields left None become typed placeholders so they can
+  still be set from the command line (`--config.data.data_dir=/x`)."""
+  cfg = config_dict.ConfigDict(fields)
+  for key, kind in typed.items():
+    if cfg.get(key) is None:
+      cfg[key] = config_dict.placeholder(kind)
+  return cfg
+
+
 def data(source: str, tokenizer: str | None, seq_len: int | None, **extra
          ) -> config_dict.ConfigDict:
-  """`data` section: where examples come from, how they are tokenized, sequence length."""
-  return config_dict.ConfigDict(dict(source=source, tokenizer=tokenizer, seq_len=seq_len,
-                                     **extra))
+  """`data` section: where examples come from (see jaxformer.data.pipeline), how they are
+  tokenized, sequence length; `data_dir` (prepared-data cache; default under ~/.cache) and
+  `eval_batches` (text: eval windows; None = whole split) are optional."""
+  return _with_placeholders(dict(dict(data_dir=None, eval_batches=None), source=source,
+                                 tokenizer=tokenizer, seq_len=seq_len, **extra),
+                            {"data_dir": str, "eval_batches": int, "tokenizer": str,
+                             "seq_len": int})
 
 
 def train(steps: int, batch_size: int, *, seed: int = 0, eval_every: int = 500,
           log_every: int = 50, checkpoint_every: int = 1000, **extra
           ) -> config_dict.ConfigDict:
-  """`train` section: batch_size counts sequences (or images) per optimizer step."""
-  return config_dict.ConfigDict(dict(steps=steps, batch_size=batch_size, seed=seed,
-                                     eval_every=eval_every, log_every=log_every,
-                                     checkpoint_every=checkpoint_every, **extra))
+  """`train` section: batch_size counts sequences (or images) per optimizer step. The loop's
+  optional settings all have a default here so any can be set on the command line."""
+  fields = dict(
+      steps=steps, batch_size=batch_size, seed=seed, eval_every=eval_every,
+      log_every=log_every, checkpoint_every=checkpoint_every,
+      eval_batch_size=None,         # None: batch_size
+      keep_checkpoints=3,           # last N Orbax checkpoints
+      keep_best=1,                  # params of the N best evals (0: off)
+      best_metric="eval_loss",      # or "eval_accuracy"
+      label_smoothing=0.0, z_loss=0.0,
+      max_skipped_steps=5,          # non-finite steps in a row before stopping
+      profile_steps="",             # e.g. "10-12": jax.profiler trace into <workdir>/profile
+      attention_maps=True,          # heatmaps + entropy of a fixed eval example at each eval
+      sample_tokens=0, sample_prompt="\n")
+  fields.update(extra)
+  return _with_placeholders(fields, {"eval_batch_size": int})
 
 
 def optim(lr: float, *, schedule: str = "cosine", warmup_steps: int = 0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import flax.linen as nn
 import jax
 import numpy as np
 from ml_collections import ConfigDict
@@ -24,8 +25,8 @@ def load_run(workdir: str, *, which: str = "latest"):
     raise ValueError(f"--workdir={workdir!r} holds no training run (no config.json)")
   with open(path) as f:
     config = ConfigDict(json.load(f))
-  _, _, init_state = loop.train_state_fns(config)
-  abstract = jax.eval_shape(init_state)
+  _, _, init_boxed = loop.train_state_fns(config)
+  abstract = nn.unbox(jax.eval_shape(init_boxed))
   if which == "best":
     best = checkpoint.BestCheckpoints(os.path.join(workdir, "best"),
                                       metric=config.train.get("best_metric", "eval_loss"))

@@ -3,6 +3,7 @@
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxformer import parallel
 from jaxformer.train.loop import train
 
 config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
@@ -14,6 +15,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  parallel.initialize()      # multi-host (TPU pod, Slurm, JAXFORMER_* env); no-op otherwise
   train(flags.FLAGS.config, flags.FLAGS.workdir, fresh=flags.FLAGS.fresh)
 
 

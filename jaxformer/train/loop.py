@@ -16,12 +16,13 @@ import pathlib
 import shutil
 import signal
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer import models, sampling, scaling
+from jax.experimental import multihost_utils
+
+from jaxformer import models, parallel, sampling, scaling
 from jaxformer.data.pipeline import make_pipeline
 from jaxformer.train import (attention_maps, checkpoint, optim, plots, profiling, progress,
                              step as step_lib, tasks)
@@ -57,10 +58,17 @@ def _validate(config):
 def _check_model_matches_data(config, info: dict):
   """The model must fit what the data pipeline produces (named fields, before compiling)."""
   m = config.model
-  for key, field in (("vocab_size", "vocab_size"), ("num_classes", "num_classes")):
-    if key in info and m.get(field) is not None and m[field] != info[key]:
-      raise ValueError(f"model.{field}={m[field]} but the data ({config.data.source!r}) has "
-                       f"{info[key]}; set --config.model.{field}={info[key]}")
+  if "num_classes" in info and m.get("num_classes") != info["num_classes"]:
+    raise ValueError(f"model.num_classes={m.get('num_classes')} but the data "
+                     f"({config.data.source!r}) has {info['num_classes']} classes; set "
+                     f"--config.model.num_classes={info['num_classes']}")
+  # A larger vocabulary is allowed: padding it to a multiple of mesh.model (tensor
+  # parallelism) or of 64 (faster matmuls) only adds never-targeted logits.
+  if "vocab_size" in info and m.get("vocab_size") is not None and (
+      m.vocab_size < info["vocab_size"]):
+    raise ValueError(f"model.vocab_size={m.vocab_size} but the data ({config.data.source!r}) "
+                     f"has {info['vocab_size']} symbols; set "
+                     f"--config.model.vocab_size={info['vocab_size']} (or larger)")
   if "image_shape" in info and m.get("image_size") is not None:
     h, w, c = info["image_shape"]
     if (h, w) != (m.image_size, m.image_size) or c != m.get("channels", c):
@@ -123,18 +131,20 @@ def init_inputs(model_config) -> tuple:
 
 
 def train_state_fns(config):
-  """(module, optimizer, init_state): init_state() builds the train state pytree
-  {'step', 'params', 'opt_state', 'skipped'}; its eval_shape is the checkpoint layout."""
+  """(module, optimizer, init_boxed): init_boxed() builds the train state pytree
+  {'step', 'params', 'opt_state', 'skipped'} with parameters (and their optimizer moments)
+  still in their `nn.Partitioned` boxes, which name the logical axes the sharding plan maps
+  to the mesh; `nn.unbox` of it is the state itself."""
   module = models.build(config.model)
   tx = optim.make_optimizer(config.optim, config.train.steps)
   init_key = jax.random.split(jax.random.key(config.train.seed))[0]
 
-  def init_state():
-    params = nn.unbox(module.init(init_key, *init_inputs(config.model)))["params"]
+  def init_boxed():
+    params = module.init(init_key, *init_inputs(config.model))["params"]
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
             "skipped": jnp.zeros((), jnp.int32)}
 
-  return module, tx, init_state
+  return module, tx, init_boxed
 
 
 def _fresh_start(workdir: str):
@@ -161,11 +171,11 @@ def flops_per_step(config, task, batch, process_count: int) -> int:
   return scaling.flops_per_token(config.model, seq_len) * seq_len * rows
 
 
-def evaluate(eval_step, params, pipeline, task) -> dict:
+def evaluate(eval_step, params, pipeline, task, plan) -> dict:
   """Split-level eval metrics from per-batch sums (padded rows carry zero weight)."""
   totals = None
   for batch in pipeline.eval_batches():
-    sums = eval_step(params, batch)
+    sums = eval_step(params, plan.global_batch(batch))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   return tasks.finalize_eval(task, jax.device_get(totals))
 
@@ -183,11 +193,15 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
 
   t = config.train
   task = tasks.task_for(config.model)
+  plan = parallel.ShardingPlan.from_config(config.mesh)
+  plan.check_batch_size(t.batch_size)
   pipeline = make_pipeline(config, workdir=workdir, process_index=jax.process_index(),
                            process_count=jax.process_count())
   _check_model_matches_data(config, pipeline.info)
 
-  module, tx, init_state = train_state_fns(config)
+  module, tx, init_boxed = train_state_fns(config)
+  abstract = jax.eval_shape(init_boxed)
+  state_shardings = plan.state_shardings(abstract)     # divisibility errors: no compile yet
   schedule = optim.learning_rate_schedule(config.optim, t.steps)
   dropout_key = jax.random.split(jax.random.key(t.seed))[1]
   ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"),
@@ -196,9 +210,9 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
   best = checkpoint.BestCheckpoints(os.path.join(workdir, "best"), metric=best_metric,
                                     keep=t.get("keep_best", 1)) if t.get("keep_best", 1) else None
   metrics = MetricsWriter(os.path.join(workdir, "metrics.jsonl"))
-  restored = ckpts.restore_latest(jax.eval_shape(init_state))
+  restored = ckpts.restore_latest(plan.restore_target(abstract))   # from any mesh
   if restored is None:
-    state, start = jax.jit(init_state)(), 0
+    state, start = plan.init_state(init_boxed)[0], 0
   else:
     start, state = restored
     logging.info("resuming from step %d", start)
@@ -211,14 +225,22 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
     print(f"{workdir}: already trained for {start} steps")
     return _last_eval(os.path.join(workdir, "metrics.jsonl"))
 
-  train_step = jax.jit(step_lib.make_train_step(
+  logging.info("%s", plan.describe())
+  first = pipeline.train_batch(start)
+  example = next(iter(pipeline.eval_batches()))
+  batch_shardings = lambda batch: {k: plan.batch_sharding(np.ndim(v)) for k, v in batch.items()}
+  train_step = plan.jit(step_lib.make_train_step(
       module, tx, task, label_smoothing=t.get("label_smoothing", 0.0),
       z_loss=t.get("z_loss", 0.0), grad_accum=config.optim.get("grad_accum", 1)),
-      donate_argnums=(0,))
-  eval_step = jax.jit(step_lib.make_eval_step(module, task))
+      in_shardings=(state_shardings, batch_shardings(first), plan.replicated),
+      out_shardings=(state_shardings, plan.replicated), donate_argnums=(0,),
+      name="train_step")
+  eval_step = plan.jit(step_lib.make_eval_step(module, task),
+                       in_shardings=(state_shardings["params"], batch_shardings(example)),
+                       out_shardings=plan.replicated, name="eval_step")
+  dropout_key = plan.replicate(dropout_key)
   max_skipped = t.get("max_skipped_steps", 5)
   is_main = jax.process_index() == 0
-  first = pipeline.train_batch(start)
   units_per_step = task.units_per_batch(first) * jax.process_count()
   peak = progress.peak_flops_per_device(dtype=config.model.get("dtype", "float32"))
   bar = progress.Progress(
@@ -227,10 +249,10 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
       peak_flops=peak * jax.device_count() if peak else None)
   tb = SummaryWriter(workdir, purge_step=start + 1 if start else None) if is_main else None
   profiler = profiling.StepProfiler(workdir, t.get("profile_steps"))
-  show_attention = is_main and t.get("attention_maps", True)
+  # (one process: the snapshot runs on the host's example outside the sharded step)
+  show_attention = jax.process_count() == 1 and t.get("attention_maps", True)
   if show_attention:
     snapshot_fn = attention_maps.make_snapshot_fn(module, task)
-    example = next(iter(pipeline.eval_batches()))
     tokenizer = getattr(pipeline, "tokenizer", None)
     labels = ([tokenizer.decode([i]) for i in example[task.inputs[0]][0]]
               if tokenizer is not None and task.name in ("lm", "mlm") else None)
@@ -238,7 +260,7 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
 
   with _StopRequest() as stop:
     for s in range(start, t.steps):
-      batch = first if s == start else pipeline.train_batch(s)
+      batch = plan.global_batch(first if s == start else pipeline.train_batch(s))
       profiler.before(s + 1)
       state, m = train_step(state, batch, dropout_key)
       profiler.after(s + 1, m)
@@ -269,7 +291,7 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
           tb.scalars(_scalars(record), done)
       if done % t.eval_every == 0 or done == t.steps:
         with bar.paused():
-          last_eval = {"step": done, **evaluate(eval_step, state["params"], pipeline, task)}
+          last_eval = {"step": done, **evaluate(eval_step, state["params"], pipeline, task, plan)}
           if show_attention:
             png, entropy = attention_maps.write_attention_map(
                 snapshot_fn, state["params"], example, step=done, workdir=workdir,
@@ -299,7 +321,10 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
     plots.plot_curves(os.path.join(workdir, "metrics.jsonl"),
                       os.path.join(workdir, "curves.png"))
   if not preempted and task.name == "lm" and t.get("sample_tokens", 0):
-    _write_sample(config, state["params"], pipeline.tokenizer, workdir)
+    params = state["params"]
+    if jax.process_count() > 1:          # every process samples from the whole params
+      params = multihost_utils.process_allgather(params, tiled=True)
+    _write_sample(config, params, pipeline.tokenizer, workdir)
   return last_eval
 
 

@@ -1,0 +1,95 @@
+"""Two real `python -m jaxformer.train` processes (4 CPU devices each, gloo collectives)
+started by `launch.local` train like one process, and their checkpoint continues on one device."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+from launch.local import process_env, run_local
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+TRAIN_FLAGS = ["--config.train.steps={steps}", "--config.train.log_every=1",
+               "--config.train.eval_every={steps}", "--config.train.checkpoint_every={steps}",
+               "--config.data.eval_batches=1", "--config.train.sample_tokens=0",
+               "--config.optim.schedule=constant", "--config.optim.warmup_steps=0",
+               "--config.model.vocab_size=66", "--config.train.attention_maps=False"]
+
+
+def _config(steps, data, model, fsdp):
+  from configs import shakespeare_char
+  cfg = shakespeare_char.get_config("tiny")
+  cfg.train.update(steps=steps, log_every=1, eval_every=steps, checkpoint_every=steps,
+                   sample_tokens=0, attention_maps=False)
+  cfg.data.eval_batches = 1
+  cfg.optim.update(schedule="constant", warmup_steps=0)
+  cfg.model.vocab_size = 66                 # divisible by mesh.model=2 (vocab is sharded)
+  cfg.mesh.update(data=data, model=model, fsdp=fsdp)
+  return cfg
+
+
+def _records(workdir):
+  from jaxformer.train.metrics import read
+  keep = ("step", "loss", "grad_norm", "eval_loss", "eval_accuracy")
+  return [{k: r[k] for k in keep if k in r} for r in read(os.path.join(workdir, "metrics.jsonl"))]
+
+
+def _assert_records_close(got, want):
+  assert [sorted(r) for r in got] == [sorted(r) for r in want]
+  for g, w in zip(got, want):
+    for key in g:
+      np.testing.assert_allclose(g[key], w[key], rtol=2e-5, err_msg=f"{key} at {g['step']}")
+
+
+def _train_cli(workdir, steps, num_processes, devices_per_process, *mesh_flags):
+  cmd = [sys.executable, "-m", "jaxformer.train",
+         "--config=" + os.path.join(ROOT, "configs", "shakespeare_char.py") + ":tiny",
+         f"--workdir={workdir}"] + [f.format(steps=steps) for f in TRAIN_FLAGS] + list(mesh_flags)
+  results = run_local(cmd, num_processes, devices_per_process, env={"PYTHONPATH": ROOT},
+                      timeout=300)
+  for i, result in enumerate(results):
+    assert result.returncode == 0, f"process {i} failed:\n{result.stdout[-3000:]}"
+
+
+def test_two_processes_train_like_one_and_their_checkpoint_continues_on_one_device(tmp_path):
+  from jaxformer.train import loop
+  two, one = str(tmp_path / "two"), str(tmp_path / "one")
+  _train_cli(two, 3, 2, 4, "--config.mesh.data=4", "--config.mesh.model=2",
+             "--config.mesh.fsdp=True")                           # 2 processes x 4 devices
+  loop.train(_config(3, -1, 1, False), one)                       # 1 process x 8 devices
+  _assert_records_close(_records(two), _records(one))
+
+  # the 2-process (4 x 2 mesh, FSDP) checkpoint restores in a single process on one device
+  # and continues exactly like the 8-device run
+  _train_cli(two, 5, 1, 1, "--config.mesh.data=1")
+  loop.train(_config(5, -1, 1, False), one)
+  _assert_records_close(_records(two), _records(one))
+  assert [r["step"] for r in _records(two) if "loss" in r] == [1, 2, 3, 4, 5]
+
+
+def test_launcher_stops_the_others_when_one_fails():
+  script = ("import os, sys, time\n"
+            "rank = int(os.environ['JAXFORMER_PROCESS_ID'])\n"
+            "print('rank', rank, os.environ['JAXFORMER_NUM_PROCESSES'], flush=True)\n"
+            "sys.exit(3) if rank == 1 else time.sleep(60)\n")
+  start = time.monotonic()
+  results = run_local([sys.executable, "-c", script], 2, 1, timeout=30)
+  assert time.monotonic() - start < 20
+  assert [r.returncode for r in results] == [-signal.SIGTERM, 3]
+  assert results[0].stdout == "rank 0 2\n" and results[1].stdout == "rank 1 2\n"
+
+
+def test_process_env_sets_topology_and_device_count():
+  base = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_dump_to=/tmp/d"}
+  env = process_env(base, process_id=1, num_processes=2, port=1234, devices_per_process=4,
+                    platform="cpu")
+  assert env["XLA_FLAGS"] == "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=4"
+  assert (env["JAXFORMER_COORDINATOR"], env["JAXFORMER_NUM_PROCESSES"],
+          env["JAXFORMER_PROCESS_ID"], env["JAX_PLATFORMS"]) == ("localhost:1234", "2", "1",
+                                                                 "cpu")

@@ -1,0 +1,305 @@
+"""Meshes, sharding rules and ShardingPlan on 8 CPU devices: sharded training equals one
+device, arrays are really sharded, bad meshes fail before compiling, Orbax restores across
+meshes, Slurm/env start-up parsing."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import pytest
+from jax.sharding import AxisType, PartitionSpec as P
+
+from configs import vit
+from jaxformer import models
+from jaxformer.parallel import (ShardingPlan, distributed, initialize, logical_axis_rules,
+                                make_mesh, parse_hostlist, per_device_bytes)
+from tests import sharded_gpt as worker
+
+MESHES = [((8, 1, 1), False), ((8, 1, 1), True), ((4, 2, 1), False), ((4, 2, 1), True),
+          ((2, 4, 1), False), ((2, 4, 1), True), ((1, 8, 1), False)]
+SHARDED_INIT = ((4, 2, 1), True)     # initialised by plan.init_state straight into its shards
+# Logical name -> mesh axis as the rules promise it for parameters (checked independently).
+PARAM_AXES = {"heads": "model", "kv_heads": "model", "mlp": "model", "vocab": "model",
+              "expert": "expert"}
+
+
+def mesh_config(shape, fsdp=False):
+  return dict(zip(("data", "model", "expert"), shape), fsdp=fsdp)
+
+
+def plan_for(shape, fsdp=False):
+  devices = jax.devices()[:math.prod(shape)]
+  return ShardingPlan.from_config(mesh_config(shape, fsdp), devices)
+
+
+@functools.cache
+def gpt_initial_state():
+  """The tiny GPT's initial train state on the host (initialised once, on one device)."""
+  config = worker.tiny_gpt_config()
+  module, tx = models.build(config), optax.adamw(worker.LR, eps=worker.EPS)
+  init = worker.boxed_init(module, tx, jnp.zeros((1, worker.SEQ_LEN), jnp.int32))
+  return jax.device_get(plan_for((1, 1, 1)).init_state(init)[0])
+
+
+@functools.cache
+def gpt_run(shape, fsdp):
+  """(losses, state, step) of 3 AdamW steps of the tiny GPT on this mesh. The state starts
+  from the shared host copy (one step compile per mesh); SHARDED_INIT uses `plan.init_state`."""
+  config = worker.tiny_gpt_config()
+  batches = [worker.token_batch(s, config["vocab_size"]) for s in range(3)]
+  initial = None if (shape, fsdp) == SHARDED_INIT else gpt_initial_state()
+  return worker.train(plan_for(shape, fsdp), config, batches, initial_state=initial)
+
+
+def _assert_trees_close(got, want, atol):
+  for (path, g), w in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=atol, rtol=1e-5,
+                               err_msg=jax.tree_util.keystr(path))
+
+
+def _expected_param_bytes(shape, fsdp):
+  """Per-device parameter bytes from the logical names, by the rules' promise."""
+  sizes = dict(zip(("data", "model", "expert"), shape))
+  axes = dict(PARAM_AXES, embed="data") if fsdp else PARAM_AXES
+  module = models.build(worker.tiny_gpt_config())
+  boxed = jax.eval_shape(module.init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+  total = 0
+  for box in jax.tree.leaves(boxed["params"], is_leaf=lambda x: isinstance(x, nn.Partitioned)):
+    split = math.prod(sizes[axes[n]] for n in box.names if n in axes)
+    total += box.value.size * 4 // split
+  return total
+
+
+# --- meshes and rules ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("requested, want", [((-1, 1, 1), (8, 1, 1)), ((2, -1, 1), (2, 4, 1)),
+                                             ((1, 2, -1), (1, 2, 4)), ((4, 2, 1), (4, 2, 1))])
+def test_make_mesh_fills_minus_one(requested, want):
+  mesh = make_mesh(mesh_config(requested))
+  assert tuple(mesh.shape.values()) == want
+  assert mesh.axis_names == ("data", "model", "expert")
+  assert all(t == AxisType.Auto for t in mesh.axis_types)
+  assert [d.id for d in mesh.devices.flat] == sorted(d.id for d in jax.devices())
+
+
+def test_make_mesh_on_a_device_subset():
+  mesh = make_mesh(mesh_config((-1, 2, 1)), devices=jax.devices()[:4])
+  assert tuple(mesh.shape.values()) == (2, 2, 1)
+
+
+@pytest.mark.parametrize("requested, message", [
+    ((4, 4, 1), "mesh data=4 x model=4 x expert=1 needs 16 devices; 8 available (cpu x8). "
+                "Set --config.mesh.data=-1"),
+    ((2, 2, 1), "needs 4 devices; 8 available"),
+    ((-1, -1, 1), "at most one axis may be -1"),
+    ((-1, 3, 1), "the fixed axes need a multiple of 3 devices; 8 available (cpu x8)"),
+    ((0, 1, 1), "mesh.data=0 must be a positive int or -1"),
+    ((1, "2", 1), "mesh.model='2' must be a positive int"),
+])
+def test_make_mesh_errors_name_fields_and_devices(requested, message):
+  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
+                     .replace(".", r"\.")):
+    make_mesh(mesh_config(requested))
+
+
+def test_plan_rejects_non_bool_fsdp():
+  with pytest.raises(ValueError, match="mesh.fsdp='yes'"):
+    ShardingPlan.from_config(dict(data=-1, fsdp="yes"))
+
+
+def test_rules_per_strategy():
+  to_mesh = lambda names, **kw: tuple(nn.logical_to_mesh_axes(names, logical_axis_rules(**kw)))
+  activation, kernel = ("batch", "length", "embed"), ("embed", "qkv", "heads", "kv")
+  assert to_mesh(activation) == ("data", None, None)
+  assert to_mesh(kernel) == (None, None, "model", None)
+  # FSDP: parameters shard embed over data; activations keep batch there (data used once).
+  assert to_mesh(kernel, fsdp=True) == ("data", None, "model", None)
+  assert to_mesh(activation, fsdp=True) == ("data", None, None)
+  assert to_mesh(("vocab", "embed"), fsdp=True) == ("model", "data")
+  assert to_mesh(("layers", "embed", "mlp"), fsdp=True) == (None, "data", "model")
+  # Expert parallelism: experts over 'expert', and the batch over data and expert.
+  experts = ("expert", "embed", "mlp")
+  assert to_mesh(experts, fsdp=True, expert_parallel=True) == ("expert", "data", "model")
+  assert to_mesh(activation, expert_parallel=True) == (("data", "expert"), None, None)
+
+
+# --- sharded training == one device ----------------------------------------------------------
+
+@pytest.mark.parametrize("shape, fsdp", MESHES)
+def test_sharded_gpt_training_matches_one_device(shape, fsdp):
+  want_losses, want_state, _ = gpt_run((1, 1, 1), False)
+  losses, state, step = gpt_run(shape, fsdp)
+  np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+  assert want_losses[0] != want_losses[-1]            # the steps really trained
+  _assert_trees_close(state["params"], want_state["params"], atol=2e-6)
+  assert len(step.compile_seconds) == 1
+
+  qkv = state["params"]["decoder"]["layers_0"]["block"]["self_attention"]["qkv"]["kernel"]
+  data_axis = "data" if fsdp and shape[0] > 1 else None
+  assert qkv.sharding.spec == P(data_axis, None, "model", None)
+  mu = state["opt_state"][0].mu["decoder"]["layers_0"]["block"]["self_attention"]["qkv"]
+  assert mu["kernel"].sharding.spec == qkv.sharding.spec            # moments follow params
+  assert state["step"].sharding.is_fully_replicated
+
+  got = per_device_bytes(state["params"])
+  assert got == sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(state["params"]))
+  assert got == _expected_param_bytes(shape, fsdp)
+  single = per_device_bytes(want_state["params"])
+  if fsdp and shape == (8, 1, 1):
+    assert got * 8 == single                          # every parameter has an embed dim
+
+
+def test_vit_sharded_training_matches_one_device():
+  config = dict(vit.get_config("tiny").model.to_dict(), num_layers=1)
+  rng = np.random.default_rng(0)
+  batches = [{"images": rng.normal(size=(8, 8, 8, 1)).astype(np.float32),
+              "targets": rng.integers(0, 10, 8).astype(np.int32)} for _ in range(3)]
+  module, tx = models.build(config), optax.adamw(worker.LR, eps=worker.EPS)
+  init = worker.boxed_init(module, tx, jnp.zeros((1, 8, 8, 1), jnp.float32))
+  initial = jax.device_get(plan_for((1, 1, 1)).init_state(init)[0])
+  runs = [worker.train(plan_for(shape, fsdp), config, batches, "images", initial)
+          for shape, fsdp in [((1, 1, 1), False), ((2, 4, 1), True)]]
+  (want_losses, want_state, _), (losses, state, _) = runs
+  np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+  _assert_trees_close(state["params"], want_state["params"], atol=1e-5)
+  wi = state["params"]["encoder"]["layers_0"]["block"]["ffn"]["wi"]["kernel"]
+  assert wi.sharding.spec == P("data", "model")
+
+
+# --- errors before compilation ---------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides, shape, message", [
+    (dict(d_model=48, num_heads=6), (2, 4, 1),
+     "params/decoder/layers_0/block/self_attention/out/kernel dim 0 (heads=6) is not divisible "
+     "by mesh.model=4; choose a mesh.model that divides it"),
+    (dict(vocab_size=65), (4, 2, 1),
+     "params/embed/embedding dim 0 (vocab=65) is not divisible by mesh.model=2; pad "
+     "model.vocab_size to a multiple of 2 (66)"),
+])
+def test_indivisible_parameter_fails_before_compiling(overrides, shape, message, monkeypatch):
+  module, tx = models.build(worker.tiny_gpt_config(**overrides)), optax.adamw(1e-3)
+  init = worker.boxed_init(module, tx, jnp.zeros((1, 4), jnp.int32))
+  plan = plan_for(shape)
+  monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled before validating"))
+  with pytest.raises(ValueError) as error:
+    plan.init_state(init)
+  assert str(error.value).startswith(message)
+
+
+def test_fsdp_embed_divisibility_names_the_fix():
+  module, tx = models.build(worker.tiny_gpt_config()), optax.adamw(1e-3)
+  abstract = jax.eval_shape(worker.boxed_init(module, tx, jnp.zeros((1, 4), jnp.int32)))
+  plan = ShardingPlan.from_config(mesh_config((8, 1, 1), fsdp=True))
+  plan.check_divisible(abstract)
+  wide = worker.tiny_gpt_config(d_model=36, num_heads=4)
+  abstract = jax.eval_shape(worker.boxed_init(models.build(wide), tx,
+                                              jnp.zeros((1, 4), jnp.int32)))
+  with pytest.raises(ValueError, match=r"\(embed=36\) is not divisible by mesh.data=8; choose "
+                                       r"a mesh.data that divides model.d_model"):
+    plan.check_divisible(abstract)
+
+
+# --- batches and compiled steps --------------------------------------------------------------
+
+def test_global_batch_is_sharded_over_batch_axes():
+  plan = plan_for((4, 2, 1))
+  local = worker.token_batch(0, 64)
+  batch = plan.global_batch(local)
+  assert batch["inputs"].sharding.spec == P("data", None)
+  assert batch["inputs"].addressable_shards[0].data.shape == (2, worker.SEQ_LEN)
+  np.testing.assert_array_equal(np.asarray(batch["targets"]), local["targets"])
+  with pytest.raises(ValueError, match="train.batch_size=6 is not divisible by mesh.data=4"):
+    plan.check_batch_size(6)
+  experts = plan_for((2, 1, 4))
+  assert experts.batch_sharding(2).spec == P(("data", "expert"), None)
+  assert experts.batch_shards == 8
+
+
+def test_replicate_puts_host_values_and_keys_on_every_device():
+  plan = plan_for((4, 2, 1))
+  out = plan.replicate({"key": jax.random.key(3), "lr": np.float32(0.5)})
+  assert out["lr"].sharding.is_fully_replicated and len(out["lr"].sharding.device_set) == 8
+  assert float(out["lr"]) == 0.5
+  np.testing.assert_array_equal(jax.random.key_data(out["key"]),
+                                jax.random.key_data(jax.random.key(3)))
+
+
+def test_compiled_step_compiles_once_per_shape():
+  plan = plan_for((8, 1, 1))
+  double = plan.jit(lambda x: 2 * x, in_shardings=plan.batch_sharding(2),
+                    out_shardings=plan.batch_sharding(2))
+  for rows in (8, 8, 16):
+    x = plan.global_batch({"x": np.ones((rows, 3), np.float32)})["x"]
+    np.testing.assert_array_equal(np.asarray(double(x)), 2 * np.ones((rows, 3)))
+  assert len(double.compile_seconds) == 2
+
+
+def test_sharded_init_and_checkpoint_restore_onto_a_different_mesh(tmp_path):
+  want_losses, _, _ = gpt_run((1, 1, 1), False)
+  losses, state, _ = gpt_run(*SHARDED_INIT)
+  np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+  with ocp.StandardCheckpointer() as ckpt:
+    ckpt.save(tmp_path / "ckpt", state["params"])
+  module = models.build(worker.tiny_gpt_config())
+  boxed = jax.eval_shape(module.init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+  one = plan_for((1, 1, 1))
+  with ocp.StandardCheckpointer() as ckpt:
+    restored = ckpt.restore(tmp_path / "ckpt", one.restore_target(boxed["params"]))
+  _assert_trees_close(restored, state["params"], atol=0)
+  for leaf in jax.tree.leaves(restored):
+    assert leaf.sharding.device_set == {jax.devices()[0]}
+
+
+# --- multi-process start-up ------------------------------------------------------------------
+
+@pytest.mark.parametrize("hostlist, want", [
+    ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
+    ("a1,b[8-10]", ["a1", "b8", "b9", "b10"]),
+    ("r[1-2]-n[1,3]", ["r1-n1", "r1-n3", "r2-n1", "r2-n3"]),
+    ("gpu-7", ["gpu-7"]),
+])
+def test_parse_hostlist(hostlist, want):
+  assert parse_hostlist(hostlist) == want
+
+
+@pytest.mark.parametrize("bad", ["node[01-03", "node[3-1]", "node[a-b]"])
+def test_parse_hostlist_rejects_malformed(bad):
+  with pytest.raises(ValueError, match="malformed Slurm hostlist"):
+    parse_hostlist(bad)
+
+
+def test_slurm_topology():
+  env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "4242",
+         "SLURM_JOB_NODELIST": "gpu[003-004]", "SLURM_LOCALID": "1",
+         "SLURM_GPUS_ON_NODE": "8", "SLURM_NTASKS_PER_NODE": "4(x2)"}
+  assert distributed.slurm_topology(env) == dict(
+      coordinator_address="gpu003:16242", num_processes=8, process_id=5,
+      local_device_ids=[2, 3])
+  bound = dict(env, SLURM_GPUS_PER_TASK="2", CUDA_VISIBLE_DEVICES="2,3")
+  assert distributed.slurm_topology(bound)["local_device_ids"] is None
+  assert distributed.slurm_topology(dict(env, SLURM_NTASKS="1")) is None
+
+
+def test_initialize_single_process_is_a_noop_and_checks_flags(monkeypatch):
+  for key in ("JAXFORMER_COORDINATOR", "JAXFORMER_NUM_PROCESSES", "JAXFORMER_PROCESS_ID",
+              "SLURM_PROCID", "SLURM_NTASKS", "TPU_WORKER_HOSTNAMES"):
+    monkeypatch.delenv(key, raising=False)
+  assert initialize() == (0, 1)
+  assert initialize(num_processes=1) == (0, 1)
+  with pytest.raises(ValueError, match="needs a coordinator address"):
+    initialize(num_processes=2, process_id=0)
+  monkeypatch.setenv("JAXFORMER_NUM_PROCESSES", "2")
+  monkeypatch.setenv("JAXFORMER_COORDINATOR", "localhost:1234")
+  monkeypatch.setenv("JAXFORMER_PROCESS_ID", "2")
+  with pytest.raises(ValueError, match=r"process_id=2 \(or \$JAXFORMER_PROCESS_ID\)"):
+    initialize()
+  monkeypatch.setenv("JAXFORMER_NUM_PROCESSES", "two")
+  with pytest.raises(ValueError, match="JAXFORMER_NUM_PROCESSES='two' is not a valid int"):
+    initialize()
