@@ -88,7 +88,7 @@ def test_changed_model_is_refused_unless_fresh(tmp_path):
 
 
 @pytest.mark.parametrize("field, value, match", [
-    ("model.vocab_size", 70, "model.vocab_size=70"),
+    ("model.vocab_size", 60, "model.vocab_size=60"),
     ("data.seq_len", 64, "data.seq_len=64 exceeds model.max_len=32"),
     ("data.source", "/no/such/file.txt", "data.source='/no/such/file.txt'"),
     ("train.steps", 0, "train.steps=0"),
