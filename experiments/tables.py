@@ -14,6 +14,10 @@ Markdown table:
   model's context length: max_len for decoders and BERT, patches + 1 for ViT, data.seq_len
   (source and target) for the encoder-decoder.
 
+It also writes experiments/results/tables.md: that table plus, per config, the Chinchilla
+compute-optimal token count (20 tokens/parameter and the fitted law of Hoffmann et al. 2022,
+see `jaxformer.scaling_fits`) and the training FLOPs at those token counts.
+
 Usage: python experiments/tables.py
 """
 
@@ -25,7 +29,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))   # the repo root
 
 import configs  # noqa: E402
-from jaxformer import scaling  # noqa: E402
+from jaxformer import scaling, scaling_fits  # noqa: E402
 
 # (config file, config names, label prefix): every published size.
 MODELS = [
@@ -37,6 +41,7 @@ MODELS = [
     ("llama", ("llama2-7b", "llama3-8b", "mistral-7b"), ""),
     ("mixtral", ("8x7b",), "Mixtral-"),
 ]
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 LABELS = {"llama2-7b": "Llama-2-7B", "llama3-8b": "Llama-3-8B", "mistral-7b": "Mistral-7B",
           "xl": "XL", "8x7b": "8x7B", "2.7b": "2.7B", "6.7b": "6.7B", "13b": "13B",
           "175b": "175B"}
@@ -73,30 +78,46 @@ def _fmt_count(n) -> str:
   return f"{int(n):,}"
 
 
-def rows():
-  """Yields dicts: label, config, key, ours, ref, exact, flops, ctx."""
+def published_configs():
+  """Yields (module, name, label, config) for every published size in MODELS."""
   for module, names, prefix in MODELS:
     for name in names:
-      cfg = configs.get_config(module, name)
-      counts = scaling.count_params(cfg.model)
-      ctx = context_length(cfg)
-      flops = scaling.flops_per_token(cfg.model, ctx)
-      ref = cfg.reference
       label = LABELS[name] if module == "llama" else prefix + LABELS.get(name, name)
-      spec = f"{module}.py:{name}"
-      base = dict(label=label, config=spec, flops=flops, ctx=ctx)
-      if module == "vit" and ref.get("params_exact"):
-        yield dict(base, key="backbone", ours=counts["backbone"], ref=ref.params_exact,
-                   exact=True)
-      elif module in ("gpt3", "transformer", "vit"):
-        yield dict(base, key=ref.params_key, ours=counts[ref.params_key], ref=ref.params,
-                   exact=False)
-      else:
-        yield dict(base, key=ref.params_key, ours=counts[ref.params_key], ref=ref.params,
-                   exact=True)
-      if module == "mixtral":
-        yield dict(base, label=label + " (active)", key="active", ours=counts["active"],
-                   ref=ref.active_params, exact=False)
+      yield module, name, label, configs.get_config(module, name)
+
+
+def rows():
+  """Yields dicts: label, config, key, ours, ref, exact, flops, ctx."""
+  for module, name, label, cfg in published_configs():
+    counts = scaling.count_params(cfg.model)
+    ctx = context_length(cfg)
+    flops = scaling.flops_per_token(cfg.model, ctx)
+    ref = cfg.reference
+    spec = f"{module}.py:{name}"
+    base = dict(label=label, config=spec, flops=flops, ctx=ctx)
+    if module == "vit" and ref.get("params_exact"):
+      yield dict(base, key="backbone", ours=counts["backbone"], ref=ref.params_exact,
+                 exact=True)
+    elif module in ("gpt3", "transformer", "vit"):
+      yield dict(base, key=ref.params_key, ours=counts[ref.params_key], ref=ref.params,
+                 exact=False)
+    else:
+      yield dict(base, key=ref.params_key, ours=counts[ref.params_key], ref=ref.params,
+                 exact=True)
+    if module == "mixtral":
+      yield dict(base, label=label + " (active)", key="active", ours=counts["active"],
+                 ref=ref.active_params, exact=False)
+
+
+def compute_optimal_rows():
+  """Yields dicts: label, config, n (active parameters, embeddings included, as Hoffmann et
+  al. 2022 count), flops (training FLOPs/token), tokens_20 (20 N), tokens_law (approach 3)."""
+  for module, name, label, cfg in published_configs():
+    n = scaling.count_params(cfg.model)["active"]
+    yield dict(label=label, config=f"{module}.py:{name}", n=n,
+               flops=scaling.flops_per_token(cfg.model, context_length(cfg)),
+               tokens_20=float(scaling_fits.chinchilla_tokens(n)),
+               tokens_law=float(scaling_fits.chinchilla_optimal_tokens(n)))
 
 
 def table(all_rows) -> str:
@@ -116,11 +137,48 @@ def table(all_rows) -> str:
   return "\n".join(lines)
 
 
+def compute_optimal_table(optimal_rows) -> str:
+  lines = ["| model | config | N (active) | FLOPs/token (train) | D = 20 N | C at 20 N | "
+           "D_opt (fitted law) | D_opt / N | C at D_opt |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+  for r in optimal_rows:
+    lines.append(f"| {r['label']} | `{r['config']}` | {_fmt_count(r['n'])} | {r['flops']:.3e} | "
+                 f"{r['tokens_20']:.3e} | {r['flops'] * r['tokens_20']:.2e} | "
+                 f"{r['tokens_law']:.3e} | {r['tokens_law'] / r['n']:.0f} | "
+                 f"{r['flops'] * r['tokens_law']:.2e} |")
+  return "\n".join(lines)
+
+
+def report(all_rows, optimal_rows) -> str:
+  """experiments/results/tables.md: both tables with their notes."""
+  law = scaling_fits.HOFFMANN_2022
+  return "\n\n".join([
+      "# Published configs: parameters, FLOPs and compute-optimal tokens",
+      "Generated by `python experiments/tables.py` (parameter counts by `jax.eval_shape`, "
+      "nothing is allocated). FLOPs/token: `scaling.flops_per_token`, training "
+      "(6N + 6 n_layer n_ctx d_attn, Kaplan et al. 2020) at the context length `ctx`.",
+      "## Parameter counts vs the published numbers", table(all_rows), FOOTNOTES.strip(),
+      "## Compute-optimal training tokens (Chinchilla)",
+      "Hoffmann et al. 2022, \"Training Compute-Optimal Large Language Models\". N counts "
+      "embeddings (as the paper does) and, for Mixtral, only the active parameters. "
+      "D = 20 N is the paper's rule of thumb; D_opt is where N is the compute-optimal size "
+      f"of the approach-3 law L = E + A/N^a + B/D^b (E={law.E}, A={law.A}, B={law.B}, "
+      f"a={law.a}, b={law.b}): N = G (C/6)^(b/(a+b)), G = (aA/(bB))^(1/(a+b)) = {law.G:.4f}, "
+      "C = 6 N D. C columns: training FLOPs = FLOPs/token x D. The law was fit on decoder "
+      "LMs; the encoder, encoder-decoder and ViT rows apply it only as a yardstick. Because "
+      "a > b, the law's D_opt / N grows with N (it reaches ~110 tokens/parameter at 70B) "
+      "instead of staying at 20.",
+      compute_optimal_table(optimal_rows), ""])
+
+
 def main() -> int:
   all_rows = list(rows())
   print(table(all_rows))
   print()
   print(FOOTNOTES)
+  RESULTS.mkdir(parents=True, exist_ok=True)
+  (RESULTS / "tables.md").write_text(report(all_rows, list(compute_optimal_rows())))
+  print(f"wrote {RESULTS / 'tables.md'}")
   bad = [r["label"] for r in all_rows if r["exact"] and r["ours"] != r["ref"]]
   if bad:
     print(f"exact references not matched: {', '.join(bad)}")

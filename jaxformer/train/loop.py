@@ -258,6 +258,18 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
               if tokenizer is not None and task.name in ("lm", "mlm") else None)
   last_eval, preempted = None, False
 
+  def check_finite(done, m):
+    """Log a skipped update; stop after max_skipped in a row. Called one step late, so the
+    host never waits for the device between steps (skipped steps leave the state good)."""
+    if not bool(m["finite"]):
+      logging.warning("step %d: non-finite loss or gradient, update skipped", done)
+      if int(m["skipped"]) >= max_skipped:
+        raise FloatingPointError(
+            f"{max_skipped} non-finite steps in a row at step {done}; stopping. The last "
+            f"good checkpoint in {workdir}/checkpoints is intact (lower optim.lr or check "
+            "the data)")
+
+  previous = None
   with _StopRequest() as stop:
     for s in range(start, t.steps):
       batch = plan.global_batch(first if s == start else pipeline.train_batch(s))
@@ -265,16 +277,12 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
       state, m = train_step(state, batch, dropout_key)
       profiler.after(s + 1, m)
       done = s + 1
-      if not bool(m["finite"]):
-        logging.warning("step %d: non-finite loss or gradient, update skipped", done)
-        if int(state["skipped"]) >= max_skipped:
-          raise FloatingPointError(
-              f"{max_skipped} non-finite steps in a row at step {done}; stopping. The last "
-              f"good checkpoint in {workdir}/checkpoints is intact (lower optim.lr or check "
-              "the data)")
+      if previous is not None:
+        check_finite(*previous)
+      previous = (done, m)
       if done % t.log_every == 0 or done == t.steps:
         record = {"step": done, "loss": float(m["loss"]), "lr": float(schedule(s)),
-                  "grad_norm": float(m["grad_norm"]), "skipped": int(state["skipped"])}
+                  "grad_norm": float(m["grad_norm"]), "skipped": int(m["skipped"])}
         if task.name == "classification":
           record["accuracy"] = float(m["accuracy"])
         for key in (k for k in m if k.startswith("moe_")):
@@ -307,6 +315,7 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
             best.maybe_save(done, state["params"], last_eval)
       preempted = stop.requested or (stop_after is not None and done - start >= stop_after)
       if done % t.checkpoint_every == 0 or done == t.steps or preempted:
+        check_finite(*previous)          # never save after the run should have stopped
         with bar.paused():
           ckpts.save(done, state)
       if preempted:

@@ -88,7 +88,7 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
                  "skipped": jnp.where(finite, 0, state["skipped"] + 1)}
     return new_state, {"loss": nll / total_weight, "train_objective": loss,
                        "accuracy": correct / total_weight, "grad_norm": grad_norm,
-                       "finite": finite, **moe_metrics}
+                       "finite": finite, "skipped": new_state["skipped"], **moe_metrics}
 
   return train_step
 
