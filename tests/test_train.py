@@ -201,3 +201,14 @@ def test_attention_map_layer_choice():
                           "decoder/layers/self_attention": w(2, 1, 2, 3, 3)})
   assert name == "decoder/layers/cross_attention"
   np.testing.assert_array_equal(got, scanned[-1, 0])
+
+
+def test_bfloat16_compute_keeps_float32_params_and_loss(tmp_path):
+  cfg = tiny_config(steps=6, log_every=2, eval_every=6, attention_maps=False, sample_tokens=0)
+  cfg.model.dtype = "bfloat16"
+  workdir = str(tmp_path / "bf16")
+  loop.train(cfg, workdir)
+  losses = [r["loss"] for r in read(os.path.join(workdir, "metrics.jsonl")) if "loss" in r]
+  assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+  _, params, _ = load_run(workdir)
+  assert {x.dtype for x in jax.tree.leaves(params)} == {np.dtype("float32")}
