@@ -225,6 +225,29 @@ def test_pack_documents_matches_reference_and_invariants(row_len):
     packing.pack_documents(docs, 0)
 
 
+def test_streaming_packer_yields_rows_as_documents_arrive():
+  row_len, rng = 11, np.random.default_rng(0)
+  docs = [rng.integers(1, 99, size=n).astype(np.int32)       # many longer than a row
+          for n in rng.integers(0, 4 * row_len, size=300)]
+  pulled = []
+
+  def stream():
+    for doc in docs:
+      pulled.append(len(doc))
+      yield doc
+  rows = packing.pack_rows(stream(), row_len)
+  first = next(rows)
+  assert len(pulled) < 5                                     # not the whole corpus first
+  got = np.stack([first, *rows])
+  expected = np.asarray(reference_next_fit(docs, row_len), np.int32)   # [rows, len, field]
+  assert got.dtype == np.int32 and len(pulled) == len(docs)
+  np.testing.assert_array_equal(got, expected.transpose(0, 2, 1))
+  with pytest.raises(ValueError, match="row_len=0"):          # checked at the call
+    packing.pack_rows(stream(), 0)
+  with pytest.raises(ValueError, match="1-D token array"):
+    list(packing.pack_rows([np.ones((2, 3))], row_len))
+
+
 # --------------------------------------------------------------------------- pipelines
 
 def test_stream_lm_batches_match_the_old_text_corpus_exactly(tmp_path, data_dir):
@@ -297,7 +320,7 @@ def test_packed_lm_pipeline_batches_cache_and_processes(tmp_path, data_dir, smal
   evals = list(p.eval_batches())
   assert sum(b["valid"].sum() for b in evals) == len(p.records["validation"])
 
-  monkeypatch.setattr(packing, "pack_documents", lambda *a: pytest.fail("re-packed"))
+  monkeypatch.setattr(packing, "pack_rows", lambda *a: pytest.fail("re-packed"))
   halves = [pipeline(cfg, workdir=tmp_path, data_dir=data_dir, process_index=k,
                      process_count=2).train_batch(9) for k in (0, 1)]
   for key, value in p.train_batch(9).items():
@@ -312,6 +335,73 @@ def test_catalog_source_packs_documents_by_default(tmp_path, data_dir, small_fil
   assert isinstance(p, text.LMPackedPipeline) and p.info == {"vocab_size": 400}
   batch = p.train_batch(0)
   assert batch["weights"].sum() > 0 and (batch["segment_ids"] > 0).any()
+
+
+def test_packed_cache_is_written_while_reading_and_reused_without_reading(
+    tmp_path, data_dir, small_file, monkeypatch):
+  built = text_builder.build_local_text(small_file, train_fraction=0.7, data_dir=data_dir,
+                                       record_chars=1000)
+  counts = {s: built.info.splits[s].num_examples for s in text_builder.SPLITS}
+  cfg = data_config(f"tfds:local_text/{built.builder_config.name}:1.0.0", seq_len=24)
+  events, read, write = [], text._read_records, text.write_array_record
+
+  def counted_read(data_source, key):
+    for record in read(data_source, key):
+      events.append("read")
+      yield record
+
+  def counted_write(path, rows):
+    for row in rows:
+      events.append("row")
+      yield row
+  monkeypatch.setattr(text, "_read_records", counted_read)
+  monkeypatch.setattr(text, "write_array_record", lambda p, rows: write(p, counted_write(p, rows)))
+  p = pipeline(cfg, workdir=tmp_path, data_dir=data_dir)
+  # the char set reads both splits once; packing writes its first row after one more record
+  assert events[:events.index("row")].count("read") == sum(counts.values()) + 1
+  assert events.count("read") == 2 * sum(counts.values())
+
+  def must_not_read(*args):
+    raise AssertionError("read source records although the packed cache exists")
+  monkeypatch.setattr(text, "_read_records", must_not_read)
+  again = pipeline(cfg, workdir=tmp_path, data_dir=data_dir)
+  for key, value in p.train_batch(3).items():
+    np.testing.assert_array_equal(again.train_batch(3)[key], value)
+  with pytest.raises(AssertionError, match="cache exists"):   # the patch does bite
+    pipeline(cfg, workdir=tmp_path / "other_run", data_dir=data_dir)
+
+
+def test_interrupted_cache_write_leaves_no_file(tmp_path):
+  def rows():
+    yield b"row"
+    raise KeyboardInterrupt("killed while packing")
+  with pytest.raises(KeyboardInterrupt):
+    text.write_array_record(tmp_path / "train.array_record", rows())
+  assert list(tmp_path.iterdir()) == []
+  text.write_array_record(tmp_path / "train.array_record", iter([b"a", b"b"]))
+  assert [p.name for p in tmp_path.iterdir()] == ["train.array_record"]
+
+
+def test_trained_tokenizers_read_only_the_texts_they_use(tmp_path, data_dir, small_file,
+                                                         monkeypatch):
+  built = text_builder.build_local_text(small_file, train_fraction=0.7, data_dir=data_dir,
+                                       record_chars=1000)
+  cfg = data_config(f"tfds:local_text/{built.builder_config.name}:1.0.0", tokenizer="spm:bpe:400")
+  source = text.TextSource(cfg, data_dir)
+  train = list(source.records("train"))
+  yielded, read = [], text._read_records
+
+  def counted_read(data_source, key):
+    for record in read(data_source, key):
+      yielded.append(record)
+      yield record
+  monkeypatch.setattr(text, "_read_records", counted_read)
+  monkeypatch.setattr(text, "SPM_MAX_TRAINING_TEXTS", 3)
+  monkeypatch.setattr(text, "make_tokenizer", lambda spec, texts, directory: list(texts()))
+  assert text.pipeline_tokenizer(cfg, source, tmp_path) == train[:3] == yielded
+  cfg.tokenizer, yielded[:] = "char", []
+  assert text.pipeline_tokenizer(cfg, source, tmp_path) == train + list(
+      source.records("validation")) and len(yielded) > 3 + len(train)
 
 
 def test_mlm_masking_statistics_determinism_and_processes(tmp_path, data_dir, small_file):

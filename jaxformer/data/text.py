@@ -19,6 +19,12 @@ Modes (`data.packing`):
   `batching.train_batches` / `batching.eval_batches`. On a text file (records are 64 Ki
   character pieces of one text, no eos) this gives consecutive non-overlapping rows, and an
   epoch sees every token once.
+
+Records are read lazily (`TextSource.records(role)`, in chunks of `_READ_CHUNK`): a packed
+split is tokenized, packed and written to its cache as the records stream by, and a run that
+finds the cache reads no source record at all (with a tokenizer saved in the workdir, start-up
+is independent of the corpus size, e.g. lm1b's 30M sentences). Stream mode holds its token
+streams in memory, so it is meant for text files and small corpora.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import grain
 import numpy as np
 
 from jaxformer.data import batching, packing, text_builder
-from jaxformer.data.tokenizers import Tokenizer, make_tokenizer
+from jaxformer.data.tokenizers import SPM_MAX_TRAINING_TEXTS, Tokenizer, make_tokenizer
 
 SPLIT_IDS = {"train": 0, "validation": 1}    # the split_id of the window RNG
 PACKING_MODES = ("stream", "packed")
@@ -57,10 +63,11 @@ def _read_records(data_source, key: str) -> Iterator[str]:
 
 
 class TextSource:
-  """The train and eval splits of `data.source` as lists of record texts.
+  """The train and eval splits of `data.source`, whose record texts are read on demand.
 
   `documents` is True for catalog sources (a record is a document) and False for text files
-  (records are consecutive pieces of one text). `identity` names the data (keys caches).
+  (records are consecutive pieces of one text). `identity` names the data (keys caches);
+  building the source reads dataset metadata only, never records.
   """
 
   def __init__(self, data_config, data_dir: str | None):
@@ -82,28 +89,35 @@ class TextSource:
     for role, field in (("train", "data.train_split"), ("validation", "data.eval_split")):
       text_builder.check_split(builder, self.split_names[role], source, field)
     self.identity = json.dumps([builder.info.full_name, key, self.split_names])
-    self.records = {role: list(_read_records(builder.as_data_source(split=name), key))
-                    for role, name in self.split_names.items()}
+    self._builder, self._key = builder, key
 
-  def texts(self, *roles: str) -> Iterable[str]:
-    return itertools.chain.from_iterable(self.records[r] for r in roles)
+  def records(self, role: str) -> Iterator[str]:
+    """The record texts of split `role` ('train' | 'validation'), in order, read lazily."""
+    return _read_records(self._builder.as_data_source(split=self.split_names[role]), self._key)
+
+  def texts(self, *roles: str) -> Iterator[str]:
+    """The record texts of `roles`, one split after the other, read lazily."""
+    return itertools.chain.from_iterable(self.records(r) for r in roles)
 
 
 def pipeline_tokenizer(data_config, source: TextSource, workdir) -> Tokenizer:
   """The run's tokenizer: char sets cover every split (all text must be encodable), trained
-  tokenizers learn from the training split only."""
+  tokenizers learn from the first SPM_MAX_TRAINING_TEXTS texts of the training split (the
+  rest of a large corpus is never read for them)."""
   spec = data_config.tokenizer
-  roles = ("train", "validation") if spec == "char" else ("train",)
-  return make_tokenizer(spec, lambda: source.texts(*roles), workdir)
+  if spec == "char":
+    return make_tokenizer(spec, lambda: source.texts("train", "validation"), workdir)
+  return make_tokenizer(
+      spec, lambda: itertools.islice(source.texts("train"), SPM_MAX_TRAINING_TEXTS), workdir)
 
 
 def encode_stream(tokenizer: Tokenizer, source: TextSource, role: str) -> np.ndarray:
   """One token stream per split: a text file is encoded whole; documents each get an eos."""
   if not source.documents:
-    return tokenizer.encode("".join(source.records[role]))
+    return tokenizer.encode("".join(source.records(role)))
   eos = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
   parts = [np.concatenate([tokenizer.encode(t), np.asarray(eos, np.int32)])
-           for t in source.records[role]]
+           for t in source.records(role)]
   return np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)
 
 
@@ -287,13 +301,19 @@ def _packed_example(row: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def write_array_record(path: str | os.PathLike, rows: Iterable[bytes]):
-  """Write records to `path` atomically (a temporary file renamed when complete)."""
+  """Write records to `path` as `rows` yields them, atomically: into a temporary file that
+  is renamed when complete, or removed if `rows` raises."""
   from array_record.python.array_record_module import ArrayRecordWriter
   tmp = f"{path}.tmp-{os.getpid()}"
-  writer = ArrayRecordWriter(tmp, "group_size:1")
-  for row in rows:
-    writer.write(row)
-  writer.close()
+  writer, complete = ArrayRecordWriter(tmp, "group_size:1"), False
+  try:
+    for row in rows:
+      writer.write(row)
+    complete = True
+  finally:
+    writer.close()
+    if not complete:
+      os.remove(tmp)
   os.replace(tmp, path)
 
 
@@ -319,17 +339,21 @@ class LMPackedPipeline(_TextPipeline):
     """Catalog records are documents (+eos); a text file is one document per record."""
     eos_id = self.tokenizer.eos_id
     eos = np.asarray([eos_id] if self.source.documents and eos_id is not None else [], np.int32)
-    return (np.concatenate([self.tokenizer.encode(t), eos]) for t in self.source.records[role])
+    return (np.concatenate([self.tokenizer.encode(t), eos]) for t in self.source.records(role))
+
+  def _write_packed(self, role: str, path: pathlib.Path):
+    """Tokenize, pack and write the split as its records stream by (one open row in memory)."""
+    rows = packing.pack_rows(self._documents(role), self.seq_len + 1)
+    first = next(rows, None)
+    if first is None:
+      raise ValueError(f"the {role} split of data.source={self.config.source!r} is empty")
+    self.cache_dir.mkdir(parents=True, exist_ok=True)
+    write_array_record(path, (r.astype("<i4").tobytes() for r in itertools.chain([first], rows)))
 
   def _packed_split(self, role: str) -> grain.MapDataset:
     path = self.cache_dir / f"{role}.array_record"
     if not path.exists():
-      rows = packing.pack_documents(list(self._documents(role)), self.seq_len + 1)
-      if not len(rows["tokens"]):
-        raise ValueError(f"the {role} split of data.source={self.config.source!r} is empty")
-      stacked = np.stack([rows[k] for k in packing.PACKED_FIELDS], axis=1).astype("<i4")
-      self.cache_dir.mkdir(parents=True, exist_ok=True)
-      write_array_record(path, (r.tobytes() for r in stacked))
+      self._write_packed(role, path)
     shape = (len(packing.PACKED_FIELDS), self.seq_len + 1)
     source = grain.sources.ArrayRecordDataSource(str(path))
     return grain.MapDataset.source(source).map(

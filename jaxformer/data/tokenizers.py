@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import os
 from typing import Callable, Iterable, Protocol
@@ -166,7 +167,7 @@ class SentencePieceTokenizer:
     import sentencepiece as spm
     spm.set_random_generator_seed(0)
     model = io.BytesIO()
-    sentences = (t for i, t in enumerate(texts) if i < SPM_MAX_TRAINING_TEXTS and t)
+    sentences = (t for t in itertools.islice(texts, SPM_MAX_TRAINING_TEXTS) if t)
     try:
       spm.SentencePieceTrainer.train(
           sentence_iterator=sentences, model_writer=model, model_type=model_type,
