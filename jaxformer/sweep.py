@@ -379,8 +379,8 @@ def summary_row(point: Point, workdir: str) -> dict[str, Any]:
   else:
     status = record.get("status") or ("incomplete" if records else "pending")
   final_step = max((r["step"] for r in train), default=None)
-  tokens = None
-  if point.config is not None and final_step is not None:
+  tokens = None          # sequence tasks only (images have no data.seq_len)
+  if point.config is not None and final_step is not None and point.config.data.get("seq_len"):
     tokens = final_step * point.config.train.batch_size * point.config.data.seq_len
   return {
       "name": point.name, "overrides": dict(point.overrides), "status": status,

@@ -20,6 +20,8 @@ def tiny_config(**train):
   cfg = sc.get_config("tiny")
   cfg.train.steps, cfg.train.log_every, cfg.train.eval_every = 24, 4, 12
   cfg.train.checkpoint_every, cfg.data.eval_batches = 8, 2
+  cfg.train.attention_maps = False        # tested once, in the ViT run
+  cfg.train.sample_tokens = 0             # sampling is tested in the short-run test
   cfg.train.update(train)
   return cfg
 
@@ -29,7 +31,7 @@ def deterministic(records):
 
 
 def test_short_run_learns_and_resume_reproduces_uninterrupted_run(tmp_path):
-  cfg = tiny_config()
+  cfg = tiny_config(sample_tokens=80)
   full = str(tmp_path / "full")
   loop.train(cfg, full)
   records = read(os.path.join(full, "metrics.jsonl"))
@@ -77,7 +79,7 @@ def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
 
 
 def test_changed_model_is_refused_unless_fresh(tmp_path):
-  cfg = tiny_config(steps=4, eval_every=4)
+  cfg = tiny_config(steps=2, eval_every=2)
   workdir = str(tmp_path / "run")
   loop.train(cfg, workdir)
   cfg.model.d_model = 48
@@ -204,7 +206,7 @@ def test_attention_map_layer_choice():
 
 
 def test_bfloat16_compute_keeps_float32_params_and_loss(tmp_path):
-  cfg = tiny_config(steps=6, log_every=2, eval_every=6, attention_maps=False, sample_tokens=0)
+  cfg = tiny_config(steps=6, log_every=2, eval_every=6)
   cfg.model.dtype = "bfloat16"
   workdir = str(tmp_path / "bf16")
   loop.train(cfg, workdir)
