@@ -167,18 +167,6 @@ def test_vit_on_digits_trains_keeps_best_and_writes_observability_files(tmp_path
   assert os.path.isdir(os.path.join(workdir, "best", str(best_step)))
 
 
-def test_seq2seq_synthetic_trains_with_sequence_accuracy(tmp_path):
-  import configs.seq2seq_synthetic as ss
-  cfg = ss.get_config("copy")
-  cfg.data.update(max_len=8, num_eval=64)
-  cfg.model.update(d_model=32, mlp_dim=64, num_encoder_layers=1, num_decoder_layers=1)
-  cfg.train.update(steps=40, eval_every=40, log_every=10, batch_size=32, eval_batch_size=64)
-  last = loop.train(cfg, str(tmp_path / "s2s"))
-  losses = [r["loss"] for r in read(str(tmp_path / "s2s" / "metrics.jsonl")) if "loss" in r]
-  assert losses[-1] < losses[0] - 0.3
-  assert 0.0 <= last["eval_sequence_accuracy"] <= last["eval_accuracy"] <= 1.0
-
-
 def test_moe_gpt_logs_router_metrics_and_aux_loss(tmp_path):
   import configs.moe_gpt as mg
   cfg = mg.get_config("tiny")
