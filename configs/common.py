@@ -108,7 +108,8 @@ def train(steps: int, batch_size: int, *, seed: int = 0, eval_every: int = 500,
       max_skipped_steps=5,          # non-finite steps in a row before stopping
       profile_steps="",             # e.g. "10-12": jax.profiler trace into <workdir>/profile
       attention_maps=True,          # heatmaps + entropy of a fixed eval example at each eval
-      sample_tokens=0, sample_prompt="\n")
+      sample_tokens=0, sample_prompt="\n",
+      sample_every=0)               # LMs: also sample at evals every N steps; 0: end only
   fields.update(extra)
   return _with_placeholders(fields, {"eval_batch_size": int})
 

@@ -31,7 +31,7 @@ def deterministic(records):
 
 
 def test_short_run_learns_and_resume_reproduces_uninterrupted_run(tmp_path):
-  cfg = tiny_config(sample_tokens=80)
+  cfg = tiny_config(sample_tokens=80, sample_every=12)
   full = str(tmp_path / "full")
   loop.train(cfg, full)
   records = read(os.path.join(full, "metrics.jsonl"))
@@ -49,7 +49,9 @@ def test_short_run_learns_and_resume_reproduces_uninterrupted_run(tmp_path):
   assert loop.train(cfg, parted)["step"] == 24
 
   # sampling from the run: the sample written at the end, and seeded reproducible samples
-  assert os.path.getsize(os.path.join(full, "samples.txt")) > 0
+  with open(os.path.join(full, "samples.txt")) as f:
+    assert [l for l in f.read().splitlines() if l.startswith("--- step")] == [
+        "--- step 12", "--- step 24"]
   config, params, tokenizer = load_run(full)
   text = sample_text(config, params, tokenizer, prompt="ROMEO:", max_new_tokens=70, seed=4)
   assert text.startswith("ROMEO:") and len(text) == 76        # crosses max_len=32 in chunks

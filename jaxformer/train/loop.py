@@ -256,6 +256,8 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
     tokenizer = getattr(pipeline, "tokenizer", None)
     labels = ([tokenizer.decode([i]) for i in example[task.inputs[0]][0]]
               if tokenizer is not None and task.name in ("lm", "mlm") else None)
+  samples = task.name == "lm" and t.get("sample_tokens", 0)
+  sample_every = t.get("sample_every", 0)      # 0: one sample at the end of training
   last_eval, preempted = None, False
 
   def check_finite(done, m):
@@ -313,6 +315,8 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
             tb.scalars(_scalars(last_eval), done)
           if best is not None:
             best.maybe_save(done, state["params"], last_eval)
+          if samples and sample_every and done % sample_every == 0 and done < t.steps:
+            _write_sample(config, state["params"], pipeline.tokenizer, workdir, done)
       preempted = stop.requested or (stop_after is not None and done - start >= stop_after)
       if done % t.checkpoint_every == 0 or done == t.steps or preempted:
         check_finite(*previous)          # never save after the run should have stopped
@@ -329,11 +333,8 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
     tb.close()
     plots.plot_curves(os.path.join(workdir, "metrics.jsonl"),
                       os.path.join(workdir, "curves.png"))
-  if not preempted and task.name == "lm" and t.get("sample_tokens", 0):
-    params = state["params"]
-    if jax.process_count() > 1:          # every process samples from the whole params
-      params = multihost_utils.process_allgather(params, tiled=True)
-    _write_sample(config, params, pipeline.tokenizer, workdir)
+  if not preempted and samples:
+    _write_sample(config, state["params"], pipeline.tokenizer, workdir, t.steps)
   return last_eval
 
 
@@ -350,15 +351,18 @@ def _scalars(record: dict) -> dict:
   return out
 
 
-def _write_sample(config, params, tokenizer, workdir):
+def _write_sample(config, params, tokenizer, workdir, step: int):
+  """Append a seeded sample of the current model to samples.txt (and print it)."""
   t = config.train
+  if jax.process_count() > 1:          # every process samples from the whole params
+    params = multihost_utils.process_allgather(params, tiled=True)
   text = sampling.sample_text(config, params, tokenizer, prompt=t.get("sample_prompt", "\n"),
                               max_new_tokens=t.sample_tokens, temperature=0.8, top_k=20,
                               seed=t.seed)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "samples.txt"), "a") as f:
-      f.write(f"--- step {t.steps}\n{text}\n")
-  print(f"\n--- sample after {t.steps} steps ---\n{text}\n", flush=True)
+      f.write(f"--- step {step}\n{text}\n")
+  print(f"\n--- sample after {step} steps ---\n{text}\n", flush=True)
 
 
 def _last_eval(path):
