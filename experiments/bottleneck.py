@@ -20,11 +20,9 @@ import os
 import sys
 import time
 
-import flax.linen as nn
 import jax
 import matplotlib
 import numpy as np
-from ml_collections import ConfigDict
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
@@ -33,7 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import bottleneck  # noqa: E402
 from jaxformer import models  # noqa: E402
 from jaxformer.data.synthetic import SyntheticTask, pad_example  # noqa: E402
-from jaxformer.train import checkpoint, loop, tasks  # noqa: E402
+from jaxformer.sampling import load_run  # noqa: E402
+from jaxformer.train import loop, tasks  # noqa: E402
 
 MODELS = tuple(bottleneck.MODELS)
 TASKS = ("copy", "reverse")
@@ -60,20 +59,6 @@ def experiment_configs(task: str, names=MODELS, steps: int | None = None) -> dic
       config.train.steps = config.train.eval_every = config.train.checkpoint_every = steps
     configs[name] = config
   return configs
-
-
-def restore_run(run_dir: str):
-  """(config, params) of a run's latest checkpoint. Not `sampling.load_run`: that one also
-  loads a tokenizer, which the synthetic tasks do not save."""
-  with open(os.path.join(run_dir, "config.json")) as f:
-    config = ConfigDict(json.load(f))
-  _, _, init_boxed = loop.train_state_fns(config)
-  ckpts = checkpoint.Checkpoints(os.path.join(run_dir, "checkpoints"))
-  restored = ckpts.restore_latest(nn.unbox(jax.eval_shape(init_boxed)))
-  ckpts.close()
-  if restored is None:
-    raise ValueError(f"--workdir: {run_dir} has no checkpoint; train it first")
-  return config, restored[1]["params"]
 
 
 def check_lengths(config, lengths) -> None:
@@ -131,7 +116,7 @@ def train_and_evaluate(configs: dict, workdir: str, lengths, num_examples: int) 
     check_lengths(config, lengths)
     run_dir = os.path.join(workdir, name)
     loop.train(config, run_dir)
-    config, params = restore_run(run_dir)
+    config, params, _ = load_run(run_dir)
     results[name] = {
         "label": LABELS[name], "steps": config.train.steps,
         "params": int(sum(np.size(x) for x in jax.tree.leaves(params))),

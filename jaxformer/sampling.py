@@ -16,7 +16,8 @@ from jaxformer.generate import generate
 
 def load_run(workdir: str, *, which: str = "latest"):
   """(config, params, tokenizer) of a training workdir: its latest checkpoint, or with
-  which="best" the params kept for the best eval (train.best_metric)."""
+  which="best" the params kept for the best eval (train.best_metric). The tokenizer is None
+  for runs without one (images, synthetic tasks)."""
   if which not in ("latest", "best"):
     raise ValueError(f"--checkpoint={which!r} must be 'latest' or 'best'")
   from jaxformer.train import checkpoint, loop   # noqa: deferred (train imports this module)
@@ -39,7 +40,8 @@ def load_run(workdir: str, *, which: str = "latest"):
     params = None if restored is None else restored[1]["params"]
   if params is None:
     raise ValueError(f"--workdir={workdir!r} has no {which} checkpoint yet")
-  tokenizer = load_tokenizer(workdir)
+  has_tokenizer = os.path.exists(os.path.join(workdir, "tokenizer.json"))
+  tokenizer = load_tokenizer(workdir) if has_tokenizer else None
   return config, params, tokenizer
 
 
