@@ -63,3 +63,19 @@ def attention_grads(q, k, v, d_out, *, bias=None, scale=None, **mask_kw):
     return x.reshape(x.shape[:2] + (hkv, rep, d)).sum(3)
 
   return dq, fold(dk), fold(dv), ds
+
+
+def random_inputs(b, tq, tk, h, hkv, d, seed=0):
+  """float32 q [b, tq, h, d], k/v [b, tk, hkv, d] and an output cotangent d_out."""
+  rng = np.random.default_rng(seed)
+  q = rng.normal(size=(b, tq, h, d)).astype(np.float32)
+  k = rng.normal(size=(b, tk, hkv, d)).astype(np.float32)
+  v = rng.normal(size=(b, tk, hkv, d)).astype(np.float32)
+  d_out = rng.normal(size=(b, tq, h, d)).astype(np.float32)
+  return q, k, v, d_out
+
+
+def sorted_segments(b, t, num_segments, seed=1):
+  """[b, t] int32 packed-sequence ids in 0..num_segments-1 (sorted: contiguous segments)."""
+  rng = np.random.default_rng(seed)
+  return np.sort(rng.integers(0, num_segments, size=(b, t)), axis=1).astype(np.int32)

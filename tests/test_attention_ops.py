@@ -15,17 +15,11 @@ RNG = np.random.default_rng(0)
 
 
 def make_inputs(b=2, tq=37, tk=37, h=12, hkv=4, d=48, seed=0):
-  rng = np.random.default_rng(seed)
-  q = rng.normal(size=(b, tq, h, d)).astype(np.float32)
-  k = rng.normal(size=(b, tk, hkv, d)).astype(np.float32)
-  v = rng.normal(size=(b, tk, hkv, d)).astype(np.float32)
-  d_out = rng.normal(size=(b, tq, h, d)).astype(np.float32)
-  return q, k, v, d_out
+  return ref.random_inputs(b, tq, tk, h, hkv, d, seed)
 
 
 def segments(b, t, seed=1):
-  rng = np.random.default_rng(seed)
-  return np.sort(rng.integers(0, 4, size=(b, t)), axis=1).astype(np.int32)
+  return ref.sorted_segments(b, t, 4, seed)
 
 
 # name -> (shape kwargs, attention kwargs builder)

@@ -16,16 +16,11 @@ BLOCK = 16
 
 
 def make_inputs(b=2, tq=33, tk=33, h=4, hkv=2, d=8, seed=0):
-  rng = np.random.default_rng(seed)
-  q = rng.normal(size=(b, tq, h, d)).astype(np.float32)
-  k = rng.normal(size=(b, tk, hkv, d)).astype(np.float32)
-  v = rng.normal(size=(b, tk, hkv, d)).astype(np.float32)
-  d_out = rng.normal(size=(b, tq, h, d)).astype(np.float32)
-  return q, k, v, d_out
+  return ref.random_inputs(b, tq, tk, h, hkv, d, seed)
 
 
 def segments(b, t, seed=1):
-  return np.sort(np.random.default_rng(seed).integers(0, 3, size=(b, t)), axis=1).astype(np.int32)
+  return ref.sorted_segments(b, t, 3, seed)
 
 
 def alibi_bias(h, tq, tk):
