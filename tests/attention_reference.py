@@ -79,3 +79,17 @@ def sorted_segments(b, t, num_segments, seed=1):
   """[b, t] int32 packed-sequence ids in 0..num_segments-1 (sorted: contiguous segments)."""
   rng = np.random.default_rng(seed)
   return np.sort(rng.integers(0, num_segments, size=(b, t)), axis=1).astype(np.int32)
+
+
+def assert_matches(out, grads, expected, ref_grads, bias=None):
+  """`out` and grads (dq, dk, dv[, dbias]) of an implementation vs the float64 reference
+  (`attention`, `attention_grads`); a broadcast bias's cotangent is summed over its broadcast
+  dims."""
+  assert out.shape == expected.shape and all(np.isfinite(g).all() for g in grads)
+  np.testing.assert_allclose(out, expected, atol=2e-5, rtol=1e-5)
+  for got, want in zip(grads[:3], ref_grads[:3]):
+    np.testing.assert_allclose(got, want, atol=5e-5, rtol=1e-4)
+  if bias is not None:
+    want = ref_grads[3].sum(axis=tuple(i for i, n in enumerate(bias.shape) if n == 1),
+                            keepdims=True)
+    np.testing.assert_allclose(grads[3], want, atol=5e-5, rtol=1e-4)

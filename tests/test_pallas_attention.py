@@ -103,14 +103,7 @@ def test_values_and_grads_match_float64_reference(name):
   dq, dk, dv, ds = ref.attention_grads(q, k, v, d_out, bias=bias, **_ref_kwargs(kw))
 
   grads, out = _grad_fn(kw, _with_blocks(BLOCK, BLOCK))(q, k, v, d_out)
-  chex.assert_shape(out, q.shape)
-  chex.assert_tree_all_finite(grads)
-  np.testing.assert_allclose(out, expected, atol=2e-5, rtol=1e-5)
-  for got, want in zip(grads[:3], (dq, dk, dv)):
-    np.testing.assert_allclose(got, want, atol=5e-5, rtol=1e-4)
-  if bias is not None:   # the cotangent of a broadcast bias is summed over broadcast dims
-    want = ds.sum(axis=tuple(i for i, n in enumerate(bias.shape) if n == 1), keepdims=True)
-    np.testing.assert_allclose(grads[3], want, atol=5e-5, rtol=1e-4)
+  ref.assert_matches(out, grads, expected, (dq, dk, dv, ds), bias)
   visible = ref.visible_mask(q.shape[0], q.shape[2], q.shape[1], k.shape[1],
                              **{key: val for key, val in _ref_kwargs(kw).items()
                                 if key != "scale"})
