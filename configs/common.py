@@ -27,14 +27,15 @@ from jaxformer import models
 
 # Model fields that are inference-only switches, not part of a training config.
 _SKIP_FIELDS = ("decode",)
-_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "tuple": tuple}
 
 
 def _placeholder_type(annotation: Any):
-  """'int | None' -> int (annotations are strings under `from __future__ import annotations`)."""
+  """'int | None' -> int, 'tuple[int, int] | None' -> tuple (annotations are strings under
+  `from __future__ import annotations`)."""
   if isinstance(annotation, str):
     parts = [p.strip() for p in annotation.split("|") if p.strip() != "None"]
-    return _TYPES.get(parts[0]) if len(parts) == 1 else None
+    return _TYPES.get(parts[0].split("[")[0]) if len(parts) == 1 else None
   return annotation if annotation in _TYPES.values() else None
 
 

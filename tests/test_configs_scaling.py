@@ -214,7 +214,7 @@ def test_config_flags_override():
   path = ROOT / "configs" / "gpt2.py"
   cfg = _flag_config(["prog", f"--config={path}:tiny", "--config.model.num_layers=3",
                       "--config.model.dropout_rate=0.0", "--config.model.window=8",
-                      "--config.optim.lr=0.01"])
+                      "--config.model.attention_block_sizes=(64, 32)", "--config.optim.lr=0.01"])
   assert cfg.model.num_layers == 3 and cfg.model.window == 8 and cfg.optim.lr == 0.01
   assert cfg.model.name == "gpt2-tiny"
   base = scaling.count_params(configs.get_config("gpt2", "tiny").model)["total"]
@@ -223,6 +223,7 @@ def test_config_flags_override():
   assert scaling.count_params(cfg.model)["total"] == base + per_layer
   module_ = models.build(cfg.model)
   assert module_.num_layers == 3 and module_.window == 8
+  assert module_.attention_block_sizes == (64, 32)
   # Unknown keys are rejected, with a suggestion.
   with pytest.raises(AttributeError, match='Did you mean "num_layers"'):
     _flag_config(["prog", f"--config={path}:tiny", "--config.model.num_layerz=3"])

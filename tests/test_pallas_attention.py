@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxformer import models
 from jaxformer.ops.attention import dot_product_attention
 from jaxformer.ops.pallas import attention as pallas_ops
 from tests import attention_reference as ref
@@ -218,3 +221,62 @@ def test_default_block_sizes_per_backend():
   assert pallas_ops.default_block_sizes(128, "tpu") == (128, 128)
   for d in (64, 128, 256):
     assert all(b & (b - 1) == 0 for b in pallas_ops.default_block_sizes(d, "gpu"))
+
+
+LOWERING_CASES = {   # (shape kwargs, kernel kwargs, bias/mask/segments)
+    "causal_gqa4_bf16_d128": (dict(b=2, tq=300, tk=300, h=8, hkv=2, d=128, dtype=jnp.bfloat16),
+                              dict(causal=True), False),
+    "everything_mqa_f32_d64": (dict(b=2, tq=77, tk=200, h=4, hkv=1, d=64, dtype=jnp.float32),
+                               dict(causal=True, window=(50, None)), True),
+    "window_bf16_d256": (dict(b=1, tq=256, tk=256, h=2, hkv=2, d=256, dtype=jnp.bfloat16),
+                         dict(window=(64, 64)), False),
+}
+
+
+@pytest.mark.parametrize("backend, platform, call", [
+    ("gpu", "cuda", "__gpu$xla.gpu.triton"), ("tpu", "tpu", "tpu_custom_call")])
+@pytest.mark.parametrize("name", sorted(LOWERING_CASES))
+def test_kernels_lower_for_gpu_triton_and_tpu_mosaic(name, backend, platform, call):
+  """Forward + backward lower through Pallas to Triton / Mosaic on this CPU host: block shapes,
+  index maps and kernel bodies satisfy each backend's lowering rules (running them needs the
+  device; see NOTES.md)."""
+  shape, kw, extras = LOWERING_CASES[name]
+  b, tq, tk, h, hkv, d = (shape[key] for key in ("b", "tq", "tk", "h", "hkv", "d"))
+  struct = jax.ShapeDtypeStruct
+  q, kv = struct((b, tq, h, d), shape["dtype"]), struct((b, tk, hkv, d), shape["dtype"])
+  others = ((struct((1, h, tq, tk), jnp.float32), struct((b, 1, tq, tk), jnp.bool_),
+             struct((b, tq), jnp.int32), struct((b, tk), jnp.int32)) if extras else ())
+
+  def loss(q, k, v, *others):
+    names = ("bias", "mask", "q_segment_ids", "kv_segment_ids")
+    out = pallas_ops.pallas_attention(q, k, v, scale=0.1, backend=backend,
+                                      **dict(zip(names, others)), **kw)
+    return jnp.sum(out.astype(jnp.float32))
+
+  argnums = (0, 1, 2, 3) if extras else (0, 1, 2)
+  text = jax.jit(jax.grad(loss, argnums)).trace(q, kv, kv, *others).lower(
+      lowering_platforms=(platform,)).as_text()
+  assert re.findall(r"custom_call @(\S+?)\(", text) == [call] * 3
+  assert set(re.findall(r"jaxformer_flash_\w+", text)) == {
+      "jaxformer_flash_forward", "jaxformer_flash_dq", "jaxformer_flash_dkdv"}
+
+
+def test_block_sizes_reach_the_kernel_and_bad_ones_fail_early():
+  q, k, v, _ = make_inputs(b=1, tq=40, tk=40, h=2, hkv=1, d=8)
+  want = dot_product_attention(q, k, v, causal=True, impl="xla")
+  for impl in ("pallas", "blocked"):
+    got = dot_product_attention(q, k, v, causal=True, impl=impl, block_sizes=(8, 16))
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
+  jaxpr = str(jax.make_jaxpr(lambda q: dot_product_attention(
+      q, k, v, impl="pallas", block_sizes=(8, 16)))(q))
+  assert "grid=(1, 2, 5)" in jaxpr           # 40 queries in blocks of 8
+  assert "f32[1,1,48,8]" in jaxpr            # 40 keys padded to blocks of 16
+  with pytest.raises(ValueError, match=r"block_sizes=\(8,\) must be a \(block_q, block_k\)"):
+    dot_product_attention(q, k, v, impl="pallas", block_sizes=(8,))
+  config = dict(family="decoder", vocab_size=16, d_model=16, num_heads=2, num_layers=1,
+                mlp_dim=32, max_len=8, attention_impl="pallas", attention_block_sizes=(48, 64))
+  with pytest.raises(ValueError, match=r"model.attention_block_sizes=\(48, 64\) must be "
+                                       "powers of two for attention_impl='pallas'"):
+    models.build(config)
+  assert models.build(dict(config, attention_block_sizes=[32, 64])).attention_block_sizes == (
+      32, 64)

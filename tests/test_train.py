@@ -195,12 +195,19 @@ def test_attention_map_layer_choice():
   np.testing.assert_array_equal(got, scanned[-1, 0])
 
 
-def test_bfloat16_compute_keeps_float32_params_and_loss(tmp_path):
-  cfg = tiny_config(steps=6, log_every=2, eval_every=6)
-  cfg.model.dtype = "bfloat16"
+def test_bfloat16_pallas_run_keeps_float32_params_and_loss(tmp_path):
+  """bf16 compute with model.attention_impl='pallas' end to end: the sharded train step (data
+  parallel over the test's 8 devices), eval, checkpoint, and KV-cache sampling."""
+  cfg = tiny_config(steps=6, log_every=2, eval_every=6, sample_tokens=8)
+  cfg.model.update(dtype="bfloat16", attention_impl="pallas", attention_block_sizes=(16, 16))
   workdir = str(tmp_path / "bf16")
   loop.train(cfg, workdir)
-  losses = [r["loss"] for r in read(os.path.join(workdir, "metrics.jsonl")) if "loss" in r]
+  records = read(os.path.join(workdir, "metrics.jsonl"))
+  losses = [r["loss"] for r in records if "loss" in r]
   assert all(np.isfinite(losses)) and losses[-1] < losses[0]
-  _, params, _ = load_run(workdir)
+  assert np.isfinite([r["eval_loss"] for r in records if "eval_loss" in r]).all()
+  config, params, _ = load_run(workdir)
+  assert config.model.attention_impl == "pallas"
   assert {x.dtype for x in jax.tree.leaves(params)} == {np.dtype("float32")}
+  with open(os.path.join(workdir, "samples.txt")) as f:
+    assert "--- step 6" in f.read()

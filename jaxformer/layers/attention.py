@@ -3,12 +3,14 @@ AdditiveAttention."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from jaxformer.layers.dense import default_kernel_init, dense
 from jaxformer.ops import masks, positions as pos_ops
@@ -19,6 +21,61 @@ POSITIONS = ("none", "rope", "alibi")
 
 
 WEIGHTS_COLLECTION = "attention_weights"   # mutable -> every layer sows its probabilities
+
+def per_device_attention(q, k, v, *, bias=None, mask=None, segment_ids=None, **kwargs):
+  """`dot_product_attention` run once per device with `shard_map` under the current mesh.
+
+  Why: attention only mixes positions within one (batch row, head), so every device can run
+  a kernel the partitioner cannot split (impl="pallas") on its rows and heads, whole
+  sequences, with no communication. Rows follow the logical rule for "batch", heads those
+  for "heads"/"kv_heads" (both must map to the same mesh axes so GQA groups stay on one
+  device); an axis that does not divide its dim stays replicated (correct, just redundant).
+  Without a mesh (or rules) this is `dot_product_attention`.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  batch = _divisible_mesh_axes(mesh, "batch", q.shape[0])
+  heads = _divisible_mesh_axes(mesh, "heads", q.shape[2])
+  if heads != _divisible_mesh_axes(mesh, "kv_heads", k.shape[2]):
+    heads = None
+  if batch is None and heads is None:
+    return dot_product_attention(q, k, v, bias=bias, mask=mask, segment_ids=segment_ids,
+                                 **kwargs)
+
+  def pair_spec(x):       # [b|1, h|1, Tq, Tk]: split only dims that are not broadcast
+    return P(batch if x.shape[0] > 1 else None, heads if x.shape[1] > 1 else None)
+
+  arrays = dict(q=q, k=k, v=v)
+  for name, x in (("bias", bias), ("mask", mask)):
+    if x is not None:
+      x = jnp.asarray(x)
+      arrays[name] = x.reshape((1,) * (4 - x.ndim) + x.shape) if x.ndim < 4 else x
+  if segment_ids is not None:
+    arrays["segment_ids"] = (tuple(segment_ids) if isinstance(segment_ids, (tuple, list))
+                             else segment_ids)
+  specs = {name: (P(batch, None, heads) if name in ("q", "k", "v") else
+                  jax.tree.map(lambda _: P(batch), x) if name == "segment_ids" else
+                  pair_spec(x)) for name, x in arrays.items()}
+  # check_vma=False: pallas_call outputs carry no varying-axes type; gradients of inputs
+  # replicated over an axis (a head-broadcast bias) are summed over it by the transpose.
+  per_device = jax.shard_map(lambda a: dot_product_attention(**a, **kwargs),
+                             in_specs=(specs,), out_specs=P(batch, None, heads),
+                             check_vma=False)
+  return per_device(arrays)
+
+
+def _divisible_mesh_axes(mesh, logical: str, size: int):
+  """The mesh axes the logical rules put `logical` on, or None if there are none (no mesh or
+  rule, or only manual axes) or they do not divide `size`."""
+  if mesh.empty:
+    return None
+  axes = nn.logical_to_mesh_axes((logical,))[0]
+  axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  axes = tuple(a for a in axes if a in mesh.axis_names and a not in mesh.manual_axes
+               and mesh.shape[a] > 1)
+  if not axes or size % math.prod(mesh.shape[a] for a in axes):
+    return None
+  return axes
+
 
 class MultiHeadAttention(nn.Module):
   """Multi-head attention over [B, T, E] inputs.
@@ -36,6 +93,9 @@ class MultiHeadAttention(nn.Module):
   probabilities of every attention layer in that collection (computed by the xla path), so
   any model can be inspected without a config switch. Attention dropout also needs the
   probabilities, so it runs on the xla path while training.
+
+  Meshes: impl="pallas" is a custom kernel that XLA's partitioner cannot split, so under a
+  mesh it runs per device in `shard_map` (see `per_device_attention`).
   """
   num_heads: int
   head_dim: int | None = None         # default: input width // num_heads
@@ -49,6 +109,7 @@ class MultiHeadAttention(nn.Module):
   rope_theta: float = 10_000.0
   dropout_rate: float = 0.0           # on the attention probabilities
   impl: str = "auto"
+  block_sizes: tuple[int, int] | None = None    # (block_q, block_k) for impl pallas/blocked
   decode: bool = False
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -139,7 +200,11 @@ class MultiHeadAttention(nn.Module):
       weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
       out = attend(weights, v).astype(self.dtype)
     else:
-      out = dot_product_attention(q, k, v, impl=self.impl, **attn)
+      attn.update(impl=self.impl, block_sizes=self.block_sizes)
+      if self.impl == "pallas":
+        out = per_device_attention(q, k, v, **attn)
+      else:
+        out = dot_product_attention(q, k, v, **attn)
     if cache_index is not None and cache_filled:
       # The index is traced, so overflowing the cache cannot raise under jit; make it loud
       # (NaN outputs) instead of silently overwriting the last slots.

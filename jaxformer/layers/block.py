@@ -48,6 +48,7 @@ class TransformerBlock(nn.Module):
   dropout_rate: float = 0.0           # residual dropout
   attention_dropout_rate: float = 0.0
   impl: str = "auto"
+  attention_block_sizes: tuple[int, int] | None = None   # (block_q, block_k): pallas/blocked
   decode: bool = False
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -63,7 +64,8 @@ class TransformerBlock(nn.Module):
         qkv_bias=self.qkv_bias, out_bias=self.use_bias, causal=self.causal and not cross,
         window=None if cross else self.window, positions="none" if cross else self.positions,
         rope_theta=self.rope_theta, dropout_rate=self.attention_dropout_rate, impl=self.impl,
-        decode=self.decode and not cross, dtype=self.dtype, param_dtype=self.param_dtype,
+        block_sizes=self.attention_block_sizes, decode=self.decode and not cross,
+        dtype=self.dtype, param_dtype=self.param_dtype,
         name=name)
 
   def _ffn(self):

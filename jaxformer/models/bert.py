@@ -26,6 +26,7 @@ class Bert(nn.Module):
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
   attention_impl: str = "auto"
+  attention_block_sizes: tuple[int, int] | None = None   # (block_q, block_k), see ops.attention
   scan_layers: bool = False
   remat_policy: str = "none"
   dtype: Any = jnp.float32
@@ -42,7 +43,8 @@ class Bert(nn.Module):
         num_heads=self.num_heads, mlp_dim=self.mlp_dim, pre_norm=False, norm="layernorm",
         norm_eps=self.norm_eps, ffn="mlp", activation=self.activation, use_bias=True,
         qkv_bias=True, dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate, impl=self.attention_impl, **kw),
+        attention_dropout_rate=self.attention_dropout_rate, impl=self.attention_impl,
+        attention_block_sizes=self.attention_block_sizes, **kw),
         scan=self.scan_layers, remat_policy=self.remat_policy, name="encoder")
     self.pooler = dense(self.d_model, ("embed", "mlp"), use_bias=True, name="pooler", **kw)
     self.mlm_transform = dense(self.d_model, ("embed", "mlp"), use_bias=True,

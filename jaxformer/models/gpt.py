@@ -53,6 +53,7 @@ class DecoderLM(nn.Module):
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   attention_impl: str = "auto"
+  attention_block_sizes: tuple[int, int] | None = None   # (block_q, block_k), see ops.attention
   scan_layers: bool = False
   remat_policy: str = "none"
   decode: bool = False
@@ -85,6 +86,7 @@ class DecoderLM(nn.Module):
                 positions=self.positions if self.positions in ("rope", "alibi") else "none",
                 rope_theta=self.rope_theta, dropout_rate=self.dropout_rate,
                 attention_dropout_rate=self.attention_dropout_rate, impl=self.attention_impl,
+                attention_block_sizes=self.attention_block_sizes,
                 decode=self.decode, dtype=self.dtype, param_dtype=self.param_dtype, **extra)
 
   @nn.compact

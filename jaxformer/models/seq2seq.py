@@ -31,6 +31,7 @@ class EncoderDecoder(nn.Module):
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
   attention_impl: str = "auto"
+  attention_block_sizes: tuple[int, int] | None = None   # (block_q, block_k), see ops.attention
   scan_layers: bool = False
   remat_policy: str = "none"
   dtype: Any = jnp.float32
@@ -44,7 +45,7 @@ class EncoderDecoder(nn.Module):
                  activation=self.activation, use_bias=True, qkv_bias=True,
                  dropout_rate=self.dropout_rate,
                  attention_dropout_rate=self.attention_dropout_rate, impl=self.attention_impl,
-                 **kw)
+                 attention_block_sizes=self.attention_block_sizes, **kw)
     stack = dict(scan=self.scan_layers, remat_policy=self.remat_policy)
     self.embed = Embed(self.vocab_size, self.d_model, name="embed",
                        embedding_init=nn.initializers.normal(self.d_model ** -0.5), **kw)

@@ -29,6 +29,7 @@ class ViT(nn.Module):
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   attention_impl: str = "auto"
+  attention_block_sizes: tuple[int, int] | None = None   # (block_q, block_k), see ops.attention
   scan_layers: bool = False
   remat_policy: str = "none"
   dtype: Any = jnp.float32
@@ -62,7 +63,8 @@ class ViT(nn.Module):
         num_heads=self.num_heads, mlp_dim=self.mlp_dim, pre_norm=True, norm="layernorm",
         norm_eps=self.norm_eps, ffn="mlp", activation=self.activation, use_bias=True,
         qkv_bias=True, dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate, impl=self.attention_impl, **kw),
+        attention_dropout_rate=self.attention_dropout_rate, impl=self.attention_impl,
+        attention_block_sizes=self.attention_block_sizes, **kw),
         scan=self.scan_layers, remat_policy=self.remat_policy, name="encoder")(
             x, deterministic=deterministic)
     x = make_norm("layernorm", epsilon=self.norm_eps, name="final_norm", **kw)(x)

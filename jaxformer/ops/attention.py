@@ -32,7 +32,7 @@ _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
 def dot_product_attention(q, k, v, *, bias=None, mask=None, causal: bool = False,
                           window=None, segment_ids=None, scale: float | None = None,
-                          impl: str = "auto"):
+                          impl: str = "auto", block_sizes: tuple[int, int] | None = None):
   """Scaled dot-product attention softmax(q k^T * scale + bias) v over visible keys.
 
   Args:
@@ -47,23 +47,29 @@ def dot_product_attention(q, k, v, *, bias=None, mask=None, causal: bool = False
       tokens attend only within their segment (packed sequences).
     scale: logit multiplier, default 1/sqrt(D).
     impl: one of IMPLS (see the module docstring).
+    block_sizes: (block_q, block_k) tile sizes for impl="pallas" (powers of two; default
+      `pallas.default_block_sizes` for the backend and head dim); "blocked" uses block_k.
+      Ignored by "xla" and "cudnn".
 
   Returns:
     [B, Tq, H, D] in q's dtype; rows with no visible key are zeros.
   """
   a = _validate(q, k, v, bias, mask, causal, window, segment_ids, scale, impl)
+  block_q, block_k = _block_sizes(block_sizes)
   impl = _resolve_impl(impl, q, k, v, a)
   if impl == "xla":
     return attend(_weights(q, k, a), v).astype(q.dtype)
   if impl == "blocked":
     return flash.blocked_attention(q, k, v, bias=a["bias"], mask=a["mask"],
                                    q_segment_ids=a["q_seg"], kv_segment_ids=a["kv_seg"],
-                                   causal=causal, window=a["window"], scale=a["scale"])
+                                   causal=causal, window=a["window"], scale=a["scale"],
+                                   **({} if block_k is None else dict(block_k=block_k)))
   if impl == "cudnn":
     return _jax_nn_attention(q, k, v, a, implementation="cudnn")
   return pallas.pallas_attention(q, k, v, bias=a["bias"], mask=a["mask"],
                                  q_segment_ids=a["q_seg"], kv_segment_ids=a["kv_seg"],
-                                 causal=causal, window=a["window"], scale=a["scale"])
+                                 causal=causal, window=a["window"], scale=a["scale"],
+                                 block_q=block_q, block_k=block_k)
 
 
 def dot_product_attention_weights(q, k, *, bias=None, mask=None, causal=False, window=None,
@@ -169,6 +175,17 @@ def _resolve_impl(impl, q, k, v, a):
   b, tq, h, _ = q.shape
   logit_bytes = 4 * b * h * tq * k.shape[1]
   return "blocked" if logit_bytes > AUTO_XLA_MAX_LOGIT_BYTES else "xla"
+
+
+def _block_sizes(block_sizes) -> tuple[int | None, int | None]:
+  if block_sizes is None:
+    return None, None
+  if (not isinstance(block_sizes, (tuple, list)) or len(block_sizes) != 2
+      or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0
+                 for b in block_sizes)):
+    raise ValueError(f"block_sizes={block_sizes!r} must be a (block_q, block_k) pair of "
+                     "positive ints, e.g. (128, 64), or None for the defaults")
+  return tuple(block_sizes)
 
 
 def _as_4d(name, x, target):

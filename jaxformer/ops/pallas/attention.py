@@ -61,16 +61,19 @@ def default_block_sizes(head_dim: int, backend: str | None = None) -> tuple[int,
 def pallas_attention(q, k, v, *, bias=None, mask=None, q_segment_ids=None,
                      kv_segment_ids=None, causal: bool = False, window=None, scale: float,
                      block_q: int | None = None, block_k: int | None = None,
-                     interpret: bool | None = None):
+                     interpret: bool | None = None, backend: str | None = None):
   """Attention over validated inputs (see `ops.attention.dot_product_attention`).
 
   q [B, Tq, H, D]; k, v [B, Tk, Hkv, D]; bias/mask 4-D broadcastable to [B, H, Tq, Tk] or None;
   segment ids [B, Tq] / [B, Tk] or None; window a (left, right) tuple or None.
   block_q/block_k: powers of two (default `default_block_sizes`, shrunk for short inputs);
   interpret: run the kernels in the Pallas interpreter (default: when the backend is CPU).
+  backend: the platform to build the kernels for, "gpu" | "tpu" | "cpu" (default: jax's). A
+    GPU/TPU backend on another host lowers ahead of time, e.g. with
+    `jax.jit(f).trace(...).lower(lowering_platforms=("tpu",))` (tests check both lowerings).
   Returns [B, Tq, H, D] in q's dtype.
   """
-  cfg = _make_config(q, k, causal, window, scale, block_q, block_k, interpret)
+  cfg = _make_config(q, k, causal, window, scale, block_q, block_k, interpret, backend)
   b, tq, h, d = q.shape
   d_pad = _pow2_at_least(d, _MIN_BLOCK["gpu"] if cfg.backend == "gpu" else 1)
   qp = _to_kernel_layout(q, cfg.padded_tq, d_pad)
@@ -137,16 +140,19 @@ def _fit_block(name: str, block: int | None, default: int, length: int, backend:
   return block
 
 
-def _make_config(q, k, causal, window, scale, block_q, block_k, interpret) -> _Config:
+def _make_config(q, k, causal, window, scale, block_q, block_k, interpret, backend) -> _Config:
   if not jnp.issubdtype(q.dtype, jnp.floating):
     raise ValueError(f"impl='pallas' needs floating-point q/k/v; got {q.dtype}")
   if interpret is not None and not isinstance(interpret, bool):
     raise ValueError(f"interpret must be a bool or None; got {interpret!r}")
-  backend = jax.default_backend()
-  interpret = backend == "cpu" if interpret is None else interpret
+  if backend is not None and backend not in _MIN_BLOCK:
+    raise ValueError(f"backend={backend!r} must be one of {sorted(_MIN_BLOCK)} or None "
+                     "(jax's default backend)")
+  backend = backend or jax.default_backend()
+  interpret = backend not in ("gpu", "tpu") if interpret is None else interpret
   if backend not in ("gpu", "tpu") and not interpret:
     raise ValueError(f"interpret=False needs a GPU or TPU backend (this one is {backend!r}); "
-                     "pass interpret=None or True")
+                     "pass interpret=None or True, or backend='gpu'/'tpu' to lower for one")
   kind = "cpu" if interpret else backend
   head_dim = q.shape[-1]
   default_q, default_k = default_block_sizes(head_dim, kind)
