@@ -13,12 +13,17 @@ for T in {1k, 2k, 4k, 8k, 16k}, head_dim {64, 128}, causal or not, with B * T = 
 H * D = 2048. FLOPs: forward 4 * B * H * T^2 * D, backward 2.5x that (5 matmuls instead of 2);
 causal counts half. A cell that fails (out of memory, unsupported) prints its reason.
 
+`--tune` (GPU/TPU) instead times our kernel at T=8k, causal, for every (block_q, block_k) in
+the backend's candidates, to choose `pallas.default_block_sizes`. The main table also gives
+pallas / cudnn and pallas / jax-pallas ratios, the issue's targets (>= 0.8x cuDNN forward and
+>= 0.7x forward+backward at T=8k, D=128, causal; ahead of jax-pallas).
+
 On CPU (no kernels to time) it prints a memory/correctness table instead: compiled temporary
 bytes of forward+backward (`memory_analysis()`, YNNPACK fusion disabled as in
 `experiments/attention_memory.py` so the numbers are comparable) and the max error of each
 implementation against a float64 NumPy reference on a small causal GQA input.
 
-Usage: python experiments/bench_attention.py [--quick] [--out results.md]
+Usage: python experiments/bench_attention.py [--quick | --tune] [--out results.md]
 """
 
 import os
@@ -28,6 +33,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip(
 
 import argparse  # noqa: E402
 import functools  # noqa: E402
+import itertools  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
 
@@ -104,7 +110,8 @@ def median_seconds(fn, args, repeats):
   return sorted(times)[len(times) // 2]
 
 
-def tflops_cell(attn, t, d, causal, backward, repeats):
+def tflops(attn, t, d, causal, backward, repeats):
+  """TFLOP/s (float), or the reason the cell failed (str)."""
   b, h = max(1, TOKENS // t), MODEL_DIM // d
   keys = jax.random.split(jax.random.key(t * d), 4)
   q, k, v, ct = (jax.random.normal(key, (b, t, h, d), jnp.bfloat16) for key in keys)
@@ -117,21 +124,49 @@ def tflops_cell(attn, t, d, causal, backward, repeats):
   except Exception as e:  # noqa: BLE001  (a failed cell is reported, the table goes on)
     return "OOM" if "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e) else (
         f"err: {type(e).__name__}")
-  return f"{attention_flops(b, h, t, d, causal, backward) / seconds / 1e12:.1f}"
+  return attention_flops(b, h, t, d, causal, backward) / seconds / 1e12
+
+
+def _cell(value) -> str:
+  return f"{value:.1f}" if isinstance(value, float) else value
+
+
+def _ratio(num, den) -> str:
+  return f"{num / den:.2f}x" if isinstance(num, float) and isinstance(den, float) else "-"
 
 
 def gpu_table(impls, lengths, head_dims, repeats):
   names = list(impls)
-  lines = ["| T | D | causal | pass | " + " | ".join(names) + " |",
-           "|---:|---:|:---:|:---|" + "---:|" * len(names)]
+  peers = [n for n in ("cudnn", "jax-pallas") if n in impls]
+  lines = ["| T | D | causal | pass | " + " | ".join(names + [f"pallas/{p}" for p in peers])
+           + " |", "|---:|---:|:---:|:---|" + "---:|" * (len(names) + len(peers))]
   for d in head_dims:
     for causal in (False, True):
       for t in lengths:
         for backward in (False, True):
-          cells = [tflops_cell(impls[n], t, d, causal, backward, repeats) for n in names]
+          cells = {n: tflops(impls[n], t, d, causal, backward, repeats) for n in names}
+          row = [_cell(cells[n]) for n in names] + [_ratio(cells["pallas"], cells[p])
+                                                   for p in peers]
           lines.append(f"| {t} | {d} | {causal} | {'fwd+bwd' if backward else 'fwd'} | "
-                       + " | ".join(cells) + " |")
+                       + " | ".join(row) + " |")
           print(lines[-1], flush=True)
+  return lines
+
+
+TUNE_BLOCKS = {"gpu": (32, 64, 128), "tpu": (128, 256, 512)}
+
+
+def tune_table(backend, head_dims, repeats, t=8192):
+  """Our kernel's TFLOP/s per (block_q, block_k) at length t, causal."""
+  lines = [f"| D | block_q | block_k | fwd (T={t}, causal) | fwd+bwd |",
+           "|---:|---:|---:|---:|---:|"]
+  for d in head_dims:
+    for bq, bk in itertools.product(TUNE_BLOCKS[backend], repeat=2):
+      attn = lambda q, k, v, causal, bs=(bq, bk): dot_product_attention(
+          q, k, v, causal=causal, impl="pallas", block_sizes=bs)
+      cells = [_cell(tflops(attn, t, d, True, backward, repeats)) for backward in (False, True)]
+      lines.append(f"| {d} | {bq} | {bk} | " + " | ".join(cells) + " |")
+      print(lines[-1], flush=True)
   return lines
 
 
@@ -181,6 +216,8 @@ def cpu_table(impls, lengths, causal=True):
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--quick", action="store_true", help="T in {1k, 2k} (CPU: {256, 512}), D=64")
+  p.add_argument("--tune", action="store_true",
+                 help="GPU/TPU: our kernel's TFLOP/s per block size at T=8k, causal")
   p.add_argument("--out", help="append the markdown table to this file")
   p.add_argument("--repeats", type=int, default=10)
   args = p.parse_args()
@@ -190,7 +227,12 @@ def main():
   device = jax.devices()[0].device_kind
   header = [f"### attention benchmark: {device} ({backend}), jax {jax.__version__}", ""]
   print("\n".join(header + notes), flush=True)
-  if backend == "gpu":
+  if args.tune:
+    if backend not in TUNE_BLOCKS:
+      p.error(f"--tune needs a GPU or TPU (backend is {backend!r})")
+    header.append(f"pallas TFLOP/s per block size, bfloat16, B*T={TOKENS}, H*D={MODEL_DIM}")
+    lines = tune_table(backend, [64, 128], args.repeats)
+  elif backend == "gpu":
     lengths = [1024, 2048] if args.quick else [1024, 2048, 4096, 8192, 16384]
     head_dims = [64] if args.quick else [64, 128]
     header.append(f"TFLOP/s, bfloat16, B*T={TOKENS}, H*D={MODEL_DIM}, causal FLOPs halved")
