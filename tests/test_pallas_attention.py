@@ -49,6 +49,10 @@ def cases():
           window=(7, None), segment_ids=segments(b, t), scale=0.3)),
       "cross_segments_all_empty": (dict(tq=7), dict(
           segment_ids=(np.full((b, 7), 9, np.int32), segments(b, t)))),
+      "head_dim_64_window": (dict(b=1, tq=19, tk=19, h=2, hkv=1, d=64),
+                             dict(causal=True, window=(5, None))),
+      "head_dim_128_gqa2": (dict(b=1, tq=19, tk=19, h=4, hkv=2, d=128), dict(causal=True)),
+      "head_dim_256_mha": (dict(b=1, tq=19, tk=23, h=2, hkv=2, d=256), {}),
   }
 
 
