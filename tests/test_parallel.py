@@ -175,14 +175,15 @@ def test_vit_sharded_training_matches_one_device():
 
 def test_pallas_attention_runs_per_device_under_sharded_training():
   """impl='pallas' (a custom call the partitioner cannot split) runs in shard_map over batch
-  and heads: GQA with one kv head per model shard, FSDP on a 2x4 mesh, equals the xla path
-  on one device, and the traced step really holds the kernel inside a shard_map."""
-  config = worker.tiny_gpt_config(num_kv_heads=4)
+  and heads (2 of 8 per model shard) with FSDP on a 2x4 mesh, equals the xla path on one
+  device, and the traced step really holds the kernel inside a shard_map. (GQA and biases
+  under shard_map: the per_device_attention test below.)"""
+  want_losses, want_state, _ = gpt_run((1, 1, 1), False)
+  config = worker.tiny_gpt_config()
   batches = [worker.token_batch(s, config["vocab_size"]) for s in range(3)]
-  want_losses, want_state, _ = worker.train(plan_for((1, 1, 1)), config, batches)
   pallas = dict(config, attention_impl="pallas", attention_block_sizes=(8, 8))
   plan = plan_for((2, 4, 1), fsdp=True)
-  losses, state, _ = worker.train(plan, pallas, batches)     # same seeded init on any mesh
+  losses, state, _ = worker.train(plan, pallas, batches, initial_state=gpt_initial_state())
   np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
   _assert_trees_close(state["params"], want_state["params"], atol=1e-5)   # kernel != xla sums
 

@@ -80,17 +80,6 @@ def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
   assert steps == [4, 8, 12, 16, 20]        # resumed from step 8, records after it rewritten
 
 
-def test_changed_model_is_refused_unless_fresh(tmp_path):
-  cfg = tiny_config(steps=2, eval_every=2)
-  workdir = str(tmp_path / "run")
-  loop.train(cfg, workdir)
-  cfg.model.d_model = 48
-  with pytest.raises(ValueError, match=r"different model \(fields \['d_model'\]\)"):
-    loop.train(cfg, workdir)
-  loop.train(cfg, workdir, fresh=True)
-  assert json.load(open(os.path.join(workdir, "config.json")))["model"]["d_model"] == 48
-
-
 @pytest.mark.parametrize("field, value, match", [
     ("model.vocab_size", 60, "model.vocab_size=60"),
     ("data.seq_len", 64, "data.seq_len=64 exceeds model.max_len=32"),
@@ -195,9 +184,10 @@ def test_attention_map_layer_choice():
   np.testing.assert_array_equal(got, scanned[-1, 0])
 
 
-def test_bfloat16_pallas_run_keeps_float32_params_and_loss(tmp_path):
+def test_bfloat16_pallas_run_then_a_changed_model_is_refused_unless_fresh(tmp_path):
   """bf16 compute with model.attention_impl='pallas' end to end: the sharded train step (data
-  parallel over the test's 8 devices), eval, checkpoint, and KV-cache sampling."""
+  parallel over the test's 8 devices), eval, checkpoint, KV-cache sampling; float32 params.
+  It resumes with attention_impl/dtype changed; another model is refused, unless --fresh."""
   cfg = tiny_config(steps=6, log_every=2, eval_every=6, sample_tokens=8)
   cfg.model.update(dtype="bfloat16", attention_impl="pallas", attention_block_sizes=(16, 16))
   workdir = str(tmp_path / "bf16")
@@ -211,3 +201,16 @@ def test_bfloat16_pallas_run_keeps_float32_params_and_loss(tmp_path):
   assert {x.dtype for x in jax.tree.leaves(params)} == {np.dtype("float32")}
   with open(os.path.join(workdir, "samples.txt")) as f:
     assert "--- step 6" in f.read()
+
+  # execution-only fields may change on resume: continue 6 -> 8 on the xla path in float32
+  cfg.model.update(dtype="float32", attention_impl="xla", attention_block_sizes=None)
+  cfg.train.update(steps=8, eval_every=8, sample_tokens=0)
+  loop.train(cfg, workdir)
+  assert [r["step"] for r in read(os.path.join(workdir, "metrics.jsonl")) if "loss" in r] == [
+      2, 4, 6, 8]
+  cfg.model.d_model = 48
+  cfg.train.update(steps=2, eval_every=2)
+  with pytest.raises(ValueError, match=r"different model \(fields \['d_model'\]\)"):
+    loop.train(cfg, workdir)
+  loop.train(cfg, workdir, fresh=True)
+  assert json.load(open(os.path.join(workdir, "config.json")))["model"]["d_model"] == 48

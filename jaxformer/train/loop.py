@@ -83,15 +83,21 @@ def _check_model_matches_data(config, info: dict):
                        "position table); lower the length or raise model.max_len")
 
 
+# Model fields that change how the model is computed, not its parameters or function: a run
+# may resume with them changed (e.g. attention_impl="pallas" on a GPU, "xla" on a laptop).
+EXECUTION_FIELDS = ("attention_impl", "attention_block_sizes", "remat_policy", "dtype")
+
+
 def _check_workdir_config(config, workdir: str, fresh: bool):
   """Refuse to resume a run whose model differs from the saved one (unless `fresh`)."""
   path = os.path.join(workdir, "config.json")
   if os.path.exists(path) and not fresh:
     with open(path) as f:
-      saved = json.load(f)
-    if saved.get("model") != json.loads(config.model.to_json()):
-      changed = sorted(k for k in set(saved.get("model", {})) | set(config.model)
-                       if saved.get("model", {}).get(k) != config.model.get(k))
+      saved = json.load(f).get("model", {})
+    current = json.loads(config.model.to_json())
+    changed = sorted(k for k in set(saved) | set(current)
+                     if saved.get(k) != current.get(k) and k not in EXECUTION_FIELDS)
+    if changed:
       raise ValueError(f"{workdir} holds a run with a different model (fields {changed}); "
                        "use a new --workdir, or --fresh to discard its checkpoints")
   if jax.process_index() == 0:
