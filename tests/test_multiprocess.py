@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -51,8 +52,11 @@ def _train_cli(workdir, steps, num_processes, devices_per_process, *mesh_flags):
   cmd = [sys.executable, "-m", "jaxformer.train",
          "--config=" + os.path.join(ROOT, "configs", "shakespeare_char.py") + ":tiny",
          f"--workdir={workdir}"] + [f.format(steps=steps) for f in TRAIN_FLAGS] + list(mesh_flags)
-  results = run_local(cmd, num_processes, devices_per_process, env={"PYTHONPATH": ROOT},
-                      timeout=300)
+  try:
+    results = run_local(cmd, num_processes, devices_per_process, env={"PYTHONPATH": ROOT},
+                        timeout=300)
+  except subprocess.TimeoutExpired as e:    # show where the processes stopped
+    raise AssertionError(f"timed out after 300 s; output:\n{(e.output or '')[-6000:]}") from e
   for i, result in enumerate(results):
     assert result.returncode == 0, f"process {i} failed:\n{result.stdout[-3000:]}"
 

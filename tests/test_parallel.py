@@ -353,3 +353,19 @@ def test_initialize_single_process_is_a_noop_and_checks_flags(monkeypatch):
   monkeypatch.setenv("JAXFORMER_NUM_PROCESSES", "two")
   with pytest.raises(ValueError, match="JAXFORMER_NUM_PROCESSES='two' is not a valid int"):
     initialize()
+
+
+def test_initialize_switches_orbax_to_collective_free_barriers(monkeypatch):
+  """Multi-process runs use the distributed client's barrier in Orbax (async saves must not
+  issue device collectives concurrently with the training step's)."""
+  from absl import flags
+  calls = []
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  monkeypatch.setattr(jax.config, "update", lambda *a: None)     # keep this process's gloo
+  flag = flags.FLAGS[distributed.ORBAX_BARRIER_FLAG]
+  monkeypatch.setattr(flag, "value", False)
+  initialize("localhost:1234", 2, 1)
+  assert calls == [dict(coordinator_address="localhost:1234", num_processes=2, process_id=1,
+                        local_device_ids=None)]
+  assert flag.value is True

@@ -179,4 +179,23 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   _use_gloo_on_cpu()
   logging.info("jax.distributed.initialize(%s)", kwargs or "auto-detect")
   jax.distributed.initialize(**kwargs)
+  _orbax_barriers_without_collectives()
   return jax.process_index(), jax.process_count()
+
+
+ORBAX_BARRIER_FLAG = "experimental_orbax_use_distributed_barrier"
+
+
+def _orbax_barriers_without_collectives():
+  """Make Orbax's process barriers use the distributed client instead of a device collective.
+
+  Why: Orbax's default barrier is `sync_global_devices`, a collective; with async saves it can
+  run while the training thread issues the next step's collectives, and two processes that
+  order them differently deadlock (Orbax documents that such collectives must not run
+  concurrently). The distributed client's barrier has no such ordering and times out instead
+  of hanging. Takes effect where absl flags are parsed (`python -m jaxformer.train`).
+  """
+  from absl import flags
+  import orbax.checkpoint  # noqa: F401  (defines the flag)
+  if ORBAX_BARRIER_FLAG in flags.FLAGS:
+    flags.FLAGS[ORBAX_BARRIER_FLAG].value = True

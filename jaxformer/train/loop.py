@@ -100,9 +100,10 @@ def _check_workdir_config(config, workdir: str, fresh: bool):
     if changed:
       raise ValueError(f"{workdir} holds a run with a different model (fields {changed}); "
                        "use a new --workdir, or --fresh to discard its checkpoints")
-  if jax.process_index() == 0:
-    with open(path, "w") as f:
+  if jax.process_index() == 0:        # atomic: other processes may be reading it
+    with open(path + ".tmp", "w") as f:
       f.write(config.to_json(indent=2))
+    os.replace(path + ".tmp", path)
 
 
 class _StopRequest:
