@@ -6,3 +6,11 @@ _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# A persistent XLA compilation cache shared by the xdist workers and the subprocesses tests
+# start (they inherit the environment): many tests compile the same small programs (the tiny
+# configs' train and eval steps), and XLA:CPU executables are cached by HLO and flags, so a
+# hit is exactly the program a fresh compile would give.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+    os.environ.get("TMPDIR", "/tmp"), f"jaxformer-test-xla-cache-{os.getuid()}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
