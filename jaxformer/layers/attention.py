@@ -22,6 +22,7 @@ POSITIONS = ("none", "rope", "alibi")
 
 WEIGHTS_COLLECTION = "attention_weights"   # mutable -> every layer sows its probabilities
 
+
 def per_device_attention(q, k, v, *, bias=None, mask=None, segment_ids=None, **kwargs):
   """`dot_product_attention` run once per device with `shard_map` under the current mesh.
 
