@@ -16,6 +16,7 @@ from jaxformer.layers.dense import default_kernel_init, dense
 from jaxformer.ops import masks, positions as pos_ops
 from jaxformer.ops.attention import (IMPLS, attend, dot_product_attention,
                                      dot_product_attention_weights)
+from jaxformer.parallel.rules import mesh_axes_tuple
 
 POSITIONS = ("none", "rope", "alibi")
 
@@ -69,10 +70,8 @@ def _divisible_mesh_axes(mesh, logical: str, size: int):
   rule, or only manual axes) or they do not divide `size`."""
   if mesh.empty:
     return None
-  axes = nn.logical_to_mesh_axes((logical,))[0]
-  axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-  axes = tuple(a for a in axes if a in mesh.axis_names and a not in mesh.manual_axes
-               and mesh.shape[a] > 1)
+  axes = tuple(a for a in mesh_axes_tuple(nn.logical_to_mesh_axes((logical,))[0])
+               if a in mesh.axis_names and a not in mesh.manual_axes and mesh.shape[a] > 1)
   if not axes or size % math.prod(mesh.shape[a] for a in axes):
     return None
   return axes

@@ -22,7 +22,7 @@ from jaxformer.models.rnn_seq2seq import CELLS, RnnSeq2Seq
 from jaxformer.models.seq2seq import EncoderDecoder
 from jaxformer.models.stack import REMAT_POLICIES
 from jaxformer.models.vit import ViT
-from jaxformer.ops.attention import IMPLS
+from jaxformer.ops.attention import IMPLS, check_block_sizes
 
 FAMILIES: dict[str, type[nn.Module]] = {
     "decoder": DecoderLM,        # GPT-2/3, Llama, Mistral, Mixtral
@@ -74,8 +74,6 @@ def build(model_config: Any) -> nn.Module:
         raise ValueError(f"model.{key}={cfg[key]!r} is not one of {_DTYPES}")
       cfg[key] = jnp.dtype(str(cfg[key]))
   _validate(family, cfg)
-  if cfg.get("attention_block_sizes") is not None:     # JSON/YAML give lists; fields hash
-    cfg["attention_block_sizes"] = tuple(cfg["attention_block_sizes"])
   return FAMILIES[family](**cfg)
 
 
@@ -121,15 +119,13 @@ def _validate(family: str, c: dict):
     w = c["window"]
     _check((isinstance(w, int) and w >= 0) or (isinstance(w, tuple) and len(w) == 2),
            f"model.window={w!r} must be an int >= 0 (keys to the left) or a (left, right) pair")
-  sizes = c.get("attention_block_sizes")
-  if sizes is not None:
-    _check(isinstance(sizes, (tuple, list)) and len(sizes) == 2 and all(
-        isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in sizes),
-           f"model.attention_block_sizes={sizes!r} must be a (block_q, block_k) pair of "
-           "positive ints, e.g. (128, 64), or None for the per-backend defaults")
+  if c.get("attention_block_sizes") is not None:
+    # a tuple: JSON/YAML configs give lists, and module fields must hash
+    sizes = c["attention_block_sizes"] = check_block_sizes(
+        c["attention_block_sizes"], name="model.attention_block_sizes")
     if c.get("attention_impl") == "pallas":
       _check(all(b & (b - 1) == 0 for b in sizes),
-             f"model.attention_block_sizes={tuple(sizes)} must be powers of two for "
+             f"model.attention_block_sizes={sizes} must be powers of two for "
              "attention_impl='pallas' (e.g. (128, 64))")
   if c.get("num_experts"):
     _check(0 < c.get("experts_per_token", 2) <= c["num_experts"],

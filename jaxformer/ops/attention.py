@@ -55,7 +55,7 @@ def dot_product_attention(q, k, v, *, bias=None, mask=None, causal: bool = False
     [B, Tq, H, D] in q's dtype; rows with no visible key are zeros.
   """
   a = _validate(q, k, v, bias, mask, causal, window, segment_ids, scale, impl)
-  block_q, block_k = _block_sizes(block_sizes)
+  block_q, block_k = check_block_sizes(block_sizes)
   impl = _resolve_impl(impl, q, k, v, a)
   if impl == "xla":
     return attend(_weights(q, k, a), v).astype(q.dtype)
@@ -177,13 +177,16 @@ def _resolve_impl(impl, q, k, v, a):
   return "blocked" if logit_bytes > AUTO_XLA_MAX_LOGIT_BYTES else "xla"
 
 
-def _block_sizes(block_sizes) -> tuple[int | None, int | None]:
+def check_block_sizes(block_sizes, name: str = "block_sizes"
+                      ) -> tuple[int | None, int | None]:
+  """(block_q, block_k) as a tuple, (None, None) for None; a ValueError naming `name`
+  otherwise (lists, as JSON/YAML configs give, are accepted)."""
   if block_sizes is None:
     return None, None
   if (not isinstance(block_sizes, (tuple, list)) or len(block_sizes) != 2
       or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0
                  for b in block_sizes)):
-    raise ValueError(f"block_sizes={block_sizes!r} must be a (block_q, block_k) pair of "
+    raise ValueError(f"{name}={block_sizes!r} must be a (block_q, block_k) pair of "
                      "positive ints, e.g. (128, 64), or None for the defaults")
   return tuple(block_sizes)
 

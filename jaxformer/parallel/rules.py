@@ -27,6 +27,13 @@ MESH_AXES = ("data", "model", "expert")
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
 
+def mesh_axes_tuple(mesh_axes) -> tuple[str, ...]:
+  """A PartitionSpec entry (None, an axis name, or a tuple of them) as a tuple of names."""
+  if mesh_axes is None:
+    return ()
+  return (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
+
+
 def batch_axes(*, expert_parallel: bool = False) -> str | tuple[str, ...]:
   """Mesh axes the batch dim is split over."""
   return ("data", "expert") if expert_parallel else "data"

@@ -26,7 +26,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxformer.parallel.mesh import describe_devices, make_mesh, mesh_field
-from jaxformer.parallel.rules import Rules, batch_axes, logical_axis_rules
+from jaxformer.parallel.rules import Rules, batch_axes, logical_axis_rules, mesh_axes_tuple
 
 _FIX_HINTS = {
     "heads": "choose a mesh.model that divides it, or change model.num_heads",
@@ -52,12 +52,6 @@ def _path_str(path) -> str:
                   for k in path)
 
 
-def _axes_tuple(mesh_axes) -> tuple[str, ...]:
-  if mesh_axes is None:
-    return ()
-  return (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
-
-
 def per_device_bytes(tree) -> int:
   """Bytes one device holds for `tree` (arrays or ShapeDtypeStructs with a sharding; leaves
   without one count in full)."""
@@ -74,7 +68,7 @@ def check_process_layout(mesh: Mesh, axes) -> None:
   """ValueError unless process p's devices hold batch block p of the batch split over `axes`
   (each process loads only rows [p*L, (p+1)*L) of the global batch)."""
   processes = jax.process_count()
-  shards = math.prod(mesh.shape[a] for a in _axes_tuple(axes))
+  shards = math.prod(mesh.shape[a] for a in mesh_axes_tuple(axes))
   if processes == 1:
     return
   if shards % processes:
@@ -159,7 +153,7 @@ class ShardingPlan:
   def _divisibility_errors(self, path, shape, names, mesh_axes) -> list[str]:
     errors = []
     for dim, (size, name, axes) in enumerate(zip(shape, names, mesh_axes)):
-      axes = _axes_tuple(axes)
+      axes = mesh_axes_tuple(axes)
       n = math.prod(self.mesh.shape[a] for a in axes)
       if size % n:
         where = "*".join(f"mesh.{a}" for a in axes)
@@ -189,7 +183,7 @@ class ShardingPlan:
   @property
   def batch_shards(self) -> int:
     """How many ways the batch dim is split."""
-    return math.prod(self.mesh.shape[a] for a in _axes_tuple(self._batch_axes))
+    return math.prod(self.mesh.shape[a] for a in mesh_axes_tuple(self._batch_axes))
 
   @property
   def _batch_axes(self):
@@ -203,7 +197,7 @@ class ShardingPlan:
 
   def check_batch_size(self, global_batch_size: int) -> None:
     if global_batch_size % self.batch_shards:
-      axes = "*".join(f"mesh.{a}" for a in _axes_tuple(self._batch_axes))
+      axes = "*".join(f"mesh.{a}" for a in mesh_axes_tuple(self._batch_axes))
       raise ValueError(f"train.batch_size={global_batch_size} is not divisible by "
                        f"{axes}={self.batch_shards}; use a multiple of {self.batch_shards}")
 

@@ -13,10 +13,11 @@ def _options(name: str, **kwargs) -> ocp.CheckpointManagerOptions:
   """Async manager options with a barrier-key prefix of its own.
 
   Why the prefix: the latest and best managers save asynchronously at the same step, and
-  Orbax names each process barrier by a per-name counter. Without a prefix the two managers'
-  background threads can meet each other's barriers in a different order on different
-  processes, which finalizes a checkpoint before every process has written its shards (or
-  deadlocks with collective barriers). Seen in the 2-process test under load.
+  Orbax names a process barrier by its name and step only, so without a prefix the two
+  managers' background threads share barrier keys and can pass each other's barriers on
+  different processes: a checkpoint is finalized before every process has written its
+  shards (or, with collective barriers, they deadlock). Seen in the 2-process test under
+  load.
   """
   return ocp.CheckpointManagerOptions(
       create=True, enable_async_checkpointing=True,
