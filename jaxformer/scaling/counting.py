@@ -8,7 +8,8 @@ second on a laptop.
     scaling.count_params(config.model)
     # {'total': ..., 'active': ..., 'non_embedding': ..., 'backbone': ...,
     #  'non_embedding_active': ...}
-    scaling.flops_per_token(config.model, seq_len=2048)
+    scaling.flops_per_token(config.model, seq_len=2048)                      # Kaplan
+    scaling.flops_per_token(config.model, seq_len=2048, method="hoffmann")   # Chinchilla
 """
 
 from __future__ import annotations
@@ -158,27 +159,62 @@ def attention_layers(model_config: Any, seq_len: int) -> tuple[int, int, int]:
   return cfg["num_layers"], keys, width
 
 
-def flops_per_token(model_config: Any, seq_len: int) -> int:
-  """Training FLOPs per token at context length `seq_len`.
+FLOPS_METHODS = ("kaplan", "hoffmann")
+# Token-embedding lookups per example of each family for the Hoffmann count (each counted as a
+# [vocab, d_model] matmul, 2 V d FLOPs/token, like the output logits).
+_TOKEN_EMBEDDINGS = {"decoder": 1, "bert": 1, "seq2seq": 2, "vit": 0}
 
-  Convention (Kaplan et al., 2020, Table 1; used by Chinchilla's "6N"):
-  forward = 2 * N + 2 * n_layer * n_ctx * d_attn, training = 3 x forward (backward = 2x), so
 
-      flops_per_token = 6 * N + 6 * n_layer * n_ctx * d_attn
+def flops_per_token(model_config: Any, seq_len: int, *, method: str = "kaplan",
+                    attention: bool = True) -> int:
+  """Training FLOPs per token at context length `seq_len` (backward = 2 x forward, so
+  training = 3 x forward), counted one of two published ways:
 
-  with N the non-embedding parameter count (for MoE: the *active* non-embedding count,
-  `count_params(...)['non_embedding_active']`), n_layer the number of attention layers,
-  n_ctx the number of keys a query sees and d_attn = num_heads * head_dim. As in Kaplan et
-  al. the attention term ignores causal masking (no factor 1/2), and embedding lookups,
-  norms, softmax and nonlinearities are not counted. Per-family details:
+  method="kaplan" (Kaplan et al. 2020, Table 1; the "6N" of Chinchilla's C = 6ND):
+
+      6 * N + 6 * n_layer * n_ctx * d_attn
+
+    N = non-embedding parameters (MoE: the *active* ones,
+    `count_params(...)['non_embedding_active']`), n_layer attention layers, n_ctx keys a query
+    sees, d_attn = num_heads * head_dim. Embeddings, norms, softmax and nonlinearities are
+    not counted.
+
+  method="hoffmann" (Hoffmann et al. 2022, Appendix F; for Transformer families):
+
+      3 * (2 N + 2 V d * (token embeddings + 1 for the logits)
+           + n_layer * (4 n_ctx d_attn + 3 num_heads n_ctx))
+
+    which is their per-layer list divided by the sequence length: Q/K/V and output
+    projections and the FFN are the 2 N matmul term (N as above; norms and biases, which they
+    leave out, add < 0.5% at these widths), QK^T and the softmax-weighted sum of values are
+    2 n_ctx d_attn each, the softmax 3 num_heads n_ctx, and the embedding lookup and the final
+    logits are counted as matmuls with the vocabulary even when tied.
+
+  `attention=False` drops the n_ctx terms (the "6N" of C = 6ND for kaplan). Neither count
+  halves the attention terms for causal masking. Per-family details:
   - sliding window (Mistral): n_ctx = min(seq_len, window + 1);
   - seq2seq: per (source, target) token pair with both of length seq_len; n_layer counts
     encoder self-, decoder self- and decoder cross-attention layers;
   - ViT: pass seq_len = number of tokens (patches + cls); FLOPs per token (not per image);
-  - rnn_seq2seq: 6N plus the additive-attention term (recurrences counted through N).
+  - rnn_seq2seq: kaplan only (6N plus the additive-attention term).
   """
   if seq_len <= 0:
     raise ValueError(f"seq_len={seq_len} must be > 0")
+  if method not in FLOPS_METHODS:
+    raise ValueError(f"method={method!r} must be one of {FLOPS_METHODS}")
   n = count_params(model_config)["non_embedding_active"]
   layers, keys, width = attention_layers(model_config, seq_len)
-  return 6 * n + 6 * layers * keys * width
+  if not attention:
+    layers = 0
+  if method == "kaplan":
+    return 6 * n + 6 * layers * keys * width
+  cfg = models.config_as_dict(model_config)
+  family = cfg.get("family")
+  if family not in _TOKEN_EMBEDDINGS:
+    raise ValueError(f"method='hoffmann' counts Transformer layers; model.family={family!r} "
+                     "has none: use method='kaplan'")
+  vocab_terms = 0
+  if _TOKEN_EMBEDDINGS[family]:
+    vocab_terms = 2 * cfg["vocab_size"] * cfg["d_model"] * (_TOKEN_EMBEDDINGS[family] + 1)
+  heads = cfg["num_heads"]
+  return 3 * (2 * n + vocab_terms + layers * (4 * keys * width + 3 * heads * keys))

@@ -1,0 +1,42 @@
+"""Scaling science: count, fit, plan, plot.
+
+    from jaxformer import scaling
+    scaling.count_params(config.model)            # counting.py (builds the model: JAX)
+    scaling.flops_per_token(config.model, 1024)   # Kaplan 6N + attention, or method="hoffmann"
+    fit = scaling.fit_parametric(n, d, loss)      # Chinchilla approach 3 (chinchilla.py)
+    fit.params, fit.ci("alpha"), fit.predict(n, d), fit.compute_optimal(1e21)
+    scaling.isoflop_optimum(...), scaling.envelope_optimum(...)   # approaches 2 and 1
+    scaling.fit_kaplan_n(n, loss), fit_kaplan_joint(n, d, loss)   # Kaplan et al. 2020 (laws.py)
+    scaling.plan_isoflop(budgets, candidates, tokens_per_step=...)  # planning.py
+
+Fits and plans (laws, chinchilla, planning, stats) use NumPy and SciPy only: importing them,
+or this package, does not import JAX; `count_params`, `flops_per_token` and the other counting
+names load `counting.py` (and JAX) on first use. Plots (plots.py) need matplotlib.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from jaxformer.scaling.chinchilla import (HOFFMANN_2022, Curve, OptimumFit, ParametricFit,
+                                          chinchilla_tokens, envelope_optimum, fit_parametric,
+                                          isoflop_optimum)
+from jaxformer.scaling.laws import (fit_kaplan_d, fit_kaplan_joint, fit_kaplan_n,
+                                    fit_saturating, fit_zhai)
+from jaxformer.scaling.planning import Candidate, PlannedRun, plan_isoflop, plan_run, to_sweep
+from jaxformer.scaling.stats import Fit
+
+_COUNTING = ("count_params", "flops_per_token", "param_shapes", "dummy_inputs",
+             "attention_layers", "EMBEDDINGS", "HEADS")
+
+__all__ = ["HOFFMANN_2022", "Curve", "OptimumFit", "ParametricFit", "chinchilla_tokens",
+           "envelope_optimum",
+           "fit_parametric", "isoflop_optimum", "fit_kaplan_d", "fit_kaplan_joint",
+           "fit_kaplan_n", "fit_saturating", "fit_zhai", "Candidate", "PlannedRun",
+           "plan_isoflop", "plan_run", "to_sweep", "Fit", *_COUNTING]
+
+
+def __getattr__(name: str):
+  if name in _COUNTING:
+    return getattr(importlib.import_module("jaxformer.scaling.counting"), name)
+  raise AttributeError(f"module 'jaxformer.scaling' has no attribute {name!r}")

@@ -1,0 +1,478 @@
+"""Compute-optimal allocation, the three approaches of Hoffmann et al. (2022, "Training
+Compute-Optimal Large Language Models", section 3), NumPy + SciPy only.
+
+Every result has `compute_optimal(C) -> (N_opt, D_opt)` and bootstrap intervals
+(`stats.Fit.ci`); approaches 1 and 2 report N_opt = k_N C^a and D_opt = k_D C^b, approach 3
+the parametric loss L(N, D) = E + A / N^alpha + B / D^beta, whose a = beta / (alpha + beta).
+
+- Approach 1, `envelope_optimum(curves)`: the lower envelope of loss vs compute over all
+  runs' loss curves; at each of ~1500 compute values the run on the envelope gives (N, D).
+- Approach 2, `isoflop_optimum(n, d, loss, budget)`: per budget a parabola of loss in log N
+  (and in log D) through the IsoFLOP points, whose vertex is that budget's optimum.
+- Approach 3, `fit_parametric(n, d, loss)`: as the paper fits it (appendix D.2): the Huber
+  loss (delta 1e-3) between the log of the predicted loss, written as a log-sum-exp
+  LSE(a - alpha log N, b - beta log D, e) with A = e^a, B = e^b, E = e^e, and log L, summed
+  over runs and minimised by L-BFGS from the paper's grid of 4500 starting points.
+
+Published values: Chinchilla's a/b = 0.50/0.50 (approach 1), 0.49/0.51 (2), 0.46/0.54 (3),
+and approach 3's E = 1.69, A = 406.4, B = 410.7, alpha = 0.34, beta = 0.28 (`HOFFMANN_2022`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from scipy import optimize
+
+from jaxformer.scaling import stats
+
+DEFAULT_SAMPLES = 100
+# Hoffmann et al. appendix D.2: alpha, beta in {0, .5, ..., 2}, e in {-1, -.5, ..., 1},
+# a, b in {0, 5, ..., 25}.
+PAPER_GRID = {"a": np.arange(0.0, 25.1, 5.0), "b": np.arange(0.0, 25.1, 5.0),
+              "e": np.arange(-1.0, 1.01, 0.5), "alpha": np.arange(0.0, 2.01, 0.5),
+              "beta": np.arange(0.0, 2.01, 0.5)}
+_ORDER = ("a", "b", "e", "alpha", "beta")
+
+
+# ----------------------------------------------------------------------------- approach 3
+
+
+@dataclasses.dataclass(frozen=True)
+class ParametricFit(stats.Fit):
+  """L(N, D) = E + A / N^alpha + B / D^beta with `params` E, A, B, alpha, beta."""
+
+  def compute_optimal(self, flops: Any) -> tuple[Any, Any]:
+    """(N_opt, D_opt) minimising L at C = 6 N D FLOPs (Hoffmann et al. eq. 4):
+    N_opt = G (C / 6)^a, D_opt = G^-1 (C / 6)^b, G = (alpha A / (beta B))^(1 / (alpha + beta)),
+    a = beta / (alpha + beta), b = alpha / (alpha + beta)."""
+    return _compute_optimal(self.params, flops)
+
+  def exponents(self) -> dict[str, tuple[float, tuple[float, float]]]:
+    """{'a': (value, ci), 'b': (value, ci)} of N_opt ~ C^a and D_opt ~ C^b."""
+    out = {}
+    for key, fn in (("a", lambda p: p["beta"] / (p["alpha"] + p["beta"])),
+                    ("b", lambda p: p["alpha"] / (p["alpha"] + p["beta"]))):
+      out[key] = (fn(self.params), stats.interval([fn(p) for p in self.draws()], self.level))
+    return out
+
+  def optimal_tokens(self, n_params: Any) -> Any:
+    """The D for which N is compute-optimal (N = N_opt(6 N D)):
+    D = (N / G)^((alpha + beta) / beta) / N."""
+    p = self.params
+    g = (p["alpha"] * p["A"] / (p["beta"] * p["B"])) ** (1.0 / (p["alpha"] + p["beta"]))
+    n = np.asarray(n_params, np.float64)
+    if np.any(n <= 0):
+      raise ValueError(f"optimal_tokens: n_params must be > 0; got {n_params}")
+    return (n / g) ** ((p["alpha"] + p["beta"]) / p["beta"]) / n
+
+
+def _parametric(params: Mapping[str, float], n: np.ndarray, d: np.ndarray) -> np.ndarray:
+  return params["E"] + params["A"] / n ** params["alpha"] + params["B"] / d ** params["beta"]
+
+
+def _compute_optimal(params: Mapping[str, float], flops: Any) -> tuple[Any, Any]:
+  c = np.asarray(flops, np.float64)
+  if np.any(~np.isfinite(c)) or np.any(c <= 0):
+    raise ValueError(f"compute_optimal: flops must be finite and > 0; got {flops}")
+  alpha, beta = params["alpha"], params["beta"]
+  g = (alpha * params["A"] / (beta * params["B"])) ** (1.0 / (alpha + beta))
+  n_opt = g * (c / 6.0) ** (beta / (alpha + beta))
+  d_opt = (c / 6.0) ** (alpha / (alpha + beta)) / g
+  if n_opt.ndim == 0:
+    return float(n_opt), float(d_opt)
+  return n_opt, d_opt
+
+
+HOFFMANN_2022 = ParametricFit(
+    law="L = E + A / N^alpha + B / D^beta",
+    params={"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}, samples={},
+    n_points=0, rms_residual=float("nan"),
+    method="published (Hoffmann et al. 2022, eq. 10); no intervals", predict_fn=_parametric)
+
+
+def chinchilla_tokens(n_params: Any, tokens_per_param: float = 20.0) -> Any:
+  """Compute-optimal tokens by Hoffmann et al.'s rule of thumb D = 20 N."""
+  if np.any(np.asarray(n_params) <= 0) or tokens_per_param <= 0:
+    raise ValueError(f"chinchilla_tokens: n_params ({n_params}) and tokens_per_param "
+                     f"({tokens_per_param}) must be > 0")
+  return tokens_per_param * np.asarray(n_params, np.float64)
+
+
+def paper_grid() -> np.ndarray:
+  """The 4500 starting points [a, b, e, alpha, beta] of Hoffmann et al. appendix D.2."""
+  return np.array(list(itertools.product(*(PAPER_GRID[k] for k in _ORDER))), np.float64)
+
+
+def _huber_objective(theta: np.ndarray, log_n: np.ndarray, log_d: np.ndarray,
+                     log_l: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
+  """Sum over runs of Huber(LSE(a - alpha log N, b - beta log D, e) - log L) and its
+  gradient, for a batch of parameter vectors theta [S, 5] (a, b, e, alpha, beta)."""
+  a, b, e, alpha, beta = (theta[:, i:i + 1] for i in range(5))
+  t1 = a - alpha * log_n
+  t2 = b - beta * log_d
+  t3 = np.broadcast_to(e, t1.shape)
+  top = np.maximum(np.maximum(t1, t2), t3)
+  w1, w2, w3 = np.exp(t1 - top), np.exp(t2 - top), np.exp(t3 - top)
+  total = w1 + w2 + w3
+  r = top + np.log(total) - log_l
+  abs_r = np.abs(r)
+  f = np.where(abs_r <= delta, 0.5 * r * r, delta * (abs_r - 0.5 * delta)).sum(axis=1)
+  dr = np.clip(r, -delta, delta) / total
+  g1, g2, g3 = dr * w1, dr * w2, dr * w3
+  grad = np.stack([g1.sum(1), g2.sum(1), g3.sum(1), -(g1 * log_n).sum(1),
+                   -(g2 * log_d).sum(1)], axis=1)
+  return f, grad
+
+
+def batched_lbfgs(fun, x0: np.ndarray, *, history: int = 10, max_iter: int = 300,
+                  gtol: float = 1e-10, ftol: float = 1e-10) -> tuple[np.ndarray, np.ndarray]:
+  """L-BFGS (two-loop recursion, Armijo backtracking) run independently from each row of
+  x0 [S, P] at once: `fun(x [k, P]) -> (f [k], grad [k, P])`. Returns (x, f) per start.
+  Vectorising over starts makes the paper's 4500-start grid take seconds, not minutes.
+  A start stops when its gradient is below `gtol`, its objective falls by less than `ftol`
+  (relative) in a step, or after `max_iter` steps; `fit_parametric` polishes the best one
+  with SciPy's L-BFGS-B, so loose stopping only costs starts that are not the best."""
+  x = np.array(x0, np.float64)
+  f, g = fun(x)
+  starts, dim = x.shape
+  s_hist = np.zeros((history, starts, dim))
+  y_hist = np.zeros((history, starts, dim))
+  rho = np.zeros((history, starts))            # 0: no pair stored in this slot (skipped)
+  gamma = np.ones(starts)
+  active = np.isfinite(f)
+  slot = 0
+  for it in range(max_iter):
+    idx = np.flatnonzero(active)
+    if idx.size == 0:
+      break
+    q = g[idx].copy()
+    coeffs = []
+    order = [(slot - 1 - j) % history for j in range(history)]        # newest first
+    for j in order:
+      c = rho[j, idx] * np.einsum("sp,sp->s", s_hist[j, idx], q)
+      q -= c[:, None] * y_hist[j, idx]
+      coeffs.append(c)
+    r = gamma[idx, None] * q
+    for j, c in zip(reversed(order), reversed(coeffs)):
+      beta = rho[j, idx] * np.einsum("sp,sp->s", y_hist[j, idx], r)
+      r += s_hist[j, idx] * (c - beta)[:, None]
+    p = -r
+    slope = np.einsum("sp,sp->s", g[idx], p)
+    bad = ~(slope < 0) | ~np.isfinite(slope)
+    p[bad] = -g[idx][bad]
+    slope[bad] = -np.einsum("sp,sp->s", g[idx][bad], g[idx][bad])
+    step = np.ones(idx.size)
+    if it == 0:
+      step = np.minimum(1.0, 1.0 / np.maximum(np.abs(g[idx]).sum(1), 1e-300))
+    x_new, f_new, g_new = x[idx].copy(), f[idx].copy(), g[idx].copy()
+    pending = np.ones(idx.size, bool)
+    for _ in range(60):
+      k = np.flatnonzero(pending)
+      if k.size == 0:
+        break
+      trial = x[idx[k]] + step[k, None] * p[k]
+      ft, gt = fun(trial)
+      ok = np.isfinite(ft) & (ft <= f[idx[k]] + 1e-4 * step[k] * slope[k])
+      acc = k[ok]
+      x_new[acc], f_new[acc], g_new[acc] = trial[ok], ft[ok], gt[ok]
+      pending[acc] = False
+      step[k[~ok]] *= 0.5
+    moved = ~pending
+    s = x_new - x[idx]
+    y = g_new - g[idx]
+    sy = np.einsum("sp,sp->s", s, y)
+    keep = moved & (sy > 1e-16 * np.maximum(np.einsum("sp,sp->s", y, y), 1e-300))
+    rho[slot, idx] = np.where(keep, 1.0 / np.where(keep, sy, 1.0), 0.0)
+    s_hist[slot, idx] = np.where(keep[:, None], s, 0.0)
+    y_hist[slot, idx] = np.where(keep[:, None], y, 0.0)
+    gamma[idx] = np.where(keep, sy / np.maximum(np.einsum("sp,sp->s", y, y), 1e-300),
+                          gamma[idx])
+    slot = (slot + 1) % history
+    decrease = f[idx] - f_new
+    x[idx], f[idx], g[idx] = x_new, f_new, g_new
+    done = (~moved | (np.abs(g_new).max(1) < gtol) |
+            (decrease <= ftol * np.maximum(np.maximum(np.abs(f_new), np.abs(f[idx])), 1e-300)))
+    active[idx[done]] = False
+  return x, f
+
+
+def _theta_to_params(theta: np.ndarray) -> dict[str, float]:
+  a, b, e, alpha, beta = (float(v) for v in theta)
+  return {"E": float(np.exp(e)), "A": float(np.exp(a)), "B": float(np.exp(b)),
+          "alpha": alpha, "beta": beta}
+
+
+def _minimise(starts: np.ndarray, log_n, log_d, log_l, delta) -> tuple[np.ndarray, np.ndarray]:
+  """Local minima from every start (batched L-BFGS), best first, the best one polished by
+  SciPy's L-BFGS-B. Returns (thetas sorted by objective, objectives)."""
+  fun = lambda th: _huber_objective(th, log_n, log_d, log_l, delta)  # noqa: E731
+  with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+    x, f = batched_lbfgs(fun, starts)
+    f = np.where(np.isfinite(f), f, np.inf)
+    order = np.argsort(f)
+    x, f = x[order], f[order]
+    polished = optimize.minimize(lambda th: tuple(v[0] for v in fun(th[None])), x[0],
+                                 jac=True, method="L-BFGS-B",
+                                 options=dict(maxiter=10000, ftol=1e-15, gtol=1e-12))
+  if np.isfinite(polished.fun) and polished.fun <= f[0]:
+    x[0], f[0] = polished.x, polished.fun
+  if not np.isfinite(f[0]):
+    raise RuntimeError("fit_parametric: no starting point reached a finite objective")
+  return x, f
+
+
+def _distinct(thetas: np.ndarray, count: int) -> np.ndarray:
+  """The first `count` rows of `thetas` (sorted best first) that are distinct local minima
+  (differ by > 1e-3 in some coordinate): many grid starts end in the same basin."""
+  kept = []
+  for theta in thetas:
+    if all(np.abs(theta - k).max() > 1e-3 for k in kept):
+      kept.append(theta)
+      if len(kept) == count:
+        break
+  return np.array(kept)
+
+
+def fit_parametric(n: Any, d: Any, loss: Any, *, huber_delta: float = 1e-3,
+                   samples: int = DEFAULT_SAMPLES, seed: int = 0,
+                   starts: np.ndarray | None = None,
+                   bootstrap_starts: int = 8) -> ParametricFit:
+  """Chinchilla approach 3: L(N, D) = E + A / N^alpha + B / D^beta fitted as Hoffmann et al.
+  (appendix D.2) do: minimise sum_i Huber_delta(LSE(a - alpha log N_i, b - beta log D_i, e)
+  - log L_i) over (a, b, e, alpha, beta) by L-BFGS from each point of `starts` (default the
+  paper's 4500-point grid, `paper_grid()`), keep the lowest objective; A, B, E = exp(a, b, e).
+
+  N: parameters, D: training tokens, L: final loss of each run (nats/token). Intervals: the
+  fit is repeated on `samples` bootstrap resamples of the runs, each from the full fit's
+  `bootstrap_starts` best distinct local minima (the paper's whole grid per resample would cost
+  4500 x samples L-BFGS runs). Default cost: ~10 s for the grid on a laptop core plus ~0.1 s
+  a resample. Needs >= 6 runs (5 parameters + 1) with >= 2 distinct N and D.
+  """
+  n, d, loss = stats.as_points("fit_parametric", 6, ("n", "d", "loss"), n=n, d=d, loss=loss)
+  stats.require_distinct("fit_parametric", "n", n, 2)
+  stats.require_distinct("fit_parametric", "d", d, 2)
+  if not (np.isfinite(huber_delta) and huber_delta > 0):
+    raise ValueError(f"fit_parametric: huber_delta={huber_delta} must be > 0 (the paper "
+                     "uses 1e-3)")
+  starts = paper_grid() if starts is None else np.atleast_2d(np.asarray(starts, np.float64))
+  if starts.shape[1:] != (5,):
+    raise ValueError(f"fit_parametric: starts must be [k, 5] rows (a, b, e, alpha, beta); "
+                     f"got shape {starts.shape}")
+  log_n, log_d, log_l = np.log(n), np.log(d), np.log(loss)
+  thetas, objective = _minimise(starts, log_n[None], log_d[None], log_l[None], huber_delta)
+  params = _theta_to_params(thetas[0])
+  local = _distinct(thetas[np.isfinite(objective)], bootstrap_starts)
+
+  def fit_once(n, d, loss):
+    stats.require_distinct("fit_parametric", "n", n, 2)
+    stats.require_distinct("fit_parametric", "d", d, 2)
+    th, _ = _minimise(local, np.log(n)[None], np.log(d)[None], np.log(loss)[None],
+                      huber_delta)
+    return _theta_to_params(th[0])
+
+  draws = stats.bootstrap(fit_once, (n, d, loss), samples=samples, seed=seed)
+  findings = []
+  for key in ("alpha", "beta"):
+    if params[key] <= 0.01:
+      findings.append(f"{key} = {params[key]:.3g}: the loss does not fall with "
+                      f"{'N' if key == 'alpha' else 'D'} over these runs, so the law cannot "
+                      "place the optimum; vary that axis more")
+  resid = np.log(_parametric(params, n, d)) - log_l
+  return ParametricFit(
+      law="L = E + A / N^alpha + B / D^beta", params=params, samples=draws, n_points=n.size,
+      rms_residual=float(np.sqrt(np.mean(resid ** 2))),
+      method=f"Huber (delta={huber_delta:g}) on log L, log-sum-exp form, L-BFGS from "
+             f"{len(starts)} starts (bootstrap: {len(local)} starts)",
+      findings=tuple(findings), predict_fn=_parametric,
+      extra={"objective": float(objective[0])})
+
+
+# ------------------------------------------------------------------ approaches 1 and 2
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimumFit(stats.Fit):
+  """N_opt = k_N C^a and D_opt = k_D C^b (`params` a, k_N, b, k_D); `extra['points']` are the
+  (C, N_opt, D_opt) the power laws were fitted to."""
+
+  def compute_optimal(self, flops: Any) -> tuple[Any, Any]:
+    c = np.asarray(flops, np.float64)
+    if np.any(~np.isfinite(c)) or np.any(c <= 0):
+      raise ValueError(f"compute_optimal: flops must be finite and > 0; got {flops}")
+    p = self.params
+    n_opt, d_opt = p["k_N"] * c ** p["a"], p["k_D"] * c ** p["b"]
+    if n_opt.ndim == 0:
+      return float(n_opt), float(d_opt)
+    return n_opt, d_opt
+
+
+def _optimum_power(c: np.ndarray, n_opt: np.ndarray, d_opt: np.ndarray) -> dict[str, float]:
+  a, log_kn = np.polyfit(np.log(c), np.log(n_opt), 1)
+  b, log_kd = np.polyfit(np.log(c), np.log(d_opt), 1)
+  return {"a": float(a), "k_N": float(np.exp(log_kn)), "b": float(b),
+          "k_D": float(np.exp(log_kd))}
+
+
+def _optimum_law(params, c):
+  return params["k_N"] * c ** params["a"]
+
+
+def _parabola_vertex(x: np.ndarray, loss: np.ndarray, what: str) -> tuple[float, float]:
+  """(x at the minimum, loss there) of the least-squares parabola of loss in x."""
+  c2, c1, c0 = np.polyfit(x, loss, 2)
+  if not c2 > 0:
+    raise ValueError(f"{what}: the parabola through the IsoFLOP points opens downwards (no "
+                     "minimum): the sizes do not bracket the optimum; add sizes beyond the "
+                     "lowest-loss one")
+  x_min = -c1 / (2 * c2)
+  return float(x_min), float(c0 - c1 * c1 / (4 * c2))
+
+
+def _budget_optima(n, d, loss, budget) -> tuple[np.ndarray, ...]:
+  out = []
+  for c in np.unique(budget):
+    sel = budget == c
+    what = f"isoflop_optimum (budget {c:.3g})"
+    stats.require_distinct(what, "n", n[sel], 3)
+    log_n_opt, loss_min = _parabola_vertex(np.log(n[sel]), loss[sel], what)
+    log_d_opt, _ = _parabola_vertex(np.log(d[sel]), loss[sel], what)
+    out.append((c, np.exp(log_n_opt), np.exp(log_d_opt), loss_min))
+  return tuple(np.array(v) for v in zip(*out))
+
+
+def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
+                    samples: int = 1000, seed: int = 0) -> OptimumFit:
+  """Chinchilla approach 2. `budget[i]` is the FLOP budget run i belongs to (its IsoFLOP
+  curve). Per budget: least-squares parabolas of loss in log N and in log D; their vertices
+  are N_opt(C) and D_opt(C) (D from its own parabola, so no FLOP convention is assumed).
+  Then log N_opt and log D_opt are fitted as lines in log C. Intervals: runs resampled
+  within their budget. Needs >= 2 budgets with >= 3 distinct sizes each (>= 5 advised)."""
+  n, d, loss, budget = stats.as_points("isoflop_optimum", 6, ("n", "d", "loss", "budget"),
+                                       n=n, d=d, loss=loss, budget=budget)
+  if np.unique(budget).size < 2:
+    raise ValueError("isoflop_optimum needs runs at >= 2 FLOP budgets to fit how the "
+                     f"optimum moves with compute; got one budget ({budget[0]:.3g}): add "
+                     "budgets (>= 3 spanning >= 10x)")
+  c, n_opt, d_opt, loss_min = _budget_optima(n, d, loss, budget)
+  params = _optimum_power(c, n_opt, d_opt)
+
+  def fit_once(n, d, loss, budget):
+    return _optimum_power(*_budget_optima(n, d, loss, budget)[:3])
+
+  draws = stats.bootstrap(fit_once, (n, d, loss, budget), samples=samples, seed=seed,
+                          groups=budget)
+  findings = []
+  for ci, no in zip(c, n_opt):
+    sel = budget == ci
+    if not n[sel].min() <= no <= n[sel].max():
+      findings.append(f"budget {ci:.3g}: the optimum N={no:.3g} lies outside the sizes "
+                      f"trained ({n[sel].min():.3g} .. {n[sel].max():.3g}); it is an "
+                      "extrapolation of the parabola: add sizes on that side")
+  if c.size == 2:
+    findings.append("two budgets: the exponents are a line through two points (no check "
+                    "of the power law); add budgets")
+  return OptimumFit(
+      law="N_opt = k_N C^a, D_opt = k_D C^b", params=params, samples=draws, n_points=n.size,
+      rms_residual=float(np.sqrt(np.mean((np.log(_optimum_law(params, c)) -
+                                          np.log(n_opt)) ** 2))),
+      method="approach 2: parabola in log N (and log D) per budget, lines in log C",
+      findings=tuple(findings), predict_fn=_optimum_law,
+      extra={"points": {"flops": c.tolist(), "n_opt": n_opt.tolist(),
+                        "d_opt": d_opt.tolist(), "loss_min": loss_min.tolist()}})
+
+
+@dataclasses.dataclass(frozen=True)
+class Curve:
+  """One run's loss curve: `params` N, `tokens` D seen at each record, `loss` there, and
+  `flops_per_token` (default 6 N: C = 6 N D)."""
+  params: float
+  tokens: np.ndarray
+  loss: np.ndarray
+  flops_per_token: float | None = None
+
+  @property
+  def flops(self) -> np.ndarray:
+    return np.asarray(self.tokens, np.float64) * (self.flops_per_token or 6.0 * self.params)
+
+
+def _smooth(loss: np.ndarray, window: int) -> np.ndarray:
+  if window <= 1 or loss.size < window:
+    return loss
+  kernel = np.ones(window) / window
+  padded = np.concatenate([np.full(window // 2, loss[0]), loss,
+                           np.full(window - 1 - window // 2, loss[-1])])
+  return np.convolve(padded, kernel, mode="valid")
+
+
+def _envelope(curves: Sequence[Curve], grid_points: int, window: int):
+  finals = np.array([c.flops[-1] for c in curves])
+  grid = np.geomspace(finals.min(), finals.max(), grid_points)
+  best = np.full(grid.size, np.inf)
+  owner = np.full(grid.size, -1)
+  for i, curve in enumerate(curves):
+    log_c = np.log(curve.flops)
+    loss = _smooth(np.asarray(curve.loss, np.float64), window)
+    inside = (np.log(grid) >= log_c[0]) & (np.log(grid) <= log_c[-1])
+    value = np.interp(np.log(grid[inside]), log_c, loss)
+    better = value < best[inside]
+    where = np.flatnonzero(inside)[better]
+    best[where], owner[where] = value[better], i
+  keep = owner >= 0
+  grid, owner, best = grid[keep], owner[keep], best[keep]
+  n_opt = np.array([curves[i].params for i in owner], np.float64)
+  d_opt = grid / np.array([curves[i].flops[-1] / curves[i].tokens[-1] for i in owner])
+  return grid, n_opt, d_opt, best
+
+
+def envelope_optimum(curves: Sequence[Curve | Mapping[str, Any]], *, grid_points: int = 1500,
+                     window: int = 5, samples: int = 1000, seed: int = 0) -> OptimumFit:
+  """Chinchilla approach 1: the lower envelope of (smoothed, `window`-record moving average)
+  loss vs compute over every run's curve, at `grid_points` log-spaced compute values between
+  the smallest and the largest final compute of the runs; the run on the envelope at C gives
+  N_opt(C) and D_opt(C) = its tokens at C. Then lines in log C. Intervals: runs resampled.
+
+  Caveat (Hoffmann et al. vary the cosine length for this reason): a point in the middle of a
+  run is not trained with a schedule that ends there, so it overstates the loss of a run of
+  that length; with one cosine length per run the envelope favours runs that finish near C.
+  Needs >= 3 runs whose envelope holds >= 2 distinct sizes."""
+  curves = [c if isinstance(c, Curve) else Curve(**c) for c in curves]
+  if len(curves) < 3:
+    raise ValueError(f"envelope_optimum needs >= 3 runs' loss curves; got {len(curves)}")
+  for i, c in enumerate(curves):
+    tokens, loss = stats.as_points(f"envelope_optimum (curve {i})", 2, ("tokens", "loss"),
+                                   tokens=c.tokens, loss=c.loss)
+    if not c.params > 0 or np.any(np.diff(tokens) <= 0):
+      raise ValueError(f"envelope_optimum: curve {i} needs params > 0 and increasing tokens")
+  if grid_points < 10:
+    raise ValueError(f"envelope_optimum: grid_points={grid_points} must be >= 10")
+  owner_sizes = np.array([c.params for c in curves])
+
+  def fit_once(idx):
+    chosen = [curves[int(i)] for i in idx]
+    c, n_opt, d_opt, _ = _envelope(chosen, grid_points, window)
+    if np.unique(n_opt).size < 2:
+      raise ValueError("envelope_optimum: one model size holds the whole envelope, so the "
+                       "runs show no compute-optimal trade-off: add sizes around the optimum")
+    return _optimum_power(c, n_opt, d_opt)
+
+  index = np.arange(len(curves), dtype=np.float64)
+  params = fit_once(index)
+  draws = stats.bootstrap(fit_once, (index,), samples=samples, seed=seed)
+  c, n_opt, d_opt, best = _envelope(curves, grid_points, window)
+  held = sorted(set(n_opt.tolist()))
+  return OptimumFit(
+      law="N_opt = k_N C^a, D_opt = k_D C^b", params=params, samples=draws,
+      n_points=len(curves),
+      rms_residual=float(np.sqrt(np.mean((np.log(_optimum_law(params, c)) -
+                                          np.log(n_opt)) ** 2))),
+      method=f"approach 1: envelope of {window}-point smoothed loss curves at {grid_points} "
+             "compute values, lines in log C",
+      findings=(f"{len(held)} of {np.unique(owner_sizes).size} model sizes hold the "
+                "envelope",), predict_fn=_optimum_law,
+      extra={"points": {"flops": c.tolist(), "n_opt": n_opt.tolist(),
+                        "d_opt": d_opt.tolist(), "loss": best.tolist()}})

@@ -1,0 +1,242 @@
+"""Power laws of loss in model size, data and compute (NumPy + SciPy, no JAX), each with
+bootstrap confidence intervals (`stats.Fit`).
+
+- `fit_kaplan_n(n, loss)`: L(N) = (N_c / N)^alpha_N   (Kaplan et al. 2020, eq. 1.1)
+- `fit_kaplan_d(d, loss)`: L(D) = (D_c / D)^alpha_D   (eq. 1.2)
+- `fit_kaplan_joint(n, d, loss)`:
+      L(N, D) = [(N_c / N)^(alpha_N / alpha_D) + D_c / D]^alpha_D   (eq. 1.5)
+- `fit_saturating(x, loss)`: L = E + (X_c / X)^alpha (an irreducible loss E >= 0)
+- `fit_zhai(compute, error)`: E = a (C + d)^(-b) + c   (Zhai et al. 2022, "Scaling Vision
+  Transformers", eq. 1: error vs compute, saturating at both ends)
+
+Kaplan's laws are fitted in log-loss (least squares on log L), as a power law is a line
+there; the laws with an additive constant are fitted by bounded least squares from a grid of
+starting points, and a parameter that ends on its bound is reported in `fit.findings`: it
+means the data do not determine it (e.g. no saturation visible), not that its value is known.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from scipy import optimize
+
+from jaxformer.scaling import stats
+
+DEFAULT_SAMPLES = 1000
+
+
+def _power(params: dict, x: np.ndarray, name: str) -> np.ndarray:
+  return (params[f"{name}_c"] / x) ** params[f"alpha_{name}"]
+
+
+def _fit_power(x: np.ndarray, loss: np.ndarray, name: str) -> dict[str, float]:
+  stats.require_distinct(f"fit_kaplan_{name.lower()}", name, x, 3)
+  slope, intercept = np.polyfit(np.log(x), np.log(loss), 1)
+  if slope >= 0:
+    raise ValueError(f"fit_kaplan_{name.lower()}: the loss does not fall with {name} "
+                     f"(log-log slope {slope:+.3f}); check the runs or train them longer")
+  alpha = -slope
+  return {f"alpha_{name}": float(alpha), f"{name}_c": float(np.exp(intercept / alpha))}
+
+
+def _power_fit(x: Any, loss: Any, name: str, samples: int, seed: int) -> stats.Fit:
+  what = f"fit_kaplan_{name.lower()}"
+  x, loss = stats.as_points(what, 3, (name, "loss"), **{name: x, "loss": loss})
+  params = _fit_power(x, loss, name)
+  draws = stats.bootstrap(lambda a, b: _fit_power(a, b, name), (x, loss), samples=samples,
+                          seed=seed)
+  predict = lambda p, v: _power(p, v, name)  # noqa: E731
+  return stats.Fit(law=f"L = ({name}_c / {name})^alpha_{name}", params=params, samples=draws,
+                   n_points=x.size, rms_residual=_rms_log(predict(params, x), loss),
+                   method="least squares on log L (a line in log-log)", predict_fn=predict)
+
+
+def _rms_log(pred: np.ndarray, loss: np.ndarray) -> float:
+  return float(np.sqrt(np.mean((np.log(pred) - np.log(loss)) ** 2)))
+
+
+def fit_kaplan_n(n: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
+                 seed: int = 0) -> stats.Fit:
+  """L(N) = (N_c / N)^alpha_N (Kaplan et al. 2020 eq. 1.1; they find alpha_N = 0.076,
+  N_c = 8.8e13 with N the non-embedding parameters of models trained to convergence).
+  Needs >= 3 distinct N."""
+  return _power_fit(n, loss, "N", samples, seed)
+
+
+def fit_kaplan_d(d: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
+                 seed: int = 0) -> stats.Fit:
+  """L(D) = (D_c / D)^alpha_D (Kaplan et al. 2020 eq. 1.2: alpha_D = 0.095, D_c = 5.4e13
+  tokens, large models early-stopped). Needs >= 3 distinct D."""
+  return _power_fit(d, loss, "D", samples, seed)
+
+
+def _least_squares(residual: Callable[[np.ndarray], np.ndarray], starts: Sequence[Sequence],
+                   bounds: tuple[Sequence[float], Sequence[float]]) -> np.ndarray:
+  """The best of `scipy.optimize.least_squares` runs from each start (within bounds)."""
+  best = None
+  low, high = np.asarray(bounds[0], np.float64), np.asarray(bounds[1], np.float64)
+  # Start strictly inside the finite bounds (an infinite bound needs no margin: inf - inf
+  # would make the start NaN and every start fail).
+  inner_low = low + np.where(np.isfinite(low), 1e-9 * (np.abs(low) + 1), 0.0)
+  inner_high = high - np.where(np.isfinite(high), 1e-9 * (np.abs(high) + 1), 0.0)
+  for start in starts:
+    x0 = np.clip(np.asarray(start, np.float64), inner_low, inner_high)
+    try:
+      result = optimize.least_squares(residual, x0, bounds=(low, high), method="trf",
+                                      x_scale="jac", max_nfev=2000)
+    except (ValueError, FloatingPointError):
+      continue
+    if np.all(np.isfinite(result.fun)) and (best is None or result.cost < best.cost):
+      best = result
+  if best is None:
+    raise RuntimeError("no starting point gave a finite fit")
+  return best.x
+
+
+def _bound_findings(params: dict, bounds: dict, reasons: dict) -> tuple[str, ...]:
+  out = []
+  for key, (low, high) in bounds.items():
+    side = stats.at_bound(params[key], low, high)
+    if side:
+      out.append(f"{key} = {params[key]:.4g} is at its {side} bound "
+                 f"({low if side == 'lower' else high:g}): {reasons[key][side]}")
+  return tuple(out)
+
+
+def _saturating(params: dict, x: np.ndarray) -> np.ndarray:
+  return params["E"] + (params["X_c"] / x) ** params["alpha"]
+
+
+def fit_saturating(x: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
+                   seed: int = 0) -> stats.Fit:
+  """L(X) = E + (X_c / X)^alpha with 0 <= E <= min L: Kaplan's law with an irreducible loss
+  (Hoffmann et al. 2022 eq. 2 at fixed D). Least squares on L over a grid of E starts.
+  Needs >= 4 distinct X (3 parameters + 1 degree of freedom)."""
+  x, loss = stats.as_points("fit_saturating", 4, ("x", "loss"), x=x, loss=loss)
+  stats.require_distinct("fit_saturating", "x", x, 4)
+  e_max = float(loss.min())
+
+  def fit_once(x, loss):
+    stats.require_distinct("fit_saturating", "x", x, 4)
+    top = float(loss.min())
+    log_x = np.log(x)
+
+    def residual(theta):
+      e, alpha, log_c = theta
+      return e + np.exp(alpha * (log_c - log_x)) - loss
+
+    starts = []
+    for e in np.linspace(0.0, top, 6, endpoint=False):
+      slope, intercept = np.polyfit(log_x, np.log(loss - e), 1)
+      if slope < 0:
+        starts.append((e, -slope, intercept / -slope))
+    if not starts:
+      raise ValueError("fit_saturating: the loss does not fall with x; check the runs")
+    e, alpha, log_c = _least_squares(residual, starts, ([0.0, 1e-6, -np.inf],
+                                                        [top, 10.0, np.inf]))
+    return {"E": float(e), "alpha": float(alpha), "X_c": float(np.exp(log_c))}
+
+  params = fit_once(x, loss)
+  draws = stats.bootstrap(fit_once, (x, loss), samples=samples, seed=seed)
+  findings = _bound_findings(params, {"E": (0.0, e_max)}, {"E": {
+      "lower": "no saturation is visible over these points, so the law reduces to Kaplan's "
+               "pure power law; E is not measured (more and larger models, or longer runs, "
+               "would show whether the loss flattens)",
+      "upper": "the law puts all the remaining loss in E; the points barely fall with x"}})
+  return stats.Fit(law="L = E + (X_c / X)^alpha", params=params, samples=draws,
+                   n_points=x.size, rms_residual=float(np.sqrt(np.mean(
+                       (_saturating(params, x) - loss) ** 2))),
+                   method="bounded least squares on L, grid of E starts", findings=findings,
+                   predict_fn=_saturating)
+
+
+def _kaplan_joint(params: dict, n: np.ndarray, d: np.ndarray) -> np.ndarray:
+  ratio = params["alpha_N"] / params["alpha_D"]
+  return ((params["N_c"] / n) ** ratio + params["D_c"] / d) ** params["alpha_D"]
+
+
+def fit_kaplan_joint(n: Any, d: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
+                     seed: int = 0) -> stats.Fit:
+  """L(N, D) = [(N_c / N)^(alpha_N / alpha_D) + D_c / D]^alpha_D (Kaplan et al. 2020 eq. 1.5:
+  alpha_N = 0.076, alpha_D = 0.103, N_c = 6.4e13, D_c = 1.8e13, fitted to early-stopped
+  losses of models of several sizes on datasets of several sizes). Least squares on log L
+  over a grid of exponent starts. Needs >= 5 points with >= 2 distinct N and D."""
+  n, d, loss = stats.as_points("fit_kaplan_joint", 5, ("n", "d", "loss"), n=n, d=d, loss=loss)
+  stats.require_distinct("fit_kaplan_joint", "n", n, 2)
+  stats.require_distinct("fit_kaplan_joint", "d", d, 2)
+
+  def fit_once(n, d, loss):
+    stats.require_distinct("fit_kaplan_joint", "n", n, 2)
+    stats.require_distinct("fit_kaplan_joint", "d", d, 2)
+    log_n, log_d, log_l = np.log(n), np.log(d), np.log(loss)
+
+    def residual(theta):
+      alpha_n, alpha_d, log_nc, log_dc = theta
+      inner = np.logaddexp((alpha_n / alpha_d) * (log_nc - log_n), log_dc - log_d)
+      return alpha_d * inner - log_l
+
+    starts = [(an, ad, np.log(n.max()) + s, np.log(d.max()) + s)
+              for an, ad, s in itertools.product((0.05, 0.3), (0.05, 0.3), (1.0, 10.0))]
+    alpha_n, alpha_d, log_nc, log_dc = _least_squares(
+        residual, starts, ([1e-4, 1e-4, -np.inf, -np.inf], [5.0, 5.0, np.inf, np.inf]))
+    return {"alpha_N": float(alpha_n), "alpha_D": float(alpha_d),
+            "N_c": float(np.exp(log_nc)), "D_c": float(np.exp(log_dc))}
+
+  params = fit_once(n, d, loss)
+  draws = stats.bootstrap(fit_once, (n, d, loss), samples=samples, seed=seed)
+  return stats.Fit(law="L = [(N_c / N)^(alpha_N / alpha_D) + D_c / D]^alpha_D",
+                   params=params, samples=draws, n_points=n.size,
+                   rms_residual=_rms_log(_kaplan_joint(params, n, d), loss),
+                   method="least squares on log L, grid of exponent starts",
+                   predict_fn=_kaplan_joint)
+
+
+def _zhai(params: dict, c: np.ndarray) -> np.ndarray:
+  return params["a"] * (c + params["d"]) ** (-params["b"]) + params["c"]
+
+
+def fit_zhai(compute: Any, error: Any, *, samples: int = DEFAULT_SAMPLES,
+             seed: int = 0) -> stats.Fit:
+  """E(C) = a (C + d)^(-b) + c (Zhai et al. 2022 eq. 1): a power law in compute that
+  saturates at small compute (d: the compute below which more does not help) and at large
+  compute (c: the irreducible error, 0 <= c <= min E). Least squares on log E (errors span
+  decades) over a grid of (b, d) starts. Needs >= 5 distinct compute values."""
+  c, err = stats.as_points("fit_zhai", 5, ("compute", "error"), compute=compute, error=error)
+  stats.require_distinct("fit_zhai", "compute", c, 5)
+  scale = float(np.median(c))            # fit in units of the median compute: well scaled
+  err_min = float(err.min())
+
+  def fit_once(c, err):
+    stats.require_distinct("fit_zhai", "compute", c, 5)
+    x, log_e, top = c / scale, np.log(err), float(err.min())
+
+    def residual(theta):
+      log_a, b, floor, log_d = theta
+      return np.log(np.exp(log_a - b * np.log(x + np.exp(log_d))) + floor) - log_e
+
+    starts = [(np.log(err.max()), b, 0.5 * top * f, np.log(x.min()) + s)
+              for b, f, s in itertools.product((0.2, 0.5, 1.0), (0.0, 1.0), (-5.0, 0.0))]
+    log_a, b, floor, log_d = _least_squares(
+        residual, starts, ([-np.inf, 1e-4, 0.0, np.log(x.min()) - 20],
+                           [np.inf, 10.0, top, np.log(x.max()) + 5]))
+    return {"a": float(np.exp(log_a) * scale ** b), "b": float(b), "c": float(floor),
+            "d": float(np.exp(log_d) * scale)}
+
+  params = fit_once(c, err)
+  draws = stats.bootstrap(fit_once, (c, err), samples=samples, seed=seed)
+  findings = _bound_findings(
+      {"c": params["c"], "d": np.log(params["d"] / scale)},
+      {"c": (0.0, err_min), "d": (np.log(c.min() / scale) - 20, np.log(c.max() / scale) + 5)},
+      {"c": {"lower": "no error floor is visible over this compute range (c is not measured)",
+             "upper": "the fit puts all the remaining error in the floor c"},
+       "d": {"lower": "no low-compute saturation is visible: d is ~0 and the law is a pure "
+                      "power law with an offset",
+             "upper": "d exceeds the compute range: the points are all in the flat part"}})
+  return stats.Fit(law="E = a (C + d)^(-b) + c", params=params, samples=draws,
+                   n_points=c.size, rms_residual=_rms_log(_zhai(params, c), err),
+                   method="bounded least squares on log E, grid of (b, c, d) starts",
+                   findings=findings, predict_fn=_zhai)

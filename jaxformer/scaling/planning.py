@@ -1,0 +1,234 @@
+"""IsoFLOP planning: which model sizes to train, for how many steps, at each FLOP budget.
+
+Hoffmann et al. (2022, "Training Compute-Optimal Large Language Models", approach 2) train
+several model sizes at each of several fixed budgets C and read the optimum off the minimum of
+each IsoFLOP curve. This module plans such a study (NumPy only, no JAX):
+
+    runs = plan_isoflop([6e11, 2e12, 6e12], candidates, tokens_per_step=1024)
+
+- Around each budget's expected optimum N* (by default Chinchilla's rule of thumb D = 20 N,
+  so N* = sqrt(C / 120); or any `optimum(C)`, e.g. a fitted law's `compute_optimal`), it picks
+  `sizes_per_budget` candidates nearest to N* x spacing^k, k = -(m-1)/2 .. (m-1)/2.
+- steps = round(C / (flops_per_token x tokens_per_step)) with flops_per_token = 6 N
+  (Kaplan's and Chinchilla's C = 6 N D, the default) or a candidate's exact count
+  (`flops="exact"`). Rounding to whole steps keeps every run within `tolerance` (2%) of its
+  budget, else the plan is refused (the budget is too small for that model).
+- Each run gets a warmup of `warmup_fraction` of its steps and a cosine schedule that ends at
+  its own last step: Chinchilla found that a cosine cycle longer than the run overestimates
+  the loss of short runs and biases the fitted optimum towards smaller models.
+
+The model family is the list of `Candidate`s (name, N, model-config overrides, optionally the
+exact FLOPs per token): `configs/sweeps/isoflop.py` builds it for GPT shapes with
+`jaxformer.scaling.count_params`, and `to_sweep` turns a plan into a `jaxformer.sweep` spec.
+
+Learning rate: `to_sweep(lr=...)` gives every run one peak LR, or an LR per run from a rule
+(a function of the run, e.g. of its width). Fit the rule with a small LR sweep at the smallest
+budget (what `experiments/scaling_chinchilla.py` does: lr ~ width^-p), or, under a
+width-transferable parametrization, use the one LR tuned on a narrow proxy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+FLOPS_CONVENTIONS = ("6N", "exact")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """One model size of a family: `params` is the N of C = 6 N D (say which count it is where
+  you build candidates), `overrides` the `--config.` fields that make this size (e.g.
+  {"model.num_layers": 2, "model.d_model": 64}), `flops_per_token` the exact training FLOPs
+  per token (needed only for `flops="exact"`)."""
+  name: str
+  params: int
+  overrides: Mapping[str, Any]
+  flops_per_token: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+  """One run of an IsoFLOP plan: `candidate` trained for `steps` steps of `tokens_per_step`
+  tokens with `warmup_steps` of warmup and a cosine schedule ending at `steps`; `flops` is the
+  compute of the run under the plan's convention, within the tolerance of `budget`."""
+  budget: float
+  candidate: Candidate
+  steps: int
+  tokens_per_step: int
+  warmup_steps: int
+  flops: float
+
+  @property
+  def tokens(self) -> int:
+    return self.steps * self.tokens_per_step
+
+  @property
+  def name(self) -> str:
+    return f"{self.candidate.name}_s{self.steps}"
+
+
+def rule_of_thumb_optimum(budget: float, tokens_per_param: float = 20.0) -> float:
+  """N* = sqrt(C / (6 x tokens_per_param)): the size for which C = 6 N D and D = 20 N
+  (Hoffmann et al. 2022's rounded result)."""
+  return math.sqrt(budget / (6.0 * tokens_per_param))
+
+
+def _flops_per_token(candidate: Candidate, flops: str) -> float:
+  if flops == "6N":
+    return 6.0 * candidate.params
+  if candidate.flops_per_token is None or candidate.flops_per_token <= 0:
+    raise ValueError(f"flops='exact' needs candidate {candidate.name!r} to carry "
+                     "flops_per_token; build candidates with it or use flops='6N'")
+  return float(candidate.flops_per_token)
+
+
+def _check(budgets: Sequence[float], candidates: Sequence[Candidate], tokens_per_step: int,
+           sizes_per_budget: int, spacing: float, warmup_fraction: float, flops: str) -> None:
+  if len(budgets) == 0:
+    raise ValueError("plan_isoflop: budgets is empty; give one or more FLOP budgets, e.g. "
+                     "[6e11, 2e12, 6e12]")
+  for c in budgets:
+    if not (np.isfinite(c) and c > 0):
+      raise ValueError(f"plan_isoflop: budget {c!r} must be a finite FLOP count > 0")
+  if len(set(budgets)) != len(budgets):
+    raise ValueError(f"plan_isoflop: budgets {list(budgets)} repeat a value; give each once")
+  if not isinstance(tokens_per_step, (int, np.integer)) or tokens_per_step < 1:
+    raise ValueError(f"plan_isoflop: tokens_per_step={tokens_per_step!r} must be an int >= 1 "
+                     "(batch_size x seq_len)")
+  if sizes_per_budget < 3:
+    raise ValueError(f"plan_isoflop: sizes_per_budget={sizes_per_budget} must be >= 3 (a "
+                     "parabola through each IsoFLOP curve needs 3 points; use >= 5)")
+  if not spacing > 1:
+    raise ValueError(f"plan_isoflop: spacing={spacing} must be > 1 (the ratio between "
+                     "neighbouring sizes, e.g. 2)")
+  if not 0 <= warmup_fraction < 1:
+    raise ValueError(f"plan_isoflop: warmup_fraction={warmup_fraction} must be in [0, 1)")
+  if flops not in FLOPS_CONVENTIONS:
+    raise ValueError(f"plan_isoflop: flops={flops!r} must be one of {FLOPS_CONVENTIONS}")
+  sizes = [c.params for c in candidates]
+  if any(n <= 0 for n in sizes):
+    raise ValueError("plan_isoflop: every candidate needs params > 0")
+  if len(set(sizes)) < sizes_per_budget:
+    raise ValueError(f"plan_isoflop: {len(set(sizes))} distinct candidate sizes cannot give "
+                     f"sizes_per_budget={sizes_per_budget}; add model shapes to the family")
+
+
+def pick_sizes(candidates: Sequence[Candidate], center: float, count: int,
+               spacing: float) -> list[Candidate]:
+  """`count` distinct candidates nearest (in log N) to center x spacing^k, k centred on 0;
+  ValueError when two targets would need the same candidate (the family is too coarse)."""
+  by_size = {}
+  for c in sorted(candidates, key=lambda c: c.params):
+    by_size.setdefault(c.params, c)
+  sizes = np.array(sorted(by_size), np.float64)
+  chosen = []
+  for k in np.arange(count) - (count - 1) / 2:
+    target = center * spacing ** k
+    n = sizes[np.argmin(np.abs(np.log(sizes) - np.log(target)))]
+    if chosen and by_size[n] is chosen[-1]:
+      raise ValueError(
+          f"plan_isoflop: sizes {center * spacing ** k:.3g} and "
+          f"{center * spacing ** (k - 1):.3g} both map to candidate {by_size[n].name!r} "
+          f"(N={int(n):,}); the family's sizes are too coarse for spacing={spacing}, or "
+          f"the budget's optimum ({center:.3g}) lies outside them ({int(sizes[0]):,} .. "
+          f"{int(sizes[-1]):,}): add shapes or raise spacing")
+    chosen.append(by_size[n])
+  return chosen
+
+
+def plan_isoflop(budgets: Sequence[float], candidates: Sequence[Candidate], *,
+                 tokens_per_step: int, sizes_per_budget: int = 5, spacing: float = 2.0,
+                 optimum: Callable[[float], float] | None = None,
+                 warmup_fraction: float = 0.05, max_tokens: float | None = None,
+                 min_steps: int = 50, flops: str = "6N",
+                 tolerance: float = 0.02) -> list[PlannedRun]:
+  """The runs of an IsoFLOP study, budget by budget (see the module docstring).
+
+  `optimum(C)` gives each budget's expected optimal N (default `rule_of_thumb_optimum`).
+  `max_tokens` (e.g. 2 epochs of the corpus) and `min_steps` refuse runs that would repeat the
+  data too often or be too short to train; the error names the run and the fix.
+  """
+  budgets = [float(c) for c in budgets]
+  _check(budgets, candidates, tokens_per_step, sizes_per_budget, spacing, warmup_fraction,
+         flops)
+  optimum = optimum or rule_of_thumb_optimum
+  return [plan_run(budget, candidate, tokens_per_step=tokens_per_step, flops=flops,
+                   warmup_fraction=warmup_fraction, max_tokens=max_tokens,
+                   min_steps=min_steps, tolerance=tolerance)
+          for budget in sorted(budgets)
+          for candidate in pick_sizes(candidates, float(optimum(budget)), sizes_per_budget,
+                                      spacing)]
+
+
+def plan_run(budget: float, candidate: Candidate, *, tokens_per_step: int,
+             flops: str = "6N", warmup_fraction: float = 0.05,
+             max_tokens: float | None = None, min_steps: int = 50,
+             tolerance: float = 0.02) -> PlannedRun:
+  """One run of `candidate` spending `budget` FLOPs (see `plan_isoflop`), or a ValueError
+  naming the run and the fix when it would be too short, off budget or repeat the data."""
+  per_token = _flops_per_token(candidate, flops)
+  steps = int(round(budget / (per_token * tokens_per_step)))
+  used = per_token * tokens_per_step * steps
+  if steps < min_steps or abs(used / budget - 1) > tolerance:
+    raise ValueError(
+        f"plan_isoflop: {candidate.name} (N={candidate.params:,}) at budget {budget:.3g} "
+        f"gets {steps} steps of {tokens_per_step} tokens (min_steps={min_steps}, "
+        f"{used / budget - 1:+.1%} of the budget); raise the budget or lower "
+        "tokens_per_step")
+  if max_tokens is not None and steps * tokens_per_step > max_tokens:
+    raise ValueError(
+        f"plan_isoflop: {candidate.name} (N={candidate.params:,}) at budget {budget:.3g} "
+        f"needs {steps * tokens_per_step:,} tokens > max_tokens={int(max_tokens):,}; "
+        "lower the budget, narrow spacing or use a larger corpus")
+  return PlannedRun(budget=float(budget), candidate=candidate, steps=steps,
+                    tokens_per_step=int(tokens_per_step),
+                    warmup_steps=int(round(warmup_fraction * steps)), flops=used)
+
+
+def to_sweep(runs: Sequence[PlannedRun], base: str, *,
+             lr: float | Callable[[PlannedRun], float],
+             overrides: Mapping[str, Any] | None = None, evals: int = 1,
+             logs: int = 200, name: str | None = None) -> dict:
+  """A `jaxformer.sweep` spec training `runs` from the config `base`: per run its model
+  overrides, `train.steps`, `optim.warmup_steps` and a cosine schedule ending at the last step
+  (`optim.decay_steps` = steps), `evals` evaluations and about `logs` training-loss records
+  (approach 1 reads the loss curves). `overrides` apply to every run (data, batch, ...).
+  `lr` is one peak learning rate for every run, or a function of the run (a width rule).
+  `name` is the sweep's point-name template (default: the candidate fields and the steps, so
+  a point keeps its directory when budgets are added to the plan)."""
+  if not runs:
+    raise ValueError("to_sweep: the plan has no runs")
+  rates = [float(lr(run)) if callable(lr) else float(lr) for run in runs]
+  if not all(np.isfinite(r) and r > 0 for r in rates):
+    raise ValueError(f"to_sweep: learning rates {rates} must be > 0")
+  fields = sorted({key for run in runs for key in run.candidate.overrides})
+  for run in runs:
+    missing = set(fields) - set(run.candidate.overrides)
+    if missing:
+      raise ValueError(f"to_sweep: candidate {run.candidate.name!r} lacks {sorted(missing)}; "
+                       "every candidate must set the same fields")
+  zipped = {key: [run.candidate.overrides[key] for run in runs] for key in fields}
+  zipped.update({
+      "train.steps": [run.steps for run in runs],
+      "optim.warmup_steps": [run.warmup_steps for run in runs],
+      "optim.decay_steps": [run.steps for run in runs],
+      "train.eval_every": [max(run.steps // max(evals, 1), 1) for run in runs],
+      "train.log_every": [max(run.steps // max(logs, 1), 1) for run in runs],
+      "train.checkpoint_every": [run.steps for run in runs],
+  })
+  fixed = dict(overrides or {})
+  fixed["optim.schedule"] = "cosine"
+  if callable(lr):
+    zipped["optim.lr"] = rates
+  else:
+    fixed["optim.lr"] = rates[0]
+  clash = sorted(set(fixed) & set(zipped))
+  if clash:
+    raise ValueError(f"to_sweep: overrides {clash} are set by the plan; drop them")
+  default = "_".join(f"{k.rsplit('.', 1)[-1]}{{{k}}}" for k in fields) + "_s{train.steps}"
+  return dict(base=base, zip=zipped, overrides=fixed, name=name or default)

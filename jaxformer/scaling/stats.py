@@ -1,0 +1,175 @@
+"""What every scaling fit shares: the `Fit` result with bootstrap confidence intervals, the
+bootstrap itself, and input checks that name the argument and the fix (NumPy only).
+
+Why the bootstrap: the fits here are non-linear (power laws with an offset, a Huber loss in
+log space, optima of parabolas), so covariance-based errors are unreliable and often
+undefined at a bound; refitting on resampled points gives an interval for any parameter or
+derived number (an exponent ratio, a compute-optimal size, a predicted loss) the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+LEVEL = 0.95                 # confidence level of every interval
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+  """A fitted law.
+
+  `params` are the point estimates (floats); `samples[key]` the same parameter refitted on
+  each bootstrap resample (empty when the fit was run with samples=0), from which `ci(key)`
+  gives the central `level` percentile interval. `findings` are facts a reader must see with
+  the numbers, e.g. a parameter that ended at its bound. `predict(*x)` evaluates the law.
+  """
+  law: str
+  params: dict[str, float]
+  samples: dict[str, np.ndarray]
+  n_points: int
+  rms_residual: float
+  method: str
+  findings: tuple[str, ...] = ()
+  level: float = LEVEL
+  predict_fn: Callable[..., Any] | None = dataclasses.field(default=None, repr=False,
+                                                            compare=False)
+  extra: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False,
+                                               compare=False)
+
+  def predict(self, *x: Any) -> np.ndarray:
+    if self.predict_fn is None:
+      raise ValueError(f"the fit of {self.law!r} has no prediction function")
+    return self.predict_fn(self.params, *(np.asarray(v, np.float64) for v in x))
+
+  def ci(self, key: str) -> tuple[float, float]:
+    """(low, high) bootstrap percentile interval of params[key]; (nan, nan) without samples."""
+    if key not in self.params:
+      raise KeyError(f"{key!r} is not a parameter of {self.law!r}: {sorted(self.params)}")
+    return interval(self.samples.get(key, np.zeros(0)), self.level)
+
+  def intervals(self) -> dict[str, tuple[float, float]]:
+    return {key: self.ci(key) for key in self.params}
+
+  def predict_ci(self, *x: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Bootstrap interval of `predict(*x)`: the law evaluated with each resample's params."""
+    draws = self.draws()
+    if not draws:
+      nan = np.full(np.broadcast(*[np.asarray(v) for v in x]).shape, np.nan)
+      return nan, nan
+    values = np.stack([self.predict_fn(p, *(np.asarray(v, np.float64) for v in x))
+                       for p in draws])
+    return _percentiles(values, self.level)
+
+  def draws(self) -> list[dict[str, float]]:
+    """The bootstrap resamples' parameter dicts."""
+    count = min((len(v) for v in self.samples.values()), default=0)
+    return [{k: float(v[i]) for k, v in self.samples.items()} for i in range(count)]
+
+  def as_dict(self) -> dict[str, Any]:
+    """JSON-ready: law, params, intervals, method, findings, residual, points."""
+    return {"law": self.law, "params": self.params,
+            "ci": {k: list(v) for k, v in self.intervals().items()},
+            "level": self.level, "bootstrap_samples": len(self.draws()),
+            "n_points": self.n_points, "rms_residual": self.rms_residual,
+            "method": self.method, "findings": list(self.findings)}
+
+
+def _percentiles(values: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+  tail = 50 * (1 - level)
+  low, high = np.nanpercentile(values, [tail, 100 - tail], axis=0)
+  return low, high
+
+
+def interval(values: Any, level: float = LEVEL) -> tuple[float, float]:
+  """Central `level` percentile interval of `values` (nan, nan when empty)."""
+  values = np.asarray(values, np.float64)
+  values = values[np.isfinite(values)]
+  if values.size == 0:
+    return float("nan"), float("nan")
+  low, high = _percentiles(values, level)
+  return float(low), float(high)
+
+
+def as_points(what: str, min_points: int, positive: Sequence[str] = (),
+              **arrays: Any) -> list[np.ndarray]:
+  """The named arrays as float64 vectors of one length, or a ValueError naming the argument:
+  different lengths, fewer than `min_points` points, NaN/inf (a failed run), or a value
+  <= 0 in one of `positive` (a power law needs logarithms)."""
+  out, length = [], None
+  for name, value in arrays.items():
+    try:
+      v = np.asarray(value, np.float64).ravel()
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"{what}: {name} must be numbers; got {value!r}") from e
+    if length is not None and v.size != length[1]:
+      raise ValueError(f"{what}: {name} has {v.size} values but {length[0]} has {length[1]}; "
+                       "give one value per run")
+    length = length or (name, v.size)
+    if not np.all(np.isfinite(v)):
+      bad = int(np.flatnonzero(~np.isfinite(v))[0])
+      raise ValueError(f"{what}: {name}[{bad}] = {v[bad]} is not finite; drop failed or "
+                       "diverged runs before fitting")
+    if name in positive and np.any(v <= 0):
+      bad = int(np.flatnonzero(v <= 0)[0])
+      raise ValueError(f"{what}: {name}[{bad}] = {v[bad]:g} must be > 0 (the law takes its "
+                       "logarithm)")
+    out.append(v)
+  if length[1] < min_points:
+    raise ValueError(f"{what} needs at least {min_points} points; got {length[1]}: add runs")
+  return out
+
+
+def require_distinct(what: str, name: str, values: np.ndarray, minimum: int) -> None:
+  """A ValueError when `values` has fewer than `minimum` distinct entries (a degenerate
+  design: e.g. every run at one model size cannot determine a size exponent)."""
+  distinct = np.unique(values).size
+  if distinct < minimum:
+    raise ValueError(f"{what} needs at least {minimum} distinct values of {name}; got "
+                     f"{distinct}: vary {name} across runs")
+
+
+def bootstrap(fit_once: Callable[..., Mapping[str, float]], arrays: Sequence[np.ndarray], *,
+              samples: int, seed: int = 0,
+              groups: np.ndarray | None = None) -> dict[str, np.ndarray]:
+  """Refit `fit_once(*arrays_resampled) -> {param: value}` on `samples` resamples of the
+  points with replacement (within each group when `groups` is given: e.g. runs resampled
+  within their FLOP budget, so every budget keeps its points). Resamples that cannot be fit
+  (ValueError/RuntimeError, e.g. too few distinct sizes drawn) are skipped; fewer than half
+  fitting is a ValueError. Returns {param: values over the fitted resamples}."""
+  if samples == 0:
+    return {}
+  if samples < 2:
+    raise ValueError(f"samples={samples} must be 0 (no intervals) or >= 2")
+  rng = np.random.default_rng(seed)
+  size = arrays[0].size
+  members = ([np.arange(size)] if groups is None
+             else [np.flatnonzero(groups == g) for g in np.unique(groups)])
+  values: dict[str, list[float]] = {}
+  fitted = 0
+  for _ in range(samples):
+    idx = np.concatenate([rng.choice(m, m.size) for m in members])
+    try:
+      result = fit_once(*(a[idx] for a in arrays))
+    except (ValueError, RuntimeError, FloatingPointError, np.linalg.LinAlgError):
+      continue
+    fitted += 1
+    for key, value in result.items():
+      values.setdefault(key, []).append(float(value))
+  if fitted < samples / 2:
+    raise ValueError(f"only {fitted} of {samples} bootstrap resamples could be fit; the "
+                     "points do not pin the law down: add runs (more sizes or budgets)")
+  return {key: np.asarray(v) for key, v in values.items()}
+
+
+def at_bound(value: float, low: float, high: float, rel: float = 1e-6) -> str | None:
+  """'lower'/'upper' when `value` sits on that bound (to `rel` of the range), else None."""
+  span = (high - low) if np.isfinite(high - low) else max(abs(value), 1.0)
+  if np.isfinite(low) and value - low <= rel * span:
+    return "lower"
+  if np.isfinite(high) and high - value <= rel * span:
+    return "upper"
+  return None
