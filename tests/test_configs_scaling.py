@@ -153,6 +153,28 @@ def test_flops_per_token_window_and_moe():
     scaling.flops_per_token(mixtral, 0)
 
 
+def test_flops_per_token_hoffmann_appendix_f():
+  """Hoffmann et al. 2022 Appendix F by hand for gpt2 tiny (V 65, d 64, 2 layers, 4 heads):
+  per token 3 x (2N matmuls + 2Vd embedding + 2Vd logits + per layer 2Td QK^T + 2Td
+  values + 3HT softmax), N the non-embedding parameters; attention=False leaves 6N (kaplan)."""
+  m = configs.get_config("gpt2", "tiny").model
+  vocab, d, layers, heads, ctx = 65, 64, 2, 4, 128
+  assert (m.vocab_size, m.d_model, m.num_layers, m.num_heads) == (vocab, d, layers, heads)
+  n = layers * (12 * d * d + 13 * d) + 2 * d      # blocks (with biases, norms) + final norm
+  assert scaling.count_params(m)["non_embedding_active"] == n == 100_096
+  hoffmann = 3 * (2 * n + 4 * vocab * d + layers * (4 * ctx * d + 3 * heads * ctx))
+  assert scaling.flops_per_token(m, ctx, method="hoffmann") == hoffmann == 856_320
+  assert scaling.flops_per_token(m, ctx, method="hoffmann", attention=False) == \
+      3 * (2 * n + 4 * vocab * d)
+  assert scaling.flops_per_token(m, ctx, method="kaplan", attention=False) == 6 * n
+  assert scaling.flops_per_token(m, ctx) == 6 * n + 6 * layers * ctx * d      # the default
+  with pytest.raises(ValueError, match=r"method='bogus' must be one of \('kaplan', 'hoffmann'\)"):
+    scaling.flops_per_token(m, ctx, method="bogus")
+  rnn = dict(family="rnn_seq2seq", vocab_size=50, embed_dim=16, hidden_dim=32)
+  with pytest.raises(ValueError, match="has none: use method='kaplan'"):
+    scaling.flops_per_token(rnn, 10, method="hoffmann")
+
+
 def _inputs(cfg, batch=2):
   m = cfg.model
   rng = np.random.default_rng(0)

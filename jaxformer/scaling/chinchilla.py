@@ -250,7 +250,7 @@ def fit_parametric(n: Any, d: Any, loss: Any, *, huber_delta: float = 1e-3,
   N: parameters, D: training tokens, L: final loss of each run (nats/token). Intervals: the
   fit is repeated on `samples` bootstrap resamples of the runs, each from the full fit's
   `bootstrap_starts` best distinct local minima (the paper's whole grid per resample would cost
-  4500 x samples L-BFGS runs). Default cost: ~10 s for the grid on a laptop core plus ~0.1 s
+  4500 x samples L-BFGS runs). Default cost: ~10 s for the grid on a laptop core plus ~0.3 s
   a resample. Needs >= 6 runs (5 parameters + 1) with >= 2 distinct N and D.
   """
   n, d, loss = stats.as_points("fit_parametric", 6, ("n", "d", "loss"), n=n, d=d, loss=loss)

@@ -228,15 +228,20 @@ def fit_zhai(compute: Any, error: Any, *, samples: int = DEFAULT_SAMPLES,
 
   params = fit_once(c, err)
   draws = stats.bootstrap(fit_once, (c, err), samples=samples, seed=seed)
-  findings = _bound_findings(
-      {"c": params["c"], "d": np.log(params["d"] / scale)},
-      {"c": (0.0, err_min), "d": (np.log(c.min() / scale) - 20, np.log(c.max() / scale) + 5)},
-      {"c": {"lower": "no error floor is visible over this compute range (c is not measured)",
-             "upper": "the fit puts all the remaining error in the floor c"},
-       "d": {"lower": "no low-compute saturation is visible: d is ~0 and the law is a pure "
-                      "power law with an offset",
-             "upper": "d exceeds the compute range: the points are all in the flat part"}})
+  findings = list(_bound_findings(params, {"c": (0.0, err_min)}, {"c": {
+      "lower": "no error floor is visible over this compute range (c is not measured)",
+      "upper": "the fit puts all the remaining error in the floor c"}}))
+  # d is fitted as log(d / scale) within [log(min C) - 20, log(max C) + 5] (relative units).
+  side = stats.at_bound(np.log(params["d"] / scale), np.log(c.min() / scale) - 20,
+                        np.log(c.max() / scale) + 5, rel=1e-3)
+  if side == "lower" or params["d"] < 1e-3 * c.min():
+    findings.append(f"d = {params['d']:.3g} is negligible next to the smallest compute "
+                    f"({c.min():.3g}): no low-compute saturation is visible, so d is not "
+                    "measured and the law is a power law with a floor")
+  elif side == "upper":
+    findings.append(f"d = {params['d']:.3g} is at its upper bound: the points all lie in the "
+                    "flat low-compute part; train longer or larger models")
   return stats.Fit(law="E = a (C + d)^(-b) + c", params=params, samples=draws,
                    n_points=c.size, rms_residual=_rms_log(_zhai(params, c), err),
                    method="bounded least squares on log E, grid of (b, c, d) starts",
-                   findings=findings, predict_fn=_zhai)
+                   findings=tuple(findings), predict_fn=_zhai)
