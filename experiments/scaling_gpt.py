@@ -1,26 +1,37 @@
-"""Loss vs model size for GPT: run a scaling sweep, fit power laws, write a report and a plot.
+"""Kaplan et al.'s L(N) for character-level GPTs: 6 sizes trained near convergence on one
+corpus, early-stopped loss vs non-embedding parameters, alpha_N with a 95% interval.
 
-    python experiments/scaling_gpt.py [--workdir=runs/scaling_gpt] [--steps=400]
-        [--sweep=configs/sweeps/scaling_gpt.py] [--parallel=1]
-        [--out=experiments/results/scaling_gpt]
+    python experiments/scaling_gpt.py --data=PATH/corpus.txt [--workdir=runs/scaling_gpt]
+        [--scale=1] [--evals=20] [--lr=width] [--parallel=2] [--threads_per_run=1]
+        [--bootstrap=1000] [--out=experiments/results/scaling_gpt]
 
-Why one script: the sweep (`jaxformer.sweep.run`) skips finished points, so re-running only
-refits and redraws; the runs stay in --workdir. `--steps` is passed as the sweep's argument
-unless --sweep already names one (`path.py:arg`), so any sweep whose points are language
-models with `params` and `eval_loss` in the summary works.
+The runs are the points of configs/sweeps/scaling_gpt.py (protocol, sizes, step budgets and
+time there: ~22 min wall on the 2-core CPU at --scale=1). `jaxformer.sweep` skips finished
+points, so an interrupted study resumes and a re-run only refits and redraws; --scale and
+--lr name the run directories, so changing them never resumes a run with another schedule.
+With --parallel=2 two runs train at once, each on one XLA:CPU thread (as
+experiments/scaling_chinchilla.py does: 1.2-1.3x the throughput of one 2-thread run).
 
-Fits on (non-embedding parameters N, final eval_loss), see `jaxformer.scaling_fits`:
-  L = E + (N_c / N)^alpha   (saturating; curve_fit covariance)
-  L = (N_c / N)^alpha       (Kaplan et al. 2020; OLS in log-log)
-with 1-sigma errors from the fit covariance and a bootstrap over points. Writes OUT.md (points
-and fits), OUT.json and OUT.png (log-log loss vs N with both fits; training loss vs compute
-C = 6 N D of every run with the compute-efficient frontier).
+Per size the loss is the best eval loss of its --evals evaluations (early stopping, as Kaplan
+et al.), and a convergence check reports how far the last eval ended above the best and the
+slope of the eval loss over the last quarter of the evals in nats per doubling of tokens:
+steeper than FALLING (one more doubling would still gain > 0.01 nats) marks a size as still
+falling. The cosine schedule anneals over those evals, so part of a late fall is annealing,
+not under-training: a flat tail is evidence of convergence, a falling one an upper bound on
+the shortfall.
+
+Fits on (N, best eval loss), `jaxformer.scaling`: `fit_kaplan_n` (L = (N_c / N)^alpha_N,
+least squares in log-log) and `fit_saturating` (L = E + (N_c / N)^alpha), 95% bootstrap
+intervals over the sizes. Writes OUT.md (setup, per-size table with the convergence check,
+fits and findings), OUT.json (every eval of every size, the fits) and OUT.png (loss vs N with
+both fits; every size's eval curve vs tokens).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import sys
@@ -35,34 +46,52 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxformer import scaling_fits, sweep as sweep_lib  # noqa: E402
+from configs.sweeps import isoflop  # noqa: E402
+from jaxformer import scaling, sweep as sweep_lib  # noqa: E402
 
-FITS = {"saturating": scaling_fits.fit_saturating_power_law,
-        "kaplan": scaling_fits.fit_power_law}
+KAPLAN_ALPHA_N = 0.076         # Kaplan et al. 2020, eq. 1.1 (N_c = 8.8e13 non-embedding params)
+FALLING = -0.01                # nats per doubling of tokens; a steeper tail is "still falling"
+TAIL = 0.25                    # the slope is fitted over this fraction of the evals (>= 3)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--data", required=True,
+                      help="a UTF-8 text corpus, e.g. python_docs.txt (11 MB)")
   parser.add_argument("--workdir", default="runs/scaling_gpt")
-  parser.add_argument("--steps", type=int, default=400,
-                      help="training steps per point (the sweep's argument)")
-  parser.add_argument("--sweep", default="configs/sweeps/scaling_gpt.py")
-  parser.add_argument("--parallel", type=int, default=1)
+  parser.add_argument("--sweep", default="configs/sweeps/scaling_gpt.py",
+                      help="a sweep file taking source=,scale=,evals=,lr= as its argument")
+  parser.add_argument("--scale", type=float, default=1.0,
+                      help="fraction of each size's step budget (e.g. 0.002: smoke test)")
+  parser.add_argument("--evals", type=int, default=20, help="evaluations per run")
+  parser.add_argument("--lr", default="width",
+                      help="peak learning rate, or 'width' (the sweep's width rule)")
+  parser.add_argument("--parallel", type=int, default=2)
+  parser.add_argument("--threads_per_run", type=int, default=1,
+                      help="XLA:CPU threads of each run (0: XLA's default)")
+  parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples")
   parser.add_argument("--out", default=str(REPO_ROOT / "experiments/results/scaling_gpt"),
                       help="output path prefix: writes OUT.md, OUT.json, OUT.png")
   args = parser.parse_args(argv)
-  if args.steps < 1:
-    raise ValueError(f"--steps={args.steps} must be >= 1")
+  if not os.path.isfile(args.data):
+    parser.error(f"--data={args.data}: no such file")
+  if "," in args.data:
+    parser.error(f"--data={args.data}: the sweep argument is comma-separated; use a path "
+                 "without commas")
+  if args.scale <= 0 or args.evals < 3 or args.bootstrap < 0:
+    parser.error("--scale must be > 0, --evals >= 3 (the convergence slope needs "
+                 "3 evals), --bootstrap >= 0")
+  args.data = os.path.abspath(args.data)
   return args
 
 
-def sweep_spec(path: str, steps: int) -> str:
-  """`path` with `:steps` as the sweep argument, unless it names one already."""
-  return path if ":" in path else f"{path}:{steps}"
+def sweep_spec(args) -> str:
+  return (f"{args.sweep}:source={args.data},scale={args.scale!r},evals={args.evals},"
+          f"lr={args.lr}")
 
 
 def finished_rows(rows: list[dict]) -> list[dict]:
-  """The points that trained to the end and have an eval loss, in order of size."""
+  """The runs that trained to the end, smallest first; the others are named and left out."""
   done = [r for r in rows if r["status"] == "done" and r["eval_loss"] is not None]
   for r in rows:
     if r not in done:
@@ -70,114 +99,226 @@ def finished_rows(rows: list[dict]) -> list[dict]:
   return sorted(done, key=lambda r: r["params"])
 
 
-def fit_all(n: np.ndarray, loss: np.ndarray) -> dict[str, dict]:
-  """Both laws: parameters, covariance errors and bootstrap errors."""
+def eval_curve(row: dict, workdir: str) -> list[dict]:
+  """Every eval of a run: step, tokens seen, eval loss."""
+  o = row["overrides"]
+  tokens_per_step = o["train.batch_size"] * o["data.seq_len"]
+  return [{"step": r["step"], "tokens": r["step"] * tokens_per_step,
+           "eval_loss": r["eval_loss"]}
+          for r in sweep_lib.read_metrics(os.path.join(workdir, row["name"]))
+          if "eval_loss" in r]
+
+
+def convergence(curve: list[dict]) -> dict:
+  """Best eval (early stopping), last - best, and the slope of the last evals in nats per
+  doubling of tokens, with a verdict (see the module docstring)."""
+  tokens = np.array([c["tokens"] for c in curve], np.float64)
+  loss = np.array([c["eval_loss"] for c in curve], np.float64)
+  best = int(np.argmin(loss))
+  tail = min(max(3, math.ceil(TAIL * loss.size)), loss.size)
+  slope = (float(np.polyfit(np.log2(tokens[-tail:]), loss[-tail:], 1)[0])
+           if tail >= 2 else float("nan"))
+  if not slope >= FALLING:                   # NaN (a single eval) counts as still falling
+    verdict = "still falling"
+  elif best < loss.size - 1:
+    verdict = f"flat; best at {tokens[best] / tokens[-1]:.0%} of its tokens"
+  else:
+    verdict = "flat"
+  return {"best_loss": float(loss[best]), "best_step": curve[best]["step"],
+          "best_tokens": int(tokens[best]), "last_loss": float(loss[-1]),
+          "last_minus_best": float(loss[-1] - loss[best]), "tail_evals": tail,
+          "slope_per_doubling": slope, "converged": verdict != "still falling",
+          "verdict": verdict}
+
+
+def fit_law(fit_fn, x, y, samples: int):
+  """(fit or None, notes): without bootstrap intervals when too few resamples can be fit
+  (e.g. 5 sizes for a 3-parameter law), None when the law cannot be fit at all."""
+  try:
+    return fit_fn(x, y, samples=samples), []
+  except ValueError as e:
+    if not (samples and "bootstrap" in str(e)):
+      return None, [f"no fit: {e}"]
+    note = f"no bootstrap intervals ({e})"
+  try:
+    return fit_fn(x, y, samples=0), [note]
+  except ValueError as e:
+    return None, [note, f"no fit: {e}"]
+
+
+def fit_all(points: list[dict], samples: int) -> dict:
+  n = np.array([p["params"] for p in points], np.float64)
+  best = np.array([p["best_loss"] for p in points])
+  last = np.array([p["last_loss"] for p in points])
   out = {}
-  for key, fit_fn in FITS.items():
-    fit = fit_fn(n, loss)
-    try:
-      boot = scaling_fits.bootstrap_stderr(fit_fn, n, loss, samples=500, seed=0)
-    except ValueError as e:
-      print(f"warning: no bootstrap for the {key} fit: {e}")
-      boot = {}
-    out[key] = {"law": fit.law, "params": fit.params, "stderr": fit.stderr,
-                "bootstrap_stderr": boot, "method": fit.method,
-                "rms_residual": fit.rms_residual}
+  for key, fn, loss, k in (("kaplan", scaling.fit_kaplan_n, best, samples),
+                           ("saturating", scaling.fit_saturating, best, samples),
+                           ("kaplan_last_eval", scaling.fit_kaplan_n, last, 0)):
+    fit, notes = fit_law(fn, n, loss, k)
+    out[key] = {"fit": fit, "notes": notes}
   return out
 
 
-def predict(fit: dict, n) -> np.ndarray:
-  p = fit["params"]
-  return p.get("E", 0.0) + (p["N_c"] / np.asarray(n, np.float64)) ** p["alpha"]
+def json_ready(value):
+  """`value` with NaN and inf as None (strict JSON) and NumPy scalars as Python numbers."""
+  if isinstance(value, dict):
+    return {k: json_ready(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [json_ready(v) for v in value]
+  if isinstance(value, (float, np.floating)):
+    return float(value) if np.isfinite(value) else None
+  if isinstance(value, np.integer):
+    return int(value)
+  return value
 
 
-def run_records(rows: list[dict], workdir: str) -> list[dict]:
-  """`compute_frontier` records (name, N, tokens per step, metrics) of the finished runs."""
-  return [{"name": r["name"], "params": r["params"],
-           "tokens_per_step": r["tokens"] / r["final_step"],
-           "metrics": sweep_lib.read_metrics(os.path.join(workdir, r["name"]))} for r in rows]
+def _fmt(key: str, value: float) -> str:
+  return f"{value:.3g}" if key.endswith("_c") or key == "X_c" else f"{value:.4f}"
 
 
-def points_table(rows: list[dict], fits: dict) -> str:
-  lines = ["| run | N (non-emb.) | N (total) | tokens D | D / N | C = 6ND | eval loss | "
-           "saturating fit | Kaplan fit |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-  for r in rows:
-    n, d = r["params"], r["tokens"]
-    lines.append(f"| {r['name']} | {n:,} | {r['params_total']:,} | {d:,} | {d / n:.1f} | "
-                 f"{6 * n * d:.2e} | {r['eval_loss']:.4f} | "
-                 f"{predict(fits['saturating'], n):.4f} | {predict(fits['kaplan'], n):.4f} |")
+def _ci(fit, key: str) -> str:
+  low, high = fit.ci(key)
+  return "—" if not np.isfinite(low) else f"[{_fmt(key, low)}, {_fmt(key, high)}]"
+
+
+def points_table(points: list[dict], fits: dict) -> str:
+  kaplan, sat = fits["kaplan"]["fit"], fits["saturating"]["fit"]
+  lines = ["| run | N (non-emb.) | N (total) | steps | tokens D | D / N | epochs | best eval "
+           "loss (step) | last eval | last − best | tail slope (nats/doubling) | verdict | "
+           "Kaplan fit | saturating fit | wall (s) |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+  for p in points:
+    n = p["params"]
+    pred = [f"{float(f.predict(n)):.4f}" if f is not None else "—" for f in (kaplan, sat)]
+    wall = p["wall_time_s"]
+    lines.append(
+        f"| {p['name']} | {n:,} | {p['params_total']:,} | {p['steps']:,} | {p['tokens']:,} | "
+        f"{p['tokens'] / n:.0f} | {p['epochs']:.2f} | {p['best_loss']:.4f} ({p['best_step']}) | "
+        f"{p['last_loss']:.4f} | {p['last_minus_best']:+.4f} | "
+        f"{p['slope_per_doubling']:+.4f} | {p['verdict']} | {pred[0]} | {pred[1]} | "
+        f"{'—' if wall is None else f'{wall:.0f}'} |")
   return "\n".join(lines)
-
-
-def _value(key: str, value: float) -> str:
-  return f"{value:.3e}" if key == "N_c" else f"{value:.4f}"
 
 
 def fits_table(fits: dict) -> str:
-  lines = ["| law | parameter | value | ± (fit covariance) | ± (bootstrap) | RMS residual |",
-           "|---|---|---:|---:|---:|---:|"]
-  for fit in fits.values():
-    for key, value in fit["params"].items():
-      boot = fit["bootstrap_stderr"].get(key)
-      lines.append(f"| `{fit['law']}` | {key} | {_value(key, value)} | "
-                   f"{_value(key, fit['stderr'][key])} | "
-                   f"{'—' if boot is None else _value(key, boot)} | {fit['rms_residual']:.4f} |")
+  lines = ["| law (fitted to) | parameter | value | 95% interval | RMS residual | method |",
+           "|---|---|---:|---:|---:|---|"]
+  labels = {"kaplan": "best eval loss", "saturating": "best eval loss",
+            "kaplan_last_eval": "last eval loss (no intervals)"}
+  for key, entry in fits.items():
+    fit = entry["fit"]
+    if fit is None:
+      continue
+    for name, value in fit.params.items():
+      lines.append(f"| `{fit.law}` ({labels[key]}) | {name} | {_fmt(name, value)} | "
+                   f"{_ci(fit, name)} | {fit.rms_residual:.4f} | {fit.method} |")
   return "\n".join(lines)
 
 
-def saturation_note(fit: dict) -> str:
-  """Whether the irreducible loss E is resolved by these points."""
-  e, sd = fit["params"]["E"], fit["stderr"]["E"]
-  if e < 1e-6:
-    return ("E is at its lower bound 0: over this range the loss shows no saturation, so "
-            "the saturating law reduces to Kaplan's (alpha and N_c differ only because it is fit "
-            "in loss, Kaplan's in log loss). N_c errors are heavy-tailed (N_c = e^(c/alpha)).")
-  return f"Irreducible loss E = {e:.3f} ± {sd:.3f} nats/token (fit covariance)."
+def alpha_text(fits: dict, points: list[dict]) -> str:
+  fit = fits["kaplan"]["fit"]
+  if fit is None:
+    return f"No Kaplan fit: {'; '.join(fits['kaplan']['notes'])}."
+  alpha = fit.params["alpha_N"]
+  low, high = fit.ci("alpha_N")
+  if np.isfinite(low):
+    where = ("inside" if low <= KAPLAN_ALPHA_N <= high else
+             "above" if KAPLAN_ALPHA_N > high else "below")
+    interval = (f" (95% bootstrap interval [{low:.4f}, {high:.4f}] over the {len(points)} "
+                f"sizes); Kaplan et al.'s 0.076 is {where} it")
+  else:
+    interval = " (no interval); Kaplan et al.: 0.076"
+  last = fits["kaplan_last_eval"]["fit"]
+  last_text = (f" Fitted to the last evals instead of the best: alpha_N = "
+               f"{last.params['alpha_N']:.4f}." if last is not None else "")
+  return (f"**alpha_N = {alpha:.4f}**{interval}. Kaplan et al. 2020 (eq. 1.1): alpha_N = "
+          f"0.076, N_c = 8.8e13, on WebText2 with BPE tokens and N from ~1e3 to ~1e9; this is "
+          f"another corpus and a character vocabulary, so the two need not agree. With "
+          f"{len(points)} sizes the interval reflects the scatter of these points around the "
+          f"line, not the size-to-size variation of training (one seed per size).{last_text}")
 
 
-def report(spec: str, rows: list[dict], fits: dict, frontier, png_name: str) -> str:
-  steps = {r["final_step"] for r in rows}
+def convergence_text(points: list[dict]) -> str:
+  falling = [p for p in points if not p["converged"]]
+  head = (f"Convergence check (the evidence for \"near convergence\"): slope of the eval loss "
+          f"over each run's last {TAIL:.0%} of evals (>= 3) against log2(tokens); steeper "
+          f"than {FALLING} nats per doubling counts as still falling. The cosine schedule "
+          f"anneals over those evals, so a falling tail overstates how far from convergence a "
+          f"run is; a flat one is the evidence that it converged.")
+  if not falling:
+    return head + f" All {len(points)} sizes had flattened."
+  names = ", ".join(f"{p['name']} ({p['slope_per_doubling']:+.3f})" for p in falling)
+  bias = (" Under-training that grows with size bends the curve up at large N and biases "
+          "alpha_N low." if any(p is points[-1] for p in falling) else "")
+  return (head + f" Still falling: {names}; the others had flattened.{bias}")
+
+
+def findings_text(fits: dict) -> str:
+  lines = []
+  for key, entry in fits.items():
+    fit = entry["fit"]
+    for text in (*(fit.findings if fit is not None else ()), *entry["notes"]):
+      lines.append(f"- {key}: {text}")
+  return "Findings:\n" + "\n".join(lines) if lines else "Findings: none (no parameter at a " \
+                                                        "bound, every fit bootstrapped)."
+
+
+def report(args, corpus: dict, points: list[dict], fits: dict, png_name: str) -> str:
+  span = points[-1]["params"] / points[0]["params"]
   return "\n\n".join([
-      "# GPT scaling: loss vs non-embedding parameters",
-      f"Sweep `{spec}`: {len(rows)} sizes, {', '.join(map(str, sorted(steps)))} steps, "
-      f"eval loss (nats/token) after a fixed token budget. Fits by least squares; ± is "
-      f"1 sigma from the fit covariance and from a bootstrap over points (500 resamples; "
-      f"'—' where under half of the resamples kept enough distinct sizes to fit). "
-      f"Reproduce: `python experiments/scaling_gpt.py` (finished runs are reused).",
-      points_table(rows, fits), fits_table(fits), saturation_note(fits["saturating"]),
-      f"Compute-efficient frontier (lower envelope of training loss vs C = 6ND over all "
-      f"runs): {len(frontier.loss)} points, from {frontier.compute[0]:.2e} FLOPs "
-      f"(loss {frontier.loss[0]:.3f}, {frontier.name[0]}) to {frontier.compute[-1]:.2e} "
-      f"FLOPs (loss {frontier.loss[-1]:.3f}, {frontier.name[-1]}); runs on it: "
-      f"{', '.join(dict.fromkeys(frontier.name))}.",
-      f"![loss vs N and vs compute]({png_name})", ""])
+      "# GPT scaling: L(N) near convergence (Kaplan et al. 2020 protocol)",
+      f"Corpus `{corpus['name']}` ({corpus['chars']:,} characters, {corpus['vocab']} "
+      f"distinct, 90% train / 10% validation). {len(points)} character-level GPTs "
+      f"(`configs/sweeps/scaling_gpt.py`: >= 2 layers, head_dim 16, mlp 4x, no biases, tied "
+      f"embeddings), non-embedding N from {points[0]['params']:,} to "
+      f"{points[-1]['params']:,} ({span:.0f}x); batch 16 x 64 tokens, AdamW at peak LR "
+      f"{args.lr} (width: 0.268 d_model^-0.952, the rule fitted in scaling_chinchilla), warmup 5% and cosine to 10% at each run's last step, step budgets "
+      f"x{args.scale:g} of the sweep's (larger models train longer). Each size's loss is its "
+      f"best of {args.evals} evals on the same {corpus['eval_tokens']:,} validation tokens "
+      f"(early stopping). "
+      f"Reproduce: `python experiments/scaling_gpt.py --data=PATH/{corpus['name']}"
+      f"{'' if args.scale == 1 else f' --scale={args.scale:g}'}` (finished runs are reused).",
+      points_table(points, fits), convergence_text(points), alpha_text(fits, points),
+      fits_table(fits), findings_text(fits),
+      f"![loss vs N and eval curves]({png_name})", ""])
 
 
-def plot(rows: list[dict], fits: dict, records: list[dict], frontier, path: str):
-  n = np.array([r["params"] for r in rows], np.float64)
-  loss = np.array([r["eval_loss"] for r in rows])
-  grid = np.geomspace(n.min() / 2, n.max() * 2, 200)
-  fig, (ax_n, ax_c) = plt.subplots(1, 2, figsize=(12, 4.8))
-  ax_n.loglog(n, loss, "ko", label="runs (final eval loss)")
-  for fit, style in zip(fits.values(), ("C0-", "C3--")):
-    p = fit["params"]
-    label = ", ".join(f"{k}={_value(k, v)}" for k, v in p.items())
-    ax_n.loglog(grid, predict(fit, grid), style, label=f"{fit['law']}\n({label})")
-  ax_n.set(xlabel="non-embedding parameters N", ylabel="eval loss (nats/token)",
+def plot(points: list[dict], fits: dict, path: str):
+  n = np.array([p["params"] for p in points], np.float64)
+  fig, (ax_n, ax_t) = plt.subplots(1, 2, figsize=(12.5, 4.8))
+  colors = [plt.cm.viridis(i / max(len(points) - 1, 1)) for i in range(len(points))]
+  grid = np.geomspace(n.min() / 1.5, n.max() * 1.5, 200)
+  kaplan, sat = fits["kaplan"]["fit"], fits["saturating"]["fit"]
+  if kaplan is not None:
+    p = kaplan.params
+    ax_n.loglog(grid, kaplan.predict(grid), "C3-",
+                label=f"L = (N_c/N)^a: a = {p['alpha_N']:.4f}, N_c = {p['N_c']:.2g}")
+    if kaplan.draws():
+      low, high = kaplan.predict_ci(grid)
+      ax_n.fill_between(grid, low, high, color="C3", alpha=0.15, label="95% bootstrap band")
+  if sat is not None:
+    p = sat.params
+    ax_n.loglog(grid, sat.predict(grid), "C0--",
+                label=f"L = E + (N_c/N)^a: E = {p['E']:.3f}, a = {p['alpha']:.3f}")
+  ax_n.loglog(n, [p["last_loss"] for p in points], "o", mfc="none", mec="0.5",
+              label="last eval")
+  ax_n.scatter(n, [p["best_loss"] for p in points], c=colors, zorder=3, edgecolors="k",
+               label="best eval (early-stopped)")
+  ax_n.set(xlabel="non-embedding parameters N", ylabel="eval loss (nats/char)",
            title="loss vs model size")
   ax_n.legend(fontsize=8)
-  for i, record in enumerate(records):
-    compute, train_loss = scaling_fits.compute_curve(record["metrics"], record["params"],
-                                                     record["tokens_per_step"])
-    ax_c.loglog(compute, train_loss, color=plt.cm.viridis(i / max(len(records) - 1, 1)),
-                alpha=0.8, label=record["name"])
-  ax_c.loglog(frontier.compute, frontier.loss, "k-", lw=2.5, alpha=0.5, label="frontier")
-  ax_c.set(xlabel="compute C = 6 N D (FLOPs)", ylabel="training loss",
-           title="loss vs compute")
-  ax_c.legend(fontsize=8)
-  for ax in (ax_n, ax_c):
+  for p, color in zip(points, colors):
+    tokens = [c["tokens"] for c in p["curve"]]
+    ax_t.loglog(tokens, [c["eval_loss"] for c in p["curve"]], "-", color=color,
+                label=f"{p['name'].split('_s')[0]} (N={p['params']:,})")
+    ax_t.loglog(p["best_tokens"], p["best_loss"], "*", color=color, ms=11, mec="k")
+  ax_t.set(xlabel="training tokens", ylabel="eval loss (nats/char)",
+           title="eval curves (* = best)")
+  ax_t.legend(fontsize=8)
+  for ax in (ax_n, ax_t):
     ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
-    ax.yaxis.set_minor_formatter(ticker.FormatStrFormatter("%.1f"))
+    ax.yaxis.set_minor_formatter(ticker.FormatStrFormatter("%.2f"))
+    ax.grid(True, which="both", alpha=0.2)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -185,27 +326,46 @@ def plot(rows: list[dict], fits: dict, records: list[dict], frontier, path: str)
 
 def main(argv=None) -> int:
   args = parse_args(argv)
-  spec = sweep_spec(args.sweep, args.steps)
+  if args.threads_per_run:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads="
+                               f"{args.threads_per_run}").strip()
+  spec = sweep_spec(args)
   rows = finished_rows(sweep_lib.run(sweep_lib.load_sweep(spec), args.workdir,
                                      parallel=args.parallel))
-  n = np.array([r["params"] for r in rows], np.float64)
-  loss = np.array([r["eval_loss"] for r in rows], np.float64)
-  fits = fit_all(n, loss)
-  records = run_records(rows, args.workdir)
-  frontier = scaling_fits.compute_frontier(records)
+  if len(rows) < 3:
+    raise SystemExit(f"error: only {len(rows)} runs finished; the fits need >= 3 sizes. See "
+                     f"the train.log files in {args.workdir} and re-run to resume")
+  vocab, train_chars = isoflop.corpus_info(args.data)
+  o = rows[0]["overrides"]
+  corpus = {"name": os.path.basename(args.data), "vocab": vocab,
+            "chars": len(pathlib.Path(args.data).read_text(encoding="utf-8")),
+            "train_chars": train_chars,
+            "eval_tokens": (o["data.eval_batches"] * o["train.eval_batch_size"]
+                            * o["data.seq_len"])}
+  points = []
+  for row in rows:
+    curve = eval_curve(row, args.workdir)
+    points.append({"name": row["name"], "num_layers": row["overrides"]["model.num_layers"],
+                   "d_model": row["overrides"]["model.d_model"], "params": row["params"],
+                   "params_total": row["params_total"], "steps": row["final_step"],
+                   "tokens": row["tokens"], "epochs": row["tokens"] / train_chars,
+                   "wall_time_s": row["wall_time_s"], **convergence(curve), "curve": curve})
+  fits = fit_all(points, args.bootstrap)
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
-  text = report(spec, rows, fits, frontier, out.name + ".png")
+  text = report(args, corpus, points, fits, out.name + ".png")
   print(text)
   out.with_suffix(".md").write_text(text)
-  out.with_suffix(".json").write_text(json.dumps({
-      "sweep": spec, "points": [{k: r[k] for k in ("name", "params", "params_total", "tokens",
-                                                   "final_step", "eval_loss", "wall_time_s")}
-                                for r in rows],
-      "fits": fits,
-      "frontier": {"compute": frontier.compute.tolist(), "loss": frontier.loss.tolist(),
-                   "name": frontier.name}}, indent=2) + "\n")
-  plot(rows, fits, records, frontier, str(out.with_suffix(".png")))
+  out.with_suffix(".json").write_text(json.dumps(json_ready({
+      "sweep": spec.replace(args.data, corpus["name"]), "corpus": corpus,
+      "settings": {"scale": args.scale, "evals": args.evals, "lr": args.lr,
+                   "bootstrap": args.bootstrap, "falling_threshold": FALLING, "tail": TAIL},
+      "kaplan_2020": {"alpha_N": KAPLAN_ALPHA_N, "N_c": 8.8e13},
+      "points": points,
+      "fits": {key: {"fit": None if e["fit"] is None else e["fit"].as_dict(),
+                     "notes": e["notes"]} for key, e in fits.items()}}), indent=2) + "\n")
+  plot(points, fits, str(out.with_suffix(".png")))
   print(f"wrote {out}.md, {out}.json, {out}.png")
   return 0
 

@@ -12,7 +12,7 @@ head_dim 16 and mlp_dim 2 x d_model (the config's ratio). Each size is
 finished sizes and only redraws. (`jaxformer.sweep.run` cannot summarize image runs yet:
 its token count needs data.seq_len.)
 
-Writes OUT.md (table + power-law fit of the test error, `jaxformer.scaling_fits`), OUT.json
+Writes OUT.md (table + power-law fit of the test error, `jaxformer.scaling.fit_kaplan_n`, 95% bootstrap CIs), OUT.json
 and OUT.png (test accuracy and error vs parameters).
 """
 
@@ -34,7 +34,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxformer import scaling, scaling_fits, sweep as sweep_lib  # noqa: E402
+from jaxformer import scaling, sweep as sweep_lib  # noqa: E402
 from jaxformer.train import loop  # noqa: E402
 
 # (num_layers, d_model): head_dim 16, mlp_dim 2 * d_model.
@@ -118,12 +118,15 @@ def error_fit(rows: list[dict]) -> dict | None:
   n = np.array([r["params_total"] for r in rows], np.float64)
   error = 1.0 - np.array([r["eval_accuracy"] for r in rows])
   try:
-    fit = scaling_fits.fit_power_law(n, error)
+    fit = scaling.fit_kaplan_n(n, error)
   except ValueError as e:
     print(f"warning: no power-law fit of the error: {e}")
     return None
-  return {"law": "error = (N_c / N)^alpha", "params": fit.params, "stderr": fit.stderr,
-          "method": fit.method, "rms_residual": fit.rms_residual}
+  out = fit.as_dict()
+  out["law"] = "error = (N_c / N)^alpha"
+  out["params"] = {"alpha": fit.params["alpha_N"], "N_c": fit.params["N_c"]}
+  out["ci"] = {"alpha": fit.ci("alpha_N"), "N_c": fit.ci("N_c")}
+  return out
 
 
 def report(data: str, rows: list[dict], fit: dict | None, png_name: str) -> str:
@@ -136,10 +139,11 @@ def report(data: str, rows: list[dict], fit: dict | None, png_name: str) -> str:
   if fit is None:
     fit_text = "No power-law fit of the test error (see the warning in the script output)."
   else:
-    p, s = fit["params"], fit["stderr"]
-    fit_text = (f"Test error fit `{fit['law']}` (OLS in log-log, ± 1 sigma from its "
-                f"covariance): alpha = {p['alpha']:.3f} ± {s['alpha']:.3f}, "
-                f"N_c = {p['N_c']:.3g} ± {s['N_c']:.2g}, RMS residual {fit['rms_residual']:.4f}.")
+    p, ci = fit["params"], fit["ci"]
+    fit_text = (f"Test error fit `{fit['law']}` (least squares in log-log, 95% bootstrap "
+                f"intervals): alpha = {p['alpha']:.3f} [{ci['alpha'][0]:.3f}, "
+                f"{ci['alpha'][1]:.3f}], N_c = {p['N_c']:.3g} [{ci['N_c'][0]:.3g}, "
+                f"{ci['N_c'][1]:.3g}], RMS log residual {fit['rms_residual']:.4f}.")
   steps = sorted({r["final_step"] for r in rows})
   return "\n\n".join([
       f"# ViT scaling on {data}: test accuracy vs parameters",

@@ -1,50 +1,105 @@
-"""GPT scaling sweep: 6 model sizes, one token budget, character-level Shakespeare.
+"""Loss vs model size by Kaplan et al.'s protocol: char GPTs of 6 sizes, each trained near
+convergence on one corpus, for L(N) with N the non-embedding parameters.
 
-Kaplan et al. (2020) style: loss against non-embedding parameters N at a fixed number of
-training tokens (every point sees the same batches: same seed, batch 12 x 64 tokens). Widths
-and depths grow together (head_dim 16, mlp 4x), N spans ~140x (12.6K .. 1.8M); `get_sweep`
-counts N with `scaling.count_params` and refuses a span under 30x.
+    python -m jaxformer.sweep --workdir=DIR --parallel=2 \\
+        --config='configs/sweeps/scaling_gpt.py:source=/path/corpus.txt'
+    (experiments/scaling_gpt.py runs this sweep, then fits and reports)
 
-`:STEPS` sets the budget (default 400 steps = 307K tokens). Measured on a shared 2-core CPU:
-9.6 min wall, 3.6 CPU-minutes for the 6 points; eval_loss 2.73 (12K) -> 2.28 (1.8M). Fit
-`eval_loss` against `params` in summary.csv for the power law.
+Arguments (comma-separated key=value; `source` is required):
+  source  a UTF-8 text file (split 90/10 into train/validation by characters; made absolute)
+  scale   multiplies every size's step budget (default 1; e.g. 0.002 for a smoke test)
+  evals   evaluations per run (default 20); a point's loss is the best of them (early stopping)
+  lr      peak learning rate of every run, or "width" (default): lr = 0.268 d_model^-0.952,
+          the width rule experiments/scaling_chinchilla.py fitted on python_docs.txt (smaller
+          models want larger LRs: one LR for all would bias alpha_N)
+
+Why this protocol (Kaplan et al. 2020, section 3.1 and Fig. 1): L(N) = (N_c / N)^alpha_N is
+the loss of models trained to near convergence on the same data, early-stopped, with N
+counting non-embedding parameters. A fixed token budget for every size (this sweep before)
+measures under-training instead: there D/N fell from 25 to 0.2 with size and alpha_N came
+out 0.033 against Kaplan's 0.076. So the budget here grows with the model instead, from ~820
+tokens per non-embedding parameter (smallest) to ~70 (largest, the most a 30-minute CPU
+budget allows), and the report checks whether each eval curve had flattened.
+
+Family: configs/sweeps/isoflop.py's (the README's nanoGPT-style char GPT, head_dim 16,
+mlp 4x, batch 16 x 64 tokens, `common_overrides`), with >= 2 layers (Kaplan et al. Fig. 6:
+1-layer models fall off the non-embedding trend): N from 6.2K (2 x 16) to 231K (3 x 80),
+37x. Each run: warmup 5% of its steps, cosine to 10% of the peak at its last step, `evals`
+evaluations on the same 40 x 32 validation windows (82K tokens), a checkpoint at each eval.
+
+Time: two single-threaded runs at a time on the 2-core CPU. From the measured single-thread
+rates 35K / 26K / 5.5K tokens/s at 1 x 32 / 2 x 64 / 4 x 128 (~15 s start-up per run), a
+per-token cost model (~22 us + FLOPs at ~30 GFLOP/s) gives ~42K tokens/s for 2 x 16 down to
+~14K for 3 x 80: the largest run ~20 min alone, the other five one after another beside it
+~20 min, so ~22 min wall (not yet measured end to end; `scale` trims every budget).
 """
 
 from __future__ import annotations
 
-from jaxformer import scaling
-from configs import shakespeare_char
+import os
 
-BASE = "configs/shakespeare_char.py:nanogpt_cpu"
-# (num_layers, d_model): head_dim 16, mlp_dim 4 * d_model.
-SIZES = ((1, 32), (2, 48), (2, 64), (3, 96), (4, 128), (4, 192))
-DEFAULT_STEPS = 400
-MIN_SPAN = 30
+from configs.sweeps import isoflop
+
+BASE = isoflop.BASE
+# (num_layers, d_model, steps at scale 1), largest first: `jaxformer.sweep.run` starts points
+# in order, so with parallel=2 the longest run starts at once and the rest queue beside it.
+SIZES = ((3, 80, 16_000), (2, 64, 10_000), (2, 48, 8_000), (2, 32, 7_000), (2, 24, 5_000),
+         (2, 16, 5_000))
+DEFAULTS = dict(scale="1", evals="20", lr="width")
+WIDTH_RULE = (0.268, 0.952)        # (k, p) of lr = k d_model^-p
+EVAL_BATCH_SIZE = 32
 
 
-def non_embedding_params(num_layers: int, d_model: int) -> int:
-  model = shakespeare_char.get_config("nanogpt_cpu").model
-  model.update(num_layers=num_layers, d_model=d_model, num_heads=d_model // 16,
-               mlp_dim=4 * d_model)
-  return scaling.count_params(model)["non_embedding"]
+def parse_arg(arg: str | None) -> dict:
+  """'source=...,scale=...' -> {source, scale, evals, lr} typed; ValueError naming the key."""
+  values = dict(DEFAULTS)
+  for item in filter(None, (arg or "").split(",")):
+    key, sep, value = item.partition("=")
+    if not sep or key not in (*DEFAULTS, "source"):
+      raise ValueError(f"scaling_gpt sweep arg {item!r}: expected key=value with key one of "
+                       f"source, {', '.join(DEFAULTS)}")
+    values[key] = value
+  if not values.get("source"):
+    raise ValueError("scaling_gpt sweep needs source=PATH (a text corpus), e.g. "
+                     "'configs/sweeps/scaling_gpt.py:source=/data/corpus.txt'")
+  try:
+    out = dict(source=os.path.abspath(os.path.expanduser(values["source"])),
+               scale=float(values["scale"]),
+               evals=int(values["evals"]),
+               lr=values["lr"] if values["lr"] == "width" else float(values["lr"]))
+  except ValueError as e:
+    raise ValueError(f"scaling_gpt sweep arg {arg!r}: {e}; scale and lr are numbers, evals "
+                     "an int") from e
+  if not (out["scale"] > 0 and (out["lr"] == "width" or out["lr"] > 0) and out["evals"] >= 1):
+    raise ValueError(f"scaling_gpt sweep arg {arg!r}: scale and lr must be > 0, evals >= 1")
+  return out
+
+
+def lr_of(lr, d_model: int) -> float:
+  if lr != "width":
+    return lr
+  k, p = WIDTH_RULE
+  return float(f"{k * d_model ** -p:.3g}")
+
+
+def steps_of(scale: float) -> list[int]:
+  return [max(int(round(steps * scale)), 1) for _, _, steps in SIZES]
 
 
 def get_sweep(arg=None):
-  steps = int(arg) if arg else DEFAULT_STEPS
-  if steps < 10:
-    raise ValueError(f"scaling_gpt sweep arg (train steps) must be >= 10; got {arg!r}")
-  counts = [non_embedding_params(*size) for size in SIZES]
-  if max(counts) < MIN_SPAN * min(counts):
-    raise ValueError(f"scaling_gpt SIZES span {max(counts) / min(counts):.1f}x non-embedding "
-                     f"parameters ({counts}); widen SIZES to at least {MIN_SPAN}x")
-  return dict(
-      base=BASE,
-      zip={"model.num_layers": [n for n, _ in SIZES],
-           "model.d_model": [d for _, d in SIZES],
-           "model.num_heads": [d // 16 for _, d in SIZES],
-           "model.mlp_dim": [4 * d for _, d in SIZES]},
-      overrides={"train.steps": steps, "train.eval_every": steps,
-                 "train.log_every": max(steps // 20, 1), "train.checkpoint_every": steps,
-                 "optim.warmup_steps": max(steps // 20, 1), "train.sample_tokens": 0},
-      name="L{model.num_layers}_d{model.d_model}",
-  )
+  values = parse_arg(arg)
+  vocab_size, _ = isoflop.corpus_info(values["source"])
+  steps = steps_of(values["scale"])
+  every = [max(s // values["evals"], 1) for s in steps]
+  fields = [isoflop.model_fields(layers, d) for layers, d, _ in SIZES]
+  zipped = {key: [f[key] for f in fields] for key in fields[0]}
+  zipped.update({
+      "train.steps": steps, "train.eval_every": every, "train.checkpoint_every": every,
+      "train.log_every": [max(s // 100, 1) for s in steps],
+      "optim.warmup_steps": [max(s // 20, 1) for s in steps],
+      "optim.lr": [lr_of(values["lr"], d) for _, d, _ in SIZES],   # zipped: names carry it
+  })
+  overrides = dict(isoflop.common_overrides(values["source"], vocab_size),
+                   **{"train.eval_batch_size": EVAL_BATCH_SIZE, "optim.schedule": "cosine"})
+  return dict(base=BASE, zip=zipped, overrides=overrides,
+              name="L{model.num_layers}_d{model.d_model}_s{train.steps}_lr{optim.lr:g}")
