@@ -6,19 +6,21 @@ corpus, early-stopped loss vs non-embedding parameters, alpha_N with a 95% inter
         [--bootstrap=1000] [--out=experiments/results/scaling_gpt]
 
 The runs are the points of configs/sweeps/scaling_gpt.py (protocol, sizes, step budgets and
-time there: ~22 min wall on the 2-core CPU at --scale=1). `jaxformer.sweep` skips finished
-points, so an interrupted study resumes and a re-run only refits and redraws; --scale and
---lr name the run directories, so changing them never resumes a run with another schedule.
+time there: ~25 min wall on the 2-core CPU at --scale=1, then ~2 min of fits).
+`jaxformer.sweep` skips finished points, so an interrupted study resumes and a re-run only
+refits and redraws; the step budget, LR and cosine length name the run directories, so
+changing --scale or --lr never resumes a run with another schedule.
 With --parallel=2 two runs train at once, each on one XLA:CPU thread (as
 experiments/scaling_chinchilla.py does: 1.2-1.3x the throughput of one 2-thread run).
 
 Per size the loss is the best eval loss of its --evals evaluations (early stopping, as Kaplan
 et al.), and a convergence check reports how far the last eval ended above the best and the
-slope of the eval loss over the last quarter of the evals in nats per doubling of tokens:
-steeper than FALLING (one more doubling would still gain > 0.01 nats) marks a size as still
-falling. The cosine schedule anneals over those evals, so part of a late fall is annealing,
-not under-training: a flat tail is evidence of convergence, a falling one an upper bound on
-the shortfall.
+slope of the eval loss over the run's constant-LR tail (the evals from `optim.decay_steps`
+on, where the cosine has reached its floor; at least the last 3) in nats per doubling of
+tokens: steeper than FALLING (one more doubling would still gain > 0.01 nats) marks a size
+as still falling. In that tail the LR no longer changes, so a falling loss is learning, not
+annealing; at 10% of the peak LR it is also slow learning, so a flat tail is evidence of
+convergence, not proof (a run at twice the tokens would be).
 
 Fits on (N, best eval loss), `jaxformer.scaling`: `fit_kaplan_n` (L = (N_c / N)^alpha_N,
 least squares in log-log) and `fit_saturating` (L = E + (N_c / N)^alpha), 95% bootstrap
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import pathlib
 import sys
@@ -46,12 +47,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
-from configs.sweeps import isoflop  # noqa: E402
+from configs.sweeps import isoflop, scaling_gpt as gpt_sweep  # noqa: E402
 from jaxformer import scaling, sweep as sweep_lib  # noqa: E402
 
 KAPLAN_ALPHA_N = 0.076         # Kaplan et al. 2020, eq. 1.1 (N_c = 8.8e13 non-embedding params)
 FALLING = -0.01                # nats per doubling of tokens; a steeper tail is "still falling"
-TAIL = 0.25                    # the slope is fitted over this fraction of the evals (>= 3)
+MIN_TAIL = 3                   # evals the tail slope is fitted over, at least
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -99,6 +100,12 @@ def finished_rows(rows: list[dict]) -> list[dict]:
   return sorted(done, key=lambda r: r["params"])
 
 
+def tail_start(row: dict) -> int:
+  """The step from which the LR is constant (the cosine's end), or the last step."""
+  o = row["overrides"]
+  return o.get("optim.decay_steps") or row["final_step"]
+
+
 def eval_curve(row: dict, workdir: str) -> list[dict]:
   """Every eval of a run: step, tokens seen, eval loss."""
   o = row["overrides"]
@@ -109,13 +116,14 @@ def eval_curve(row: dict, workdir: str) -> list[dict]:
           if "eval_loss" in r]
 
 
-def convergence(curve: list[dict]) -> dict:
-  """Best eval (early stopping), last - best, and the slope of the last evals in nats per
-  doubling of tokens, with a verdict (see the module docstring)."""
+def convergence(curve: list[dict], tail_step: int) -> dict:
+  """Best eval (early stopping), last - best, and the slope of the evals from `tail_step` on
+  (at least MIN_TAIL) in nats per doubling of tokens, with a verdict (module docstring)."""
   tokens = np.array([c["tokens"] for c in curve], np.float64)
   loss = np.array([c["eval_loss"] for c in curve], np.float64)
   best = int(np.argmin(loss))
-  tail = min(max(3, math.ceil(TAIL * loss.size)), loss.size)
+  in_tail = sum(c["step"] >= tail_step for c in curve)
+  tail = min(max(MIN_TAIL, in_tail), loss.size)
   slope = (float(np.polyfit(np.log2(tokens[-tail:]), loss[-tail:], 1)[0])
            if tail >= 2 else float("nan"))
   if not slope >= FALLING:                   # NaN (a single eval) counts as still falling
@@ -241,16 +249,19 @@ def alpha_text(fits: dict, points: list[dict]) -> str:
 def convergence_text(points: list[dict]) -> str:
   falling = [p for p in points if not p["converged"]]
   head = (f"Convergence check (the evidence for \"near convergence\"): slope of the eval loss "
-          f"over each run's last {TAIL:.0%} of evals (>= 3) against log2(tokens); steeper "
-          f"than {FALLING} nats per doubling counts as still falling. The cosine schedule "
-          f"anneals over those evals, so a falling tail overstates how far from convergence a "
-          f"run is; a flat one is the evidence that it converged.")
+          f"against log2(tokens) over each run's constant-LR tail (the evals from the end of "
+          f"the cosine, at 80% of the steps, on: at least {MIN_TAIL}); steeper than "
+          f"{FALLING} nats per doubling counts as still falling. The LR does not change in "
+          f"the tail, so a fall there is learning, not annealing; at 10% of the peak LR "
+          f"learning is slow, so a flat tail is evidence of convergence, not proof.")
   if not falling:
     return head + f" All {len(points)} sizes had flattened."
   names = ", ".join(f"{p['name']} ({p['slope_per_doubling']:+.3f})" for p in falling)
   bias = (" Under-training that grows with size bends the curve up at large N and biases "
           "alpha_N low." if any(p is points[-1] for p in falling) else "")
-  return (head + f" Still falling: {names}; the others had flattened.{bias}")
+  rest = ("none had flattened" if len(falling) == len(points) else
+          "the others had flattened")
+  return head + f" Still falling: {names}; {rest}.{bias}"
 
 
 def findings_text(fits: dict) -> str:
@@ -263,6 +274,13 @@ def findings_text(fits: dict) -> str:
                                                         "bound, every fit bootstrapped)."
 
 
+def lr_text(lr: str) -> str:
+  if lr != "width":
+    return lr
+  k, p = gpt_sweep.WIDTH_RULE
+  return f"lr = {k:g} d_model^-{p:g} (the width rule fitted by scaling_chinchilla.py)"
+
+
 def report(args, corpus: dict, points: list[dict], fits: dict, png_name: str) -> str:
   span = points[-1]["params"] / points[0]["params"]
   return "\n\n".join([
@@ -272,8 +290,9 @@ def report(args, corpus: dict, points: list[dict], fits: dict, png_name: str) ->
       f"(`configs/sweeps/scaling_gpt.py`: >= 2 layers, head_dim 16, mlp 4x, no biases, tied "
       f"embeddings), non-embedding N from {points[0]['params']:,} to "
       f"{points[-1]['params']:,} ({span:.0f}x); batch 16 x 64 tokens, AdamW at peak LR "
-      f"{args.lr} (width: 0.268 d_model^-0.952, the rule fitted in scaling_chinchilla), warmup 5% and cosine to 10% at each run's last step, step budgets "
-      f"x{args.scale:g} of the sweep's (larger models train longer). Each size's loss is its "
+      f"{lr_text(args.lr)}, warmup 5%, cosine to 10% of the peak at 80% of each run's "
+      f"steps, then constant; step budgets x{args.scale:g} of the sweep's (larger models "
+      f"train longer, on fewer tokens per parameter). Each size's loss is its "
       f"best of {args.evals} evals on the same {corpus['eval_tokens']:,} validation tokens "
       f"(early stopping). "
       f"Reproduce: `python experiments/scaling_gpt.py --data=PATH/{corpus['name']}"
@@ -300,7 +319,7 @@ def plot(points: list[dict], fits: dict, path: str):
     p = sat.params
     ax_n.loglog(grid, sat.predict(grid), "C0--",
                 label=f"L = E + (N_c/N)^a: E = {p['E']:.3f}, a = {p['alpha']:.3f}")
-  ax_n.loglog(n, [p["last_loss"] for p in points], "o", mfc="none", mec="0.5",
+  ax_n.loglog(n, [p["last_loss"] for p in points], "o", ms=10, mfc="none", mec="0.5",
               label="last eval")
   ax_n.scatter(n, [p["best_loss"] for p in points], c=colors, zorder=3, edgecolors="k",
                label="best eval (early-stopped)")
@@ -350,7 +369,8 @@ def main(argv=None) -> int:
                    "d_model": row["overrides"]["model.d_model"], "params": row["params"],
                    "params_total": row["params_total"], "steps": row["final_step"],
                    "tokens": row["tokens"], "epochs": row["tokens"] / train_chars,
-                   "wall_time_s": row["wall_time_s"], **convergence(curve), "curve": curve})
+                   "wall_time_s": row["wall_time_s"],
+                   **convergence(curve, tail_start(row)), "curve": curve})
   fits = fit_all(points, args.bootstrap)
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
@@ -360,7 +380,8 @@ def main(argv=None) -> int:
   out.with_suffix(".json").write_text(json.dumps(json_ready({
       "sweep": spec.replace(args.data, corpus["name"]), "corpus": corpus,
       "settings": {"scale": args.scale, "evals": args.evals, "lr": args.lr,
-                   "bootstrap": args.bootstrap, "falling_threshold": FALLING, "tail": TAIL},
+                   "bootstrap": args.bootstrap, "falling_threshold": FALLING,
+                   "min_tail_evals": MIN_TAIL},
       "kaplan_2020": {"alpha_N": KAPLAN_ALPHA_N, "N_c": 8.8e13},
       "points": points,
       "fits": {key: {"fit": None if e["fit"] is None else e["fit"].as_dict(),

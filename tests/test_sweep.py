@@ -166,14 +166,38 @@ def test_shipped_sweeps_are_valid():
   lr_width = sweep_lib.expand(sweep_lib.load_sweep("configs/sweeps/lr_width.py"))
   assert len(lr_width) == 6
   assert {p.config.model.mlp_dim for p in lr_width} == {128, 256}
-  scaling = sweep_lib.expand(sweep_lib.load_sweep("configs/sweeps/scaling_gpt.py:50"))
-  sizes = [p.params["non_embedding"] for p in scaling]
-  assert len(scaling) >= 6 and max(sizes) >= 30 * min(sizes)
-  tokens = {p.config.train.steps * p.config.train.batch_size * p.config.data.seq_len
-            for p in scaling}
-  assert tokens == {50 * 12 * 64}                                  # one token budget
   with pytest.raises(ValueError, match="shakespeare_char size"):
     sweep_lib.load_sweep("configs/sweeps/lr_width.py:huge")
+
+
+def test_scaling_gpt_sweep_follows_kaplan_protocol(tmp_path):
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("def f(x):\n  return x + 1\n" * 50)
+  points = sweep_lib.expand(sweep_lib.load_sweep(
+      f"configs/sweeps/scaling_gpt.py:source={corpus}"))
+  points.sort(key=lambda p: p.params["non_embedding"])
+  sizes = [p.params["non_embedding"] for p in points]
+  assert len(points) >= 5 and max(sizes) >= 30 * min(sizes)
+  assert all(p.config.model.num_layers >= 2 for p in points)     # Kaplan: 1-layer is off-trend
+  for p in points:
+    c = p.config
+    assert c.data.source == str(corpus) and c.model.vocab_size == len(set(corpus.read_text()))
+    assert c.train.eval_every == c.train.steps // 20               # best of 20 evals
+    assert c.optim.decay_steps == round(0.8 * c.train.steps)       # constant-LR tail
+  tokens = [p.config.train.steps * p.config.train.batch_size * p.config.data.seq_len
+            for p in points]
+  assert tokens == sorted(tokens) and tokens[-1] > tokens[0]      # larger models train longer
+  lrs = [p.config.optim.lr for p in points]
+  assert lrs == sorted(lrs, reverse=True)                         # the width rule
+  half = sweep_lib.expand(sweep_lib.load_sweep(
+      f"configs/sweeps/scaling_gpt.py:source={corpus},scale=0.5,lr=0.002"), validate=False)
+  assert sorted(p.overrides["train.steps"] for p in half) == sorted(
+      round(p.config.train.steps / 2) for p in points)
+  assert {p.overrides["optim.lr"] for p in half} == {0.002}
+  with pytest.raises(ValueError, match="source=PATH"):
+    sweep_lib.load_sweep("configs/sweeps/scaling_gpt.py:scale=1")
+  with pytest.raises(ValueError, match="key one of"):
+    sweep_lib.load_sweep(f"configs/sweeps/scaling_gpt.py:source={corpus},steps=5")
 
 
 def _write_sweep_file(tmp_path, body: str) -> str:
