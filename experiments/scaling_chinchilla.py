@@ -361,9 +361,7 @@ def write_report(args, rule: dict, points: list[dict], fits: dict, arr: dict, cu
 def main(argv=None) -> int:
   args = parse_args(argv)
   if args.threads_per_run:
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads="
-                               f"{args.threads_per_run}").strip()
+    sweep_lib.limit_xla_threads(args.threads_per_run)
   plan = isoflop.plan(args.data, args.budgets, sizes=args.sizes)
   rule, lr_rows = lr_stage(args, plan)
   print(f"learning-rate rule: lr = {rule['k']:.4g} * d_model^-{rule['p']:.3f}")

@@ -167,19 +167,6 @@ def fit_all(points: list[dict], samples: int) -> dict:
   return out
 
 
-def json_ready(value):
-  """`value` with NaN and inf as None (strict JSON) and NumPy scalars as Python numbers."""
-  if isinstance(value, dict):
-    return {k: json_ready(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [json_ready(v) for v in value]
-  if isinstance(value, (float, np.floating)):
-    return float(value) if np.isfinite(value) else None
-  if isinstance(value, np.integer):
-    return int(value)
-  return value
-
-
 def _fmt(key: str, value: float) -> str:
   return f"{value:.3g}" if key.endswith("_c") or key == "X_c" else f"{value:.4f}"
 
@@ -346,9 +333,7 @@ def plot(points: list[dict], fits: dict, path: str):
 def main(argv=None) -> int:
   args = parse_args(argv)
   if args.threads_per_run:
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads="
-                               f"{args.threads_per_run}").strip()
+    sweep_lib.limit_xla_threads(args.threads_per_run)
   spec = sweep_spec(args)
   rows = finished_rows(sweep_lib.run(sweep_lib.load_sweep(spec), args.workdir,
                                      parallel=args.parallel))
@@ -377,7 +362,7 @@ def main(argv=None) -> int:
   text = report(args, corpus, points, fits, out.name + ".png")
   print(text)
   out.with_suffix(".md").write_text(text)
-  out.with_suffix(".json").write_text(json.dumps(json_ready({
+  out.with_suffix(".json").write_text(json.dumps(scaling.stats.json_ready({
       "sweep": spec.replace(args.data, corpus["name"]), "corpus": corpus,
       "settings": {"scale": args.scale, "evals": args.evals, "lr": args.lr,
                    "bootstrap": args.bootstrap, "falling_threshold": FALLING,

@@ -177,19 +177,6 @@ def fit_frontier(frontier: list[dict], samples: int, seconds: float = float("inf
     return None, [*notes, f"no fit: {e}"]
 
 
-def json_ready(value):
-  """`value` with NaN and inf as None (strict JSON) and NumPy scalars as Python numbers."""
-  if isinstance(value, dict):
-    return {k: json_ready(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [json_ready(v) for v in value]
-  if isinstance(value, (float, np.floating)):
-    return float(value) if np.isfinite(value) else None
-  if isinstance(value, np.integer):
-    return int(value)
-  return value
-
-
 def sizes_table(sizes: list[dict]) -> str:
   lines = ["| run | layers | d_model | N (non-emb.) | N (total) | FLOPs / image | steps | "
            "images | best test error (step) | final test error | final C (FLOPs) | wall (s) |",
@@ -296,9 +283,7 @@ def plot(sizes: list[dict], frontier: list[dict], fit, path: str):
 def main(argv=None) -> int:
   args = parse_args(argv)
   if args.threads_per_run:
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads="
-                               f"{args.threads_per_run}").strip()
+    sweep_lib.limit_xla_threads(args.threads_per_run)
   rows = sweep_lib.run(sweep_spec(args.data, args.steps, args.evals), args.workdir,
                        parallel=args.parallel)
   done = [r for r in rows if r["status"] == "done"]
@@ -315,7 +300,7 @@ def main(argv=None) -> int:
   text = report(args, sizes, frontier, fit, notes, out.name + ".png")
   print(text)
   out.with_suffix(".md").write_text(text)
-  out.with_suffix(".json").write_text(json.dumps(json_ready({
+  out.with_suffix(".json").write_text(json.dumps(scaling.stats.json_ready({
       "base": BASE, "data": args.data if args.data.startswith("tfds:") else "mnist",
       "steps": args.steps, "evals": args.evals,
       "compute": "flops_per_token(model, 17) * 17 * images seen (Kaplan 6N + attention)",

@@ -78,6 +78,19 @@ class Fit:
             "method": self.method, "findings": list(self.findings)}
 
 
+def json_ready(value: Any) -> Any:
+  """`value` with NaN and inf as None (strict JSON) and NumPy scalars as Python numbers."""
+  if isinstance(value, dict):
+    return {k: json_ready(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [json_ready(v) for v in value]
+  if isinstance(value, (float, np.floating)):
+    return float(value) if np.isfinite(value) else None
+  if isinstance(value, np.integer):
+    return int(value)
+  return value
+
+
 def _percentiles(values: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
   tail = 50 * (1 - level)
   low, high = np.nanpercentile(values, [tail, 100 - tail], axis=0)
