@@ -1,8 +1,7 @@
 """Tiny ViTs on small grey-scale digits: `--config=configs/vit_tiny.py:{mnist,digits}`.
 
 `mnist` (default): MNIST read from IDX files in a directory (`data.source = "mnist:<dir>"`;
-the directory comes from $MNIST_DIR, default ../shared/data/mnist, or
-`--config.data.source=mnist:/path/to/mnist`). 28x28 images cut into 7x7 patches (16 patches +
+the directory is required: `--config.data.source=mnist:/path/to/mnist`, or $MNIST_DIR). 28x28 images cut into 7x7 patches (16 patches +
 [CLS]), a 4-layer, 128-wide pre-norm encoder, AdamW with cosine decay and small random shifts
 as augmentation: >= 98% test accuracy in a few minutes on a 2-core CPU (see NOTES.md).
 
@@ -31,7 +30,7 @@ def get_config(arg=None):
       num_layers=size["num_layers"], num_heads=size["num_heads"], mlp_dim=size["mlp_dim"],
       pool="cls", norm_eps=1e-6, activation="gelu_exact", dropout_rate=0.0)
   if name == "mnist":
-    source = "mnist:" + os.environ.get("MNIST_DIR", "../shared/data/mnist")
+    source = "mnist:" + os.environ.get("MNIST_DIR", "")     # "mnist:" alone: a clear error
     data = common.data(source, None, None, augment="shift", shift_pixels=2)
   else:
     data = common.data("digits", None, None, augment="none")

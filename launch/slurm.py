@@ -9,7 +9,10 @@ The script's last line is `srun <command>`: srun starts `nodes x ntasks_per_node
 command, and in each one `jaxformer.parallel.initialize()` (called by the train entry point)
 builds the `jax.distributed` cluster from SLURM_NTASKS / SLURM_PROCID / SLURM_JOB_NODELIST.
 The default is one task per node that drives all of the node's GPUs (JAX's usual layout);
-`--ntasks_per_node=<gpus>` gives one process per GPU instead.
+`--ntasks_per_node=<gpus>` gives one process per GPU instead (every task sees all GPUs and
+takes its share by SLURM_LOCALID), and `--gpus_per_task=G` asks Slurm to bind G GPUs to each
+task. `--dry_run` prints how many processes the job starts and which GPUs each one drives,
+computed by the same code the tasks run (`jaxformer.parallel.distributed`).
 
 A `python -m jaxformer.sweep` command becomes a job array, `--array=0-(N-1)` with N the number
 of points of the sweep file, each array task running one point (`--only_index=
@@ -46,6 +49,16 @@ def _validate(args: argparse.Namespace, command: Sequence[str]):
     value = getattr(args, name)
     if value < (0 if name == "gpus_per_node" else 1):
       raise ValueError(f"--{name}={value} must be >= {0 if name == 'gpus_per_node' else 1}")
+  if args.gpus_per_task is not None:
+    if args.gpus_per_task < 1:
+      raise ValueError(f"--gpus_per_task={args.gpus_per_task} must be >= 1")
+    if args.gpus_per_node and args.gpus_per_task * args.ntasks_per_node > args.gpus_per_node:
+      raise ValueError(f"--gpus_per_task={args.gpus_per_task} x --ntasks_per_node="
+                       f"{args.ntasks_per_node} needs more than --gpus_per_node="
+                       f"{args.gpus_per_node} GPUs per node")
+  elif args.gpus_per_node and args.ntasks_per_node > args.gpus_per_node:
+    raise ValueError(f"--ntasks_per_node={args.ntasks_per_node} is more than --gpus_per_node="
+                     f"{args.gpus_per_node}: at most one task per GPU")
   if not _TIME.match(args.time):
     raise ValueError(f"--time={args.time!r} is not a Slurm time (e.g. 04:00:00 or 1-00:00:00)")
   if args.max_parallel is not None and args.max_parallel < 1:
@@ -60,7 +73,9 @@ def directives(args: argparse.Namespace, array_size: int | None) -> list[str]:
   lines = [f"--job-name={args.job_name}", f"--nodes={args.nodes}",
            f"--ntasks-per-node={args.ntasks_per_node}", f"--cpus-per-task={args.cpus_per_task}",
            f"--time={args.time}", f"--output={os.path.join(args.log_dir, log_name)}"]
-  if args.gpus_per_node:
+  if args.gpus_per_task:
+    lines.insert(3, f"--gpus-per-task={args.gpus_per_task}")
+  elif args.gpus_per_node:
     lines.insert(3, f"--gpus-per-node={args.gpus_per_node}")
   for name in ("partition", "account", "chdir"):
     if getattr(args, name):
@@ -93,6 +108,36 @@ def render(args: argparse.Namespace, command: Sequence[str],
   return "\n".join(lines) + "\n"
 
 
+def layout(args: argparse.Namespace) -> str:
+  """What the job will run: processes, and the GPU ids each task on a node drives, from the
+  environment Slurm gives the tasks in this layout, through the tasks' own rule."""
+  from jaxformer.parallel.distributed import slurm_local_device_ids
+  tasks, nodes = args.ntasks_per_node, args.nodes
+  processes = f"{nodes} node(s) x {tasks} task(s) = {nodes * tasks} process(es)"
+  if not args.gpus_per_node and not args.gpus_per_task:
+    return f"{processes}, CPU only (no GPUs requested)"
+  per_node = args.gpus_per_task * tasks if args.gpus_per_task else args.gpus_per_node
+  owned, used = [], 0
+  for local in range(tasks):
+    env = {"SLURM_STEP_TASKS_PER_NODE": f"{tasks}(x{nodes})", "SLURM_LOCALID": str(local),
+           "SLURM_GPUS_ON_NODE": str(per_node)}
+    if args.gpus_per_task:                    # Slurm binds each task's GPUs
+      first = local * args.gpus_per_task
+      env.update(SLURM_GPUS_PER_TASK=str(args.gpus_per_task), CUDA_VISIBLE_DEVICES=",".join(
+          str(g) for g in range(first, first + args.gpus_per_task)))
+    else:
+      env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(per_node))
+    ids = slurm_local_device_ids(env)
+    seen = f" (of its visible GPUs {env['CUDA_VISIBLE_DEVICES']})" if args.gpus_per_task else ""
+    owned.append(f"  task {local}: local_device_ids={ids}{seen}")
+    used += len(ids)
+  lines = [f"{processes}, {per_node // tasks} GPU(s) per process, {per_node} GPU(s) per node",
+           *owned]
+  if used < per_node:
+    lines.append(f"warning: {per_node - used} of {per_node} GPUs per node drive no process")
+  return "\n".join(lines)
+
+
 def _env_assignment(entry: str) -> str:
   name, sep, value = entry.partition("=")
   if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
@@ -109,6 +154,8 @@ def parser() -> argparse.ArgumentParser:
                  help="processes per node (1: one process drives all local GPUs)")
   p.add_argument("--gpus_per_node", "--gpus-per-node", type=int, default=8,
                  help="0 leaves the directive out (CPU partitions)")
+  p.add_argument("--gpus_per_task", "--gpus-per-task", type=int, default=None,
+                 help="Slurm binds this many GPUs to each task (replaces --gpus_per_node)")
   p.add_argument("--cpus_per_task", "--cpus-per-task", type=int, default=8)
   p.add_argument("--time", default="01:00:00", help="wall-clock limit, [D-]HH:MM:SS")
   p.add_argument("--partition", default=None)
@@ -122,6 +169,8 @@ def parser() -> argparse.ArgumentParser:
                  help="sweeps: at most this many array tasks at once")
   p.add_argument("--out", default=None, help="write the script here instead of printing it")
   p.add_argument("--submit", action="store_true", help="sbatch the script (needs --out)")
+  p.add_argument("--dry_run", action="store_true",
+                 help="print the processes and the GPUs of each, then the script; submit nothing")
   return p
 
 
@@ -137,6 +186,10 @@ def main(argv: Sequence[str] | None = None):
     script = render(args, command)
   except ValueError as e:
     p.error(str(e))
+  if args.dry_run:
+    print(layout(args))
+    print(script, end="")
+    return
   if not args.out:
     print(script, end="")
     return

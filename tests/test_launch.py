@@ -160,3 +160,35 @@ def test_slurm_cli_writes_or_prints(tmp_path, capsys, monkeypatch):
   assert capsys.readouterr().out.endswith(shlex.join(TRAIN) + "\n")
   with pytest.raises(SystemExit):
     slurm.main(["--submit", "--", *TRAIN])
+
+
+@pytest.mark.parametrize("flags, want", [
+    ((), ["1 node(s) x 1 task(s) = 1 process(es), 8 GPU(s) per process",
+          "task 0: local_device_ids=[0, 1, 2, 3, 4, 5, 6, 7]"]),
+    (("--nodes=2", "--ntasks_per_node=8"), ["= 16 process(es), 1 GPU(s) per process",
+                                            "task 5: local_device_ids=[5]"]),
+    (("--nodes=2", "--ntasks_per_node=8", "--gpus_per_task=1"),
+     ["= 16 process(es), 1 GPU(s) per process", "task 5: local_device_ids=[0] (of its visible "
+      "GPUs 5)"]),
+    (("--ntasks_per_node=4",), ["task 1: local_device_ids=[2, 3]"]),
+    (("--ntasks_per_node=3",), ["task 2: local_device_ids=[4, 5]",
+                                "warning: 2 of 8 GPUs per node drive no process"]),
+    (("--gpus_per_node=0",), ["CPU only"]),
+])
+def test_slurm_dry_run_prints_processes_and_their_gpus(capsys, flags, want):
+  slurm.main([*flags, "--dry_run", "--", *TRAIN])
+  out = capsys.readouterr().out
+  assert all(w in out for w in want), out
+  assert out.rstrip().endswith(shlex.join(TRAIN))
+  if "--gpus_per_task=1" in flags:
+    assert "#SBATCH --gpus-per-task=1" in out and "--gpus-per-node" not in out
+
+
+@pytest.mark.parametrize("flags, match", [
+    (("--ntasks_per_node=9",), "at most one task per GPU"),
+    (("--ntasks_per_node=4", "--gpus_per_task=4"), "needs more than --gpus_per_node=8"),
+    (("--gpus_per_task=0",), "--gpus_per_task=0 must be >= 1"),
+])
+def test_bad_slurm_layouts(flags, match):
+  with pytest.raises(ValueError, match=match):
+    slurm.render(_slurm_args(*flags), TRAIN)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import flax.linen as nn
 import jax
@@ -19,7 +20,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 from configs import vit
 from jaxformer import models
 from jaxformer.parallel import (ShardingPlan, distributed, initialize, logical_axis_rules,
-                                make_mesh, parse_hostlist, per_device_bytes)
+                                make_mesh, per_device_bytes)
 from tests import sharded_gpt as worker
 
 MESHES = [((8, 1, 1), False), ((8, 1, 1), True), ((4, 2, 1), False), ((4, 2, 1), True),
@@ -309,32 +310,73 @@ def test_sharded_init_and_checkpoint_restore_onto_a_different_mesh(tmp_path):
 
 # --- multi-process start-up ------------------------------------------------------------------
 
-@pytest.mark.parametrize("hostlist, want", [
-    ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
-    ("a1,b[8-10]", ["a1", "b8", "b9", "b10"]),
-    ("r[1-2]-n[1,3]", ["r1-n1", "r1-n3", "r2-n1", "r2-n3"]),
-    ("gpu-7", ["gpu-7"]),
-])
-def test_parse_hostlist(hostlist, want):
-  assert parse_hostlist(hostlist) == want
+_SLURM_STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "gpu[003-004]",
+               "SLURM_NODEID": "1"}
+
+# (layout, environment of one task on the second node, GPU ids that task must get)
+SLURM_LAYOUTS = [
+    ("one task per node, 8 GPUs", dict(SLURM_NTASKS="2", SLURM_PROCID="1", SLURM_LOCALID="0",
+                                       SLURM_STEP_TASKS_PER_NODE="1(x2)",
+                                       SLURM_GPUS_ON_NODE="8",
+                                       CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7"),
+     list(range(8))),
+    ("one task per GPU, all visible", dict(SLURM_NTASKS="16", SLURM_PROCID="11",
+                                           SLURM_LOCALID="3", SLURM_STEP_TASKS_PER_NODE="8(x2)",
+                                           SLURM_GPUS_ON_NODE="8",
+                                           CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7"),
+     [3]),
+    ("one task per GPU, bound by Slurm", dict(SLURM_NTASKS="16", SLURM_PROCID="11",
+                                              SLURM_LOCALID="3",
+                                              SLURM_STEP_TASKS_PER_NODE="8(x2)",
+                                              SLURM_GPUS_ON_NODE="8", SLURM_GPUS_PER_TASK="1",
+                                              CUDA_VISIBLE_DEVICES="3"),
+     [0]),
+    ("4 tasks per node, 2 GPUs each", dict(SLURM_NTASKS="8", SLURM_PROCID="5", SLURM_LOCALID="1",
+                                           SLURM_STEP_TASKS_PER_NODE="4(x2)",
+                                           SLURM_GPUS_ON_NODE="8"),
+     [2, 3]),
+    ("2 tasks per node, 2 bound GPUs each", dict(SLURM_NTASKS="4", SLURM_PROCID="3",
+                                                 SLURM_LOCALID="1",
+                                                 SLURM_STEP_TASKS_PER_NODE="2(x2)",
+                                                 SLURM_GPUS_ON_NODE="4",
+                                                 CUDA_VISIBLE_DEVICES="2,3"),
+     [0, 1]),
+]
 
 
-@pytest.mark.parametrize("bad", ["node[01-03", "node[3-1]", "node[a-b]"])
-def test_parse_hostlist_rejects_malformed(bad):
-  with pytest.raises(ValueError, match="malformed Slurm hostlist"):
-    parse_hostlist(bad)
+@pytest.mark.parametrize("layout, env, want", SLURM_LAYOUTS, ids=[l[0] for l in SLURM_LAYOUTS])
+def test_slurm_layouts_give_each_process_its_gpus(monkeypatch, layout, env, want):
+  """What jax.distributed.initialize receives in each Slurm layout, and what it makes of it with
+  its own Slurm detection (coordinator, process count and id from the SLURM_* variables)."""
+  for key in [k for k in os.environ if k.startswith(("SLURM_", "JAXFORMER_"))]:
+    monkeypatch.delenv(key)
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+  for key, value in {**_SLURM_STEP, **env}.items():
+    monkeypatch.setenv(key, value)
+  calls = []
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+  monkeypatch.setattr(distributed, "_orbax_barriers_without_collectives", lambda: None)
+  monkeypatch.setattr(jax.config, "update", lambda *a: None)
+  initialize()
+  assert calls == [dict(local_device_ids=want)]
+  cluster = pytest.importorskip("jax._src.clusters")
+  detected = cluster.ClusterEnv.auto_detect_unset_distributed_params(
+      None, None, None, calls[0]["local_device_ids"], None, None)
+  assert detected[0].startswith("gpu003:")
+  assert detected[1:] == (int(env["SLURM_NTASKS"]), int(env["SLURM_PROCID"]), want)
 
 
-def test_slurm_topology():
-  env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "4242",
-         "SLURM_JOB_NODELIST": "gpu[003-004]", "SLURM_LOCALID": "1",
-         "SLURM_GPUS_ON_NODE": "8", "SLURM_NTASKS_PER_NODE": "4(x2)"}
-  assert distributed.slurm_topology(env) == dict(
-      coordinator_address="gpu003:16242", num_processes=8, process_id=5,
-      local_device_ids=[2, 3])
-  bound = dict(env, SLURM_GPUS_PER_TASK="2", CUDA_VISIBLE_DEVICES="2,3")
-  assert distributed.slurm_topology(bound)["local_device_ids"] is None
-  assert distributed.slurm_topology(dict(env, SLURM_NTASKS="1")) is None
+def test_slurm_device_ids_edge_cases():
+  ids = distributed.slurm_local_device_ids
+  assert ids({"SLURM_STEP_TASKS_PER_NODE": "1", "CUDA_VISIBLE_DEVICES": ""}) is None   # CPU
+  assert ids({"SLURM_TASKS_PER_NODE": "2,1", "SLURM_NODEID": "1",
+              "SLURM_GPUS_ON_NODE": "4"}) == [0, 1, 2, 3]       # the node's per-node count
+  with pytest.raises(ValueError, match="at most one task per GPU"):
+    ids({"SLURM_STEP_TASKS_PER_NODE": "8", "SLURM_GPUS_ON_NODE": "4"})
+  with pytest.raises(ValueError, match="malformed Slurm per-node count"):
+    ids({"SLURM_STEP_TASKS_PER_NODE": "4(x", "SLURM_GPUS_ON_NODE": "4"})
+  assert distributed.slurm_topology({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None
 
 
 def test_initialize_single_process_is_a_noop_and_checks_flags(monkeypatch):

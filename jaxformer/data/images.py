@@ -430,6 +430,10 @@ def open_source(data_config, *, data_dir: str | None = None) -> ImageSource:
   kind, _, arg = source.partition(":")
   if source == "digits":
     return _digits_source(cache_root)
+  if kind == "mnist" and not arg:
+    raise ValueError("data.source='mnist:' names no directory: give the one holding the MNIST "
+                     "IDX files, --config.data.source=mnist:/path/to/mnist (configs/vit_tiny.py "
+                     "also reads $MNIST_DIR)")
   if kind in ("mnist", "images", "tfds") and arg:
     if kind == "mnist":
       return _mnist_source(pathlib.Path(arg), cache_root)

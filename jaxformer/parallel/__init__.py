@@ -5,10 +5,10 @@
     state, shardings = plan.init_state(init_boxed)
 """
 
-from jaxformer.parallel.distributed import initialize, parse_hostlist
+from jaxformer.parallel.distributed import initialize
 from jaxformer.parallel.mesh import make_mesh, resolve_mesh_shape
 from jaxformer.parallel.rules import MESH_AXES, logical_axis_rules
 from jaxformer.parallel.sharding import CompiledStep, ShardingPlan, per_device_bytes
 
 __all__ = ["MESH_AXES", "CompiledStep", "ShardingPlan", "initialize", "logical_axis_rules",
-           "make_mesh", "parse_hostlist", "per_device_bytes", "resolve_mesh_shape"]
+           "make_mesh", "per_device_bytes", "resolve_mesh_shape"]

@@ -4,9 +4,9 @@ Where the process topology comes from, first match wins:
 1. explicit arguments;
 2. JAXFORMER_COORDINATOR / JAXFORMER_NUM_PROCESSES / JAXFORMER_PROCESS_ID (`launch/local.py`
    sets them);
-3. Slurm (`srun`): coordinator = first host of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST),
-   num_processes = SLURM_STEP_NUM_TASKS (or SLURM_NTASKS), process_id = SLURM_PROCID, local
-   GPUs from SLURM_LOCALID and the GPUs per task;
+3. Slurm (`srun`): JAX's own Slurm detection finds the coordinator, process count and id;
+   the GPUs each process owns are computed here and passed explicitly
+   (`slurm_local_device_ids`: JAX's default would give every task only GPU SLURM_LOCALID);
 4. a multi-host TPU VM / pod: `jax.distributed.initialize()` detects everything itself.
 Otherwise (one process) it does nothing. CPU processes talk over gloo collectives.
 """
@@ -23,90 +23,81 @@ import jax
 ENV_COORDINATOR = "JAXFORMER_COORDINATOR"
 ENV_NUM_PROCESSES = "JAXFORMER_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAXFORMER_PROCESS_ID"
-_SLURM_PORT_BASE = 12_000          # + SLURM_JOB_ID % 20000: jobs sharing a node do not collide
 
 
-def parse_hostlist(hostlist: str) -> list[str]:
-  """Expand a Slurm hostlist: 'node[01-03,07],gpu-a[1-2]-ib' -> node01 node02 node03 node07
-  gpu-a1-ib gpu-a2-ib (ranges keep their zero padding; several bracket groups multiply)."""
-  hosts = []
-  for entry in _split_top_level(hostlist.strip()):
-    hosts += _expand(entry)
-  return hosts
+def _per_node_counts(value: str) -> list[int]:
+  """Expand Slurm's per-node counts: '4(x2),2' -> [4, 4, 2]."""
+  counts = []
+  for part in value.split(","):
+    match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+    if match is None:
+      raise ValueError(f"malformed Slurm per-node count {value!r}")
+    counts += [int(match.group(1))] * int(match.group(2) or 1)
+  return counts
 
 
-def _split_top_level(text: str) -> list[str]:
-  """Split on commas that are not inside brackets."""
-  parts, depth, current = [], 0, ""
-  for char in text:
-    depth += {"[": 1, "]": -1}.get(char, 0)
-    if depth < 0 or depth > 1:
-      raise ValueError(f"malformed Slurm hostlist {text!r}")
-    if char == "," and depth == 0:
-      parts.append(current)
-      current = ""
-    else:
-      current += char
-  if depth:
-    raise ValueError(f"malformed Slurm hostlist {text!r}: unclosed '['")
-  return [p for p in parts + [current] if p]
+def _tasks_on_this_node(env: Mapping[str, str]) -> int:
+  for key in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"):
+    if key in env:
+      counts = _per_node_counts(env[key])
+      node = int(env.get("SLURM_NODEID", "0"))
+      return counts[node] if node < len(counts) else counts[-1]
+  return 1
 
 
-def _expand(entry: str) -> list[str]:
-  match = re.search(r"\[([^\]]*)\]", entry)
-  if match is None:
-    return [entry]
-  head, tail = entry[:match.start()], entry[match.end():]
-  return [head + item + rest for item in _expand_ranges(match.group(1), entry)
-          for rest in _expand(tail)]
-
-
-def _expand_ranges(ranges: str, entry: str) -> list[str]:
-  items = []
-  for part in ranges.split(","):
-    bounds = part.split("-")
-    if len(bounds) == 1 and bounds[0].isdigit():
-      items.append(bounds[0])
-    elif len(bounds) == 2 and all(b.isdigit() for b in bounds) and int(bounds[0]) <= int(
-        bounds[1]):
-      first, last = int(bounds[0]), int(bounds[1])
-      items += [str(i).zfill(len(bounds[0])) for i in range(first, last + 1)]
-    else:
-      raise ValueError(f"malformed Slurm hostlist entry {entry!r} (range {part!r})")
-  return items
-
-
-def _leading_int(value: str) -> int:
-  """Slurm per-node counts look like '4' or '4(x2)'."""
-  return int(re.match(r"\d+", value).group())
+def _visible_gpus(env: Mapping[str, str]) -> int | None:
+  """How many GPUs this process can see: CUDA_VISIBLE_DEVICES (what Slurm's GPU binding sets),
+  else the node's allocation, else the /dev/nvidiaN device files; None on a CPU node."""
+  if env.get("CUDA_VISIBLE_DEVICES") is not None:
+    return len([d for d in env["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()])
+  if "SLURM_GPUS_ON_NODE" in env:
+    return int(env["SLURM_GPUS_ON_NODE"])
+  count = len([f for f in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", f)]) \
+      if os.path.isdir("/dev") else 0
+  return count or None
 
 
 def slurm_local_device_ids(env: Mapping[str, str]) -> list[int] | None:
-  """This task's GPU ids on its node (None: all visible devices, e.g. Slurm already bound
-  CUDA_VISIBLE_DEVICES to the task's GPUs)."""
+  """The local GPU ids this Slurm task owns, always explicit (None only on a CPU node).
+
+  Why explicit: given None, `jax.distributed.initialize` applies its own Slurm rule,
+  `[SLURM_LOCALID]`, which gives one task per node a single GPU of eight, and a task whose
+  one GPU Slurm bound (CUDA_VISIBLE_DEVICES=3, seen as device 0) a device that does not exist.
+  The layouts (`python -m launch.slurm --dry_run` prints which one a job gets):
+  - one task per node with N GPUs: all N;
+  - k tasks per node, all GPUs visible to each: task `SLURM_LOCALID` gets its N/k consecutive ids;
+  - tasks bound by Slurm (`--gpus-per-task`, CUDA_VISIBLE_DEVICES holds only the task's GPUs):
+    all the task sees, [0, .., g-1].
+  """
+  visible = _visible_gpus(env)
+  if not visible:
+    return None
+  tasks = _tasks_on_this_node(env)
+  node_gpus = int(env.get("SLURM_GPUS_ON_NODE", visible))
+  bound = env.get("CUDA_VISIBLE_DEVICES") is not None and (visible < tasks or visible < node_gpus)
   if "SLURM_GPUS_PER_TASK" in env:
-    per_task = _leading_int(env["SLURM_GPUS_PER_TASK"])
-  elif "SLURM_GPUS_ON_NODE" in env and "SLURM_NTASKS_PER_NODE" in env:
-    per_task = int(env["SLURM_GPUS_ON_NODE"]) // _leading_int(env["SLURM_NTASKS_PER_NODE"])
+    per_task = int(re.match(r"\d+", env["SLURM_GPUS_PER_TASK"].split(":")[-1]).group())
   else:
-    return None
-  visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
-  if per_task < 1 or len(visible) == per_task:
-    return None
+    per_task = visible if bound else visible // tasks
+  if per_task < 1:
+    raise ValueError(f"Slurm gives {tasks} tasks on this node but only {visible} GPUs: use at "
+                     "most one task per GPU (--ntasks-per-node <= --gpus-per-node)")
+  if bound or visible <= per_task:            # the task sees only its own GPUs (or one task)
+    return list(range(visible))
   local = int(env.get("SLURM_LOCALID", "0"))
+  if (local + 1) * per_task > visible:
+    raise ValueError(f"Slurm task SLURM_LOCALID={local} with {per_task} GPUs each needs "
+                     f"{(local + 1) * per_task} visible GPUs, this node shows {visible}")
   return list(range(local * per_task, (local + 1) * per_task))
 
 
 def slurm_topology(env: Mapping[str, str]) -> dict | None:
-  """initialize() arguments for a multi-task Slurm step, or None outside one."""
+  """initialize() arguments for a multi-task Slurm step (None outside one): the local GPUs
+  explicitly; coordinator, process count and id are left to JAX's own Slurm detection."""
   tasks = env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS"))
-  nodes = env.get("SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST"))
-  if "SLURM_PROCID" not in env or tasks is None or nodes is None or int(tasks) < 2:
+  if "SLURM_PROCID" not in env or tasks is None or int(tasks) < 2:
     return None
-  port = _SLURM_PORT_BASE + int(env.get("SLURM_JOB_ID", "0")) % 20_000
-  return dict(coordinator_address=f"{parse_hostlist(nodes)[0]}:{port}",
-              num_processes=int(tasks), process_id=int(env["SLURM_PROCID"]),
-              local_device_ids=slurm_local_device_ids(env))
+  return dict(local_device_ids=slurm_local_device_ids(env))
 
 
 def _is_multihost_tpu(env: Mapping[str, str]) -> bool:
