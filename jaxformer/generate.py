@@ -72,7 +72,8 @@ def filter_logits(logits, *, top_k: int | None = None, top_p: float | None = Non
 
 def generate(model_config: Any, params: Any, prompt, *, max_new_tokens: int,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-             seed: int = 0, max_len: int | None = None) -> np.ndarray:
+             seed: int = 0, max_len: int | None = None,
+             vocab_limit: int | None = None) -> np.ndarray:
   """Sample `max_new_tokens` tokens after `prompt` from a decoder LM.
 
   Args:
@@ -86,6 +87,8 @@ def generate(model_config: Any, params: Any, prompt, *, max_new_tokens: int,
     top_k, top_p: sampling filters (see `filter_logits`); ignored when temperature == 0.
     seed: the sampling seed (an int, taken mod 2**32); the same seed gives the same tokens.
     max_len: length of the KV cache (default P + max_new_tokens; must be at least that).
+    vocab_limit: ids >= this are never produced (greedy or sampled): a model vocabulary
+      padded past the tokenizer's (e.g. to a multiple of the mesh) has rows no text maps to.
 
   Returns:
     np.ndarray int32 [B, P + max_new_tokens] (or [P + max_new_tokens]): prompt then samples.
@@ -105,6 +108,12 @@ def generate(model_config: Any, params: Any, prompt, *, max_new_tokens: int,
   _check_top_p(top_p)
   if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
     raise ValueError(f"seed={seed!r} must be an int")
+  vocab = cfg.get("vocab_size")
+  if vocab_limit is not None and (
+      isinstance(vocab_limit, bool) or not isinstance(vocab_limit, numbers.Integral)
+      or not 1 <= vocab_limit <= (vocab if isinstance(vocab, int) else vocab_limit)):
+    raise ValueError(f"vocab_limit={vocab_limit!r} must be an int in [1, model.vocab_size="
+                     f"{vocab}] (the tokenizer's vocabulary size)")
 
   tokens = np.asarray(prompt)
   if tokens.dtype.kind not in "iu":
@@ -115,7 +124,6 @@ def generate(model_config: Any, params: Any, prompt, *, max_new_tokens: int,
   squeeze = tokens.ndim == 1
   if squeeze:
     tokens = tokens[None]
-  vocab = cfg.get("vocab_size")
   if isinstance(vocab, int) and (tokens.min() < 0 or tokens.max() >= vocab):
     raise ValueError(f"prompt token ids must be in [0, vocab_size={vocab}); got range "
                      f"[{tokens.min()}, {tokens.max()}]")
@@ -145,15 +153,17 @@ def generate(model_config: Any, params: Any, prompt, *, max_new_tokens: int,
                   jnp.uint32(int(seed) % 2**32), max_new_tokens=int(max_new_tokens),
                   cache_len=int(max_len), greedy=greedy,
                   top_k=None if greedy or top_k is None else int(top_k),
-                  top_p=None if greedy or top_p is None or top_p == 1 else float(top_p))
+                  top_p=None if greedy or top_p is None or top_p == 1 else float(top_p),
+                  vocab_limit=None if vocab_limit is None or vocab_limit == vocab
+                  else int(vocab_limit))
   out = np.asarray(out, np.int32)
   return out[0] if squeeze else out
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "cache_len", "greedy",
-                                             "top_k", "top_p"))
+                                             "top_k", "top_p", "vocab_limit"))
 def _generate(model, params, prompt, temperature, seed, *, max_new_tokens, cache_len, greedy,
-              top_k, top_p):
+              top_k, top_p, vocab_limit):
   batch, prompt_len = prompt.shape
   # The cache starts as zeros (what `init` allocates); only its shapes are traced here.
   shapes = jax.eval_shape(
@@ -170,6 +180,8 @@ def _generate(model, params, prompt, temperature, seed, *, max_new_tokens, cache
     return logits[:, -1], state["cache"]
 
   def sample(logits, index):
+    if vocab_limit is not None:                  # padded rows: never a token
+      logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_limit, logits, -jnp.inf)
     if greedy:
       return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     logits = filter_logits(logits / temperature, top_k=top_k, top_p=top_p)

@@ -48,7 +48,8 @@ def load_run(workdir: str, *, which: str = "latest"):
 def sample_text(config, params, tokenizer, *, prompt: str, max_new_tokens: int,
                 temperature: float = 0.8, top_k: int | None = None,
                 top_p: float | None = None, seed: int = 0) -> str:
-  """prompt + max_new_tokens sampled characters.
+  """prompt + max_new_tokens sampled tokens, decoded (ids past the tokenizer's vocabulary,
+  i.e. a padded model vocabulary, are never sampled).
 
   Models with learned positions cannot look past model.max_len, so beyond it generation
   continues in chunks of max_len // 2 tokens conditioned on the last max_len // 2 (the
@@ -64,7 +65,8 @@ def sample_text(config, params, tokenizer, *, prompt: str, max_new_tokens: int,
     n = remaining if limit is None else min(remaining, limit - len(ids))
     chunk_seed = int(np.random.SeedSequence([seed, chunk]).generate_state(1)[0])
     new = generate(m, params, np.asarray(ids), max_new_tokens=n, temperature=temperature,
-                   top_k=top_k, top_p=top_p, seed=chunk_seed)[len(ids):]
+                   top_k=top_k, top_p=top_p, seed=chunk_seed,
+                   vocab_limit=min(tokenizer.vocab_size, m.vocab_size))[len(ids):]
     out.extend(new.tolist())
     remaining -= n
     chunk += 1

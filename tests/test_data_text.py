@@ -454,3 +454,40 @@ def test_batch_size_arguments_are_checked(tmp_path, data_dir, small_file):
   with pytest.raises(ValueError, match="task='seq2seq'"):
     text.make_text_pipeline(cfg, "seq2seq", seed=0, global_batch_size=4, eval_batch_size=4,
                             workdir=str(tmp_path), data_dir=data_dir)
+
+
+def _hf_tokenizer(tmp_path):
+  from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+  hf = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+  hf.pre_tokenizer = pre_tokenizers.Whitespace()
+  hf.train_from_iterator([SMALL_TEXT], trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+  hf.save(str(tmp_path / "tokenizer.json"))
+  return tokenizers.make_tokenizer(f"hf:{tmp_path / 'tokenizer.json'}", lambda: [],
+                                   tmp_path / "run")
+
+
+@pytest.mark.parametrize("kind", ["char", "spm", "hf"])
+def test_padded_vocabulary_samples_decode_and_bad_ids_are_refused(tmp_path, kind):
+  """Every tokenizer kind: decode refuses ids past its vocabulary (and negative ones) with a
+  clear error, and sampling from a model whose vocabulary is padded far past the tokenizer's
+  never produces such an id."""
+  import jax
+  from flax import linen as nn
+  from jaxformer import models
+  from jaxformer.sampling import sample_text
+  lines = SMALL_TEXT.split("\n\n")
+  tok = {"char": lambda: tokenizers.make_tokenizer("char", lambda: lines, tmp_path / "c"),
+         "spm": lambda: tokenizers.make_tokenizer("spm:bpe:400", lambda: lines, tmp_path / "s"),
+         "hf": lambda: _hf_tokenizer(tmp_path)}[kind]()
+  for bad in (tok.vocab_size, -1):
+    with pytest.raises(ValueError, match=rf"token id {bad} is outside the tokenizer's "
+                                         rf"vocabulary \[0, {tok.vocab_size}\)"):
+      tok.decode([0, bad])
+  vocab = 4 * tok.vocab_size                 # 3/4 of the model's ids have no token
+  cfg = ConfigDict(dict(family="decoder", vocab_size=vocab, d_model=16, num_layers=1,
+                        num_heads=2, mlp_dim=32, max_len=48))
+  params = nn.unbox(models.build(cfg).init(jax.random.key(0), np.zeros((1, 4), np.int32)))
+  for seed in range(3):
+    text = sample_text(ConfigDict(dict(model=cfg)), params["params"], tok, prompt="ROMEO:", max_new_tokens=40,
+                       temperature=1.0, seed=seed)
+    assert isinstance(text, str) and len(text) > 0

@@ -233,3 +233,17 @@ def test_rope_model_may_exceed_max_len(monkeypatch):
   assert out.shape == (2, 75)
   assert seen == dict(max_new_tokens=70, cache_len=75, greedy=False, top_k=None, top_p=None,
                       decode=True)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, None, None), (1.0, None, None),
+                                                       (2.0, 3, None), (1.0, None, 0.9)])
+def test_vocab_limit_never_produces_padded_ids(model_params, temperature, top_k, top_p):
+  """A model vocabulary padded past the tokenizer's: ids >= vocab_limit are never drawn."""
+  _, params = model_params("gpt")
+  kw = dict(max_new_tokens=24, temperature=temperature, top_k=top_k, top_p=top_p, seed=1)
+  free = generate(GPT, params, PROMPT, **kw)[:, 5:]
+  assert free.max() >= 4                              # unlimited, the padded ids do come up
+  limited = generate(GPT, params, PROMPT, vocab_limit=4, **kw)[:, 5:]
+  assert limited.min() >= 0 and limited.max() < 4
+  with pytest.raises(ValueError, match="vocab_limit=38 must be an int in"):
+    generate(GPT, params, PROMPT, vocab_limit=38, **kw)

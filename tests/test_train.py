@@ -214,3 +214,31 @@ def test_bfloat16_pallas_run_then_a_changed_model_is_refused_unless_fresh(tmp_pa
     loop.train(cfg, workdir)
   loop.train(cfg, workdir, fresh=True)
   assert json.load(open(os.path.join(workdir, "config.json")))["model"]["d_model"] == 48
+
+
+def test_tensor_parallel_run_with_a_padded_vocabulary_samples(tmp_path):
+  """The README's tensor-parallel command pads the vocabulary (65 chars -> a multiple of
+  mesh.model); here 512, so most ids have no character: the end-of-training sample and later
+  samples decode, for several seeds."""
+  cfg = tiny_config(steps=2, log_every=1, eval_every=2, checkpoint_every=2, sample_tokens=40)
+  cfg.mesh.update(data=-1, model=2, fsdp=True)
+  cfg.model.vocab_size = 512
+  workdir = str(tmp_path / "tp")
+  loop.train(cfg, workdir)
+  with open(os.path.join(workdir, "samples.txt")) as f:
+    assert f.read().startswith("--- step 2\n")
+  config, params, tokenizer = load_run(workdir)
+  for seed in range(3):
+    assert len(sample_text(config, params, tokenizer, prompt="ROMEO:", max_new_tokens=50,
+                           seed=seed)) == 56
+
+
+def test_a_failing_end_of_training_sample_does_not_fail_the_run(tmp_path, monkeypatch, capsys):
+  def broken(*args, **kwargs):
+    raise RuntimeError("sampler exploded")
+  monkeypatch.setattr(loop.sampling, "sample_text", broken)
+  workdir = str(tmp_path / "run")
+  last = loop.train(tiny_config(steps=4, eval_every=4, checkpoint_every=4, sample_tokens=10),
+                    workdir)
+  assert last["step"] == 4 and os.path.isdir(os.path.join(workdir, "checkpoints", "4"))
+  assert "sample after 4 steps failed (RuntimeError: sampler exploded)" in capsys.readouterr().out

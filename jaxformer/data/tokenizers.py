@@ -62,6 +62,18 @@ def _sha256(data: bytes) -> str:
   return hashlib.sha256(data).hexdigest()
 
 
+def checked_ids(ids, vocab_size: int) -> list[int]:
+  """ids as a flat list of ints, each in [0, vocab_size); a clear error otherwise (a padded
+  model vocabulary has ids no tokenizer entry maps to)."""
+  flat = [int(i) for i in np.asarray(ids).reshape(-1)]
+  bad = [i for i in flat if not 0 <= i < vocab_size]
+  if bad:
+    raise ValueError(f"token id {bad[0]} is outside the tokenizer's vocabulary [0, "
+                     f"{vocab_size}) ({len(bad)} such ids); a model vocabulary padded past "
+                     "the tokenizer's must not emit them (generate(..., vocab_limit=...))")
+  return flat
+
+
 def _code_points(text: str) -> np.ndarray:
   return np.frombuffer(text.encode("utf-32-le"), np.uint32)
 
@@ -91,7 +103,7 @@ class CharTokenizer:
     return ids.astype(np.int32)
 
   def decode(self, ids) -> str:
-    return "".join(self.chars[int(i)] for i in np.asarray(ids).reshape(-1))
+    return "".join(self.chars[i] for i in checked_ids(ids, self.vocab_size))
 
   def fingerprint(self) -> str:
     return _sha256(f"char:{self.chars}".encode())
@@ -139,7 +151,7 @@ class SentencePieceTokenizer:
     return np.asarray(self._sp.encode(text), np.int32)
 
   def decode(self, ids) -> str:
-    return self._sp.decode([int(i) for i in np.asarray(ids).reshape(-1)])
+    return self._sp.decode(checked_ids(ids, self.vocab_size))
 
   def fingerprint(self) -> str:
     return _sha256(self.model_proto)
@@ -212,8 +224,7 @@ class HuggingFaceTokenizer:
     return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, np.int32)
 
   def decode(self, ids) -> str:
-    return self._tok.decode([int(i) for i in np.asarray(ids).reshape(-1)],
-                            skip_special_tokens=False)
+    return self._tok.decode(checked_ids(ids, self.vocab_size), skip_special_tokens=False)
 
   def fingerprint(self) -> str:
     return _sha256(self.json_text.encode())

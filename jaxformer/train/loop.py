@@ -359,13 +359,23 @@ def _scalars(record: dict) -> dict:
 
 
 def _write_sample(config, params, tokenizer, workdir, step: int):
-  """Append a seeded sample of the current model to samples.txt (and print it)."""
+  """Append a seeded sample of the current model to samples.txt (and print it).
+
+  A sample is a by-product: if it fails, the error is logged and training (or the finished
+  run, whose checkpoints are already saved) goes on."""
   t = config.train
   if jax.process_count() > 1:          # every process samples from the whole params
     params = multihost_utils.process_allgather(params, tiled=True)
-  text = sampling.sample_text(config, params, tokenizer, prompt=t.get("sample_prompt", "\n"),
-                              max_new_tokens=t.sample_tokens, temperature=0.8, top_k=20,
-                              seed=t.seed)
+  try:
+    text = sampling.sample_text(config, params, tokenizer, prompt=t.get("sample_prompt", "\n"),
+                                max_new_tokens=t.sample_tokens, temperature=0.8, top_k=20,
+                                seed=t.seed)
+  except Exception as e:  # noqa: BLE001  (never fail a run for its sample)
+    logging.exception("sample after %d steps failed; the run's checkpoints and metrics are "
+                      "kept", step)
+    print(f"warning: sample after {step} steps failed ({type(e).__name__}: {e}); the run "
+          "itself is complete", flush=True)
+    return
   if jax.process_index() == 0:
     with open(os.path.join(workdir, "samples.txt"), "a") as f:
       f.write(f"--- step {step}\n{text}\n")
