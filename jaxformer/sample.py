@@ -4,8 +4,9 @@ Samples text from the latest (or --checkpoint=best) checkpoint of a training run
 reproducible (greedy with --temperature=0).
 """
 
-from absl import app, flags, logging
+from absl import flags, logging
 
+from jaxformer import cli
 from jaxformer.sampling import load_run, sample_text
 
 flags.DEFINE_string("workdir", None, "Training run directory.")
@@ -31,4 +32,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_absl(main)

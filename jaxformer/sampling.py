@@ -24,8 +24,16 @@ def load_run(workdir: str, *, which: str = "latest"):
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise ValueError(f"--workdir={workdir!r} holds no training run (no config.json)")
-  with open(path) as f:
-    config = ConfigDict(json.load(f))
+  try:
+    with open(path) as f:
+      config = ConfigDict(json.load(f))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{path} is not valid JSON ({e}); it is written by training: restore "
+                     "it or retrain in a new --workdir") from e
+  directory = os.path.join(workdir, "best" if which == "best" else "checkpoints")
+  if not os.path.isdir(directory) or not os.listdir(directory):   # read-only: create nothing
+    raise ValueError(f"--workdir={workdir!r} has no {which} checkpoint yet ({directory} is "
+                     "empty or missing); train it first, or pick --checkpoint=latest|best")
   _, _, init_boxed = loop.train_state_fns(config)
   abstract = nn.unbox(jax.eval_shape(init_boxed))
   if which == "best":
@@ -57,6 +65,9 @@ def sample_text(config, params, tokenizer, *, prompt: str, max_new_tokens: int,
   """
   if not prompt:
     raise ValueError("--prompt must not be empty")
+  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
+      max_new_tokens < 1):
+    raise ValueError(f"--max_new_tokens={max_new_tokens!r} must be an int >= 1")
   m = config.model
   limit = m.max_len if m.get("positions", "learned") == "learned" else None
   out, remaining, chunk = tokenizer.encode(prompt).tolist(), max_new_tokens, 0

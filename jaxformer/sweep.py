@@ -507,7 +507,7 @@ def _define_flags():
 
 
 if __name__ == "__main__":
-  from absl import app
+  from jaxformer import cli
 
   _define_flags()
-  app.run(main)
+  cli.run_absl(main)

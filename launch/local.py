@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Mapping, Sequence
 
+from jaxformer import cli
+
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 _GRACE_SECONDS = 10.0
 
@@ -149,12 +151,13 @@ def run_local(cmd: Sequence[str], num_processes: int, devices_per_process: int,
   return _run(cmd, num_processes, devices_per_process, env, timeout, platform, echo).results()
 
 
+@cli.user_errors
 def main(argv: Sequence[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   cmd = argv[argv.index("--") + 1:] if "--" in argv else []
   flags = argv[:argv.index("--")] if "--" in argv else argv
-  parser = argparse.ArgumentParser(prog="python -m launch.local", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli.ArgumentParser(prog="python -m launch.local", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--num_processes", type=int, default=2)
   parser.add_argument("--devices_per_process", type=int, default=1,
                       help="CPU devices per process (XLA_FLAGS)")

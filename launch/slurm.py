@@ -34,6 +34,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from jaxformer import cli
+
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{2}){0,2}$")
 
 
@@ -145,9 +147,9 @@ def _env_assignment(entry: str) -> str:
   return f"{name}={shlex.quote(value)}"
 
 
-def parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m launch.slurm", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> cli.ArgumentParser:
+  p = cli.ArgumentParser(prog="python -m launch.slurm", description=__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--job_name", "--job-name", default="jaxformer")
   p.add_argument("--nodes", type=int, default=1)
   p.add_argument("--ntasks_per_node", "--ntasks-per-node", type=int, default=1,

@@ -32,6 +32,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from jaxformer import cli
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERBS = ("create", "delete", "setup", "run", "sweep")
 
@@ -110,9 +112,9 @@ def commands(args: argparse.Namespace, command: Sequence[str]) -> list[list[str]
           "setup": setup_commands}[args.verb](args)
 
 
-def parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m launch.tpu", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> cli.ArgumentParser:
+  p = cli.ArgumentParser(prog="python -m launch.tpu", description=__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("verb", choices=VERBS)
   p.add_argument("--tpu", required=True, help="TPU VM name")
   p.add_argument("--zone", required=True, help="e.g. us-west4-a")

@@ -329,3 +329,34 @@ def test_unsupported_options(tmp_path):
   with pytest.raises(ValueError, match="no Hugging Face equivalent"):
     hf.save(dict(family="decoder", vocab_size=VOCAB, d_model=32, num_layers=1, num_heads=4,
                  mlp_dim=64, positions="alibi"), {}, tmp_path / "alibi")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_low_precision_safetensors_load_cast_to_float32(tmp_path, dtype):
+  """Checkpoints stored in every floating dtype torch writes to safetensors load, each weight
+  equal to the float32 weights rounded to that dtype."""
+  import ml_dtypes
+  model = _make("llama_gqa")
+  model.save_pretrained(tmp_path / "f32")
+  _, params = hf.load(tmp_path / "f32")
+  model.to(getattr(torch, dtype)).save_pretrained(tmp_path / dtype)
+  _, low = hf.load(tmp_path / dtype)
+  rounded = getattr(ml_dtypes, dtype) if not hasattr(np, dtype) else np.dtype(dtype)
+  _assert_same_params(jax.tree.map(lambda x: x.astype(rounded).astype(np.float32), params), low)
+
+
+def test_unreadable_checkpoint_files_name_the_file(tmp_path):
+  model = _make("llama_gqa")
+  model.save_pretrained(tmp_path / "ok")
+  weights = tmp_path / "ok" / "model.safetensors"
+  weights.write_bytes(weights.read_bytes()[:1000])              # truncated download
+  with pytest.raises(ValueError, match=r"model.safetensors is not a readable safetensors"):
+    hf.load(tmp_path / "ok")
+  (tmp_path / "ok" / "config.json").write_text("{not json")
+  with pytest.raises(ValueError, match=r"config.json is not valid JSON"):
+    hf.load(tmp_path / "ok")
+  header = json.dumps({"w": {"dtype": "F6_E3M2", "shape": [4], "data_offsets": [0, 3]}})
+  (tmp_path / "x.safetensors").write_bytes(len(header).to_bytes(8, "little") + header.encode()
+                                           + bytes(3))
+  with pytest.raises(ValueError, match=r"tensor 'w' has dtype F6_E3M2, which jaxformer cannot"):
+    hf._read_safetensors_raw(str(tmp_path / "x.safetensors"), ["w"])

@@ -108,11 +108,17 @@ def _to_float32(x: np.ndarray) -> np.ndarray:
   return x.astype(np.float32) if x.dtype.kind in "fV" else x
 
 
+def _ml_dtypes() -> dict:
+  """safetensors dtype names NumPy lacks -> ml_dtypes types (one byte per element or more;
+  the sub-byte packed types F4/F6 are not listed and are refused by name)."""
+  import ml_dtypes
+  return {"BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn,
+          "F8_E5M2": ml_dtypes.float8_e5m2, "F8_E8M0": ml_dtypes.float8_e8m0fnu}
+
+
 def _read_safetensors_raw(file: str, names) -> dict[str, np.ndarray]:
   """Tensors whose dtype NumPy lacks (bfloat16, float8), decoded with ml_dtypes."""
-  import ml_dtypes
-  dtypes = {"BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn,
-            "F8_E5M2": ml_dtypes.float8_e5m2}
+  dtypes = _ml_dtypes()
   out = {}
   with open(file, "rb") as fh:
     n = int.from_bytes(fh.read(8), "little")
@@ -120,8 +126,9 @@ def _read_safetensors_raw(file: str, names) -> dict[str, np.ndarray]:
     for name in names:
       info = header[name]
       if info["dtype"] not in dtypes:
-        raise ValueError(f"{file}: tensor {name!r} has dtype {info['dtype']}, which cannot be "
-                         "read")
+        raise ValueError(f"{file}: tensor {name!r} has dtype {info['dtype']}, which jaxformer "
+                         f"cannot read (readable: NumPy's and {sorted(dtypes)}); convert the "
+                         "checkpoint to bfloat16 or float32 first")
       start, end = info["data_offsets"]
       fh.seek(8 + n + start)
       out[name] = np.frombuffer(fh.read(end - start), dtypes[info["dtype"]]).reshape(
@@ -141,12 +148,18 @@ def _safetensors():
 def _read_safetensors(file: str) -> dict[str, np.ndarray]:
   safe_open = _safetensors().safe_open
   out, raw = {}, []
-  with safe_open(file, framework="np") as f:
-    for name in f.keys():
-      try:
-        out[name] = f.get_tensor(name)
-      except TypeError:                       # e.g. "data type 'bfloat16' not understood"
-        raw.append(name)
+  try:
+    with safe_open(file, framework="np") as f:
+      for name in f.keys():
+        try:
+          out[name] = f.get_tensor(name)
+        except (TypeError, AttributeError):     # "data type 'bfloat16' not understood", or
+          raw.append(name)                      # "numpy has no attribute 'float8_e4m3fn'"
+  except Exception as e:  # noqa: BLE001  (safetensors' own error type is not importable)
+    if type(e).__name__ != "SafetensorError":
+      raise
+    raise ValueError(f"{file} is not a readable safetensors file ({e}); it may be truncated: "
+                     "download or save it again") from e
   out.update(_read_safetensors_raw(file, raw))
   return {k: _to_float32(v) for k, v in out.items()}
 
@@ -733,8 +746,12 @@ def load(path: str | os.PathLike):
   if not os.path.exists(config_file):
     raise ValueError(f"{path} has no config.json (expected a transformers checkpoint "
                      "directory)")
-  with open(config_file) as f:
-    hc = json.load(f)
+  try:
+    with open(config_file) as f:
+      hc = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{config_file} is not valid JSON ({e}); restore the checkpoint's "
+                     "config.json") from e
   arch = _architecture(hc, path)
   family, kind = ARCHITECTURES[arch]
   tensors = _normalise_names(_read_tensors(path), kind)

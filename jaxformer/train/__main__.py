@@ -1,9 +1,9 @@
 """python -m jaxformer.train --config=configs/<name>.py[:arg] --workdir=DIR [--config.a.b=v]"""
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from jaxformer import parallel
+from jaxformer import cli, parallel
 from jaxformer.train.loop import train
 
 config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
@@ -20,4 +20,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_absl(main)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import pathlib
 import shutil
@@ -29,29 +30,64 @@ from jaxformer.train import (attention_maps, checkpoint, optim, plots, profiling
 from jaxformer.train.metrics import MetricsWriter, read
 from jaxformer.train.tensorboard import SummaryWriter
 
-_POSITIVE_INTS = ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every")
+def _is_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# (field, check, what it must be); a None value means "not set" and passes where it is optional
+_RANGES = (
+    ("train.steps", lambda v: _is_int(v) and v >= 1, "an int >= 1"),
+    ("train.batch_size", lambda v: _is_int(v) and v >= 1, "an int >= 1"),
+    ("train.log_every", lambda v: _is_int(v) and v >= 1, "an int >= 1"),
+    ("train.eval_every", lambda v: _is_int(v) and v >= 1, "an int >= 1"),
+    ("train.checkpoint_every", lambda v: _is_int(v) and v >= 1, "an int >= 1"),
+    ("train.seed", _is_int, "an int"),
+    ("train.eval_batch_size", lambda v: v is None or _is_int(v) and v >= 1, "an int >= 1"),
+    ("train.keep_checkpoints", lambda v: v is None or _is_int(v) and v >= 1, "an int >= 1"),
+    ("train.keep_best", lambda v: v is None or _is_int(v) and v >= 0, "an int >= 0 (0: off)"),
+    ("train.max_skipped_steps", lambda v: v is None or _is_int(v) and v >= 1, "an int >= 1"),
+    ("train.sample_tokens", lambda v: v is None or _is_int(v) and v >= 0, "an int >= 0"),
+    ("train.sample_every", lambda v: v is None or _is_int(v) and v >= 0,
+     "an int >= 0 (0: only at the end)"),
+    ("train.label_smoothing", lambda v: v is None or _is_number(v) and 0 <= v < 1,
+     "a number in [0, 1)"),
+    ("train.z_loss", lambda v: v is None or _is_number(v) and v >= 0, "a number >= 0"),
+    ("optim.lr", lambda v: _is_number(v) and v > 0, "a finite number > 0"),
+    ("optim.warmup_steps", lambda v: _is_int(v) and v >= 0, "an int >= 0"),
+    ("optim.decay_steps", lambda v: v is None or _is_int(v) and v >= 1, "an int >= 1"),
+    ("optim.min_lr_ratio", lambda v: v is None or _is_number(v) and 0 <= v <= 1,
+     "a number in [0, 1]"),
+    ("optim.weight_decay", lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    ("optim.clip", lambda v: v is None or _is_number(v) and v >= 0, "a number >= 0 (0: off)"),
+    ("optim.b1", lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
+    ("optim.b2", lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
+    ("optim.eps", lambda v: v is None or _is_number(v) and v > 0, "a number > 0"),
+    ("optim.grad_accum", lambda v: v is None or _is_int(v) and v >= 1, "an int >= 1"),
+    ("data.seq_len", lambda v: v is None or _is_int(v) and v >= 1, "an int >= 1"),
+)
 
 
 def _validate(config):
   """Config checks that need no data and no compilation (the model's own via models.build)."""
   tasks.task_for(config.model)
-  for key in _POSITIVE_INTS:
-    value = config.train.get(key)
-    if not isinstance(value, int) or value < 1:
-      raise ValueError(f"train.{key}={value!r} must be an int >= 1")
-  accum = config.optim.get("grad_accum", 1)
-  if not isinstance(accum, int) or accum < 1:
-    raise ValueError(f"optim.grad_accum={accum!r} must be an int >= 1")
-  if config.train.batch_size % (accum * jax.process_count()):
-    raise ValueError(f"train.batch_size={config.train.batch_size} must be divisible by "
+  for field, ok, want in _RANGES:
+    section, key = field.split(".")
+    value = config[section].get(key) if section in config else None
+    if not ok(value):
+      raise ValueError(f"{field}={value!r} must be {want}; set --config.{field}=<value>")
+  t = config.train
+  accum = config.optim.get("grad_accum", 1) or 1
+  if t.batch_size % (accum * jax.process_count()):
+    raise ValueError(f"train.batch_size={t.batch_size} must be divisible by "
                      f"optim.grad_accum={accum} x {jax.process_count()} processes")
-  metric = config.train.get("best_metric", "eval_loss")
+  metric = t.get("best_metric", "eval_loss")
   if metric not in ("eval_loss", "eval_accuracy"):
     raise ValueError(f"train.best_metric={metric!r} must be 'eval_loss' or 'eval_accuracy'")
-  profiling.parse_profile_steps(config.train.get("profile_steps"))
-  seq_len = config.data.get("seq_len")
-  if seq_len is not None and (not isinstance(seq_len, int) or seq_len < 1):
-    raise ValueError(f"data.seq_len={seq_len!r} must be an int >= 1")
+  profiling.parse_profile_steps(t.get("profile_steps"))
   models.build(config.model)              # every model field is checked here
 
 
@@ -100,6 +136,12 @@ def _check_workdir_config(config, workdir: str, fresh: bool):
     if changed:
       raise ValueError(f"{workdir} holds a run with a different model (fields {changed}); "
                        "use a new --workdir, or --fresh to discard its checkpoints")
+
+
+def _write_config(config, workdir: str):
+  """config.json, written once the config has passed every check (a rejected first attempt
+  leaves none behind to refuse the corrected rerun)."""
+  path = os.path.join(workdir, "config.json")
   if jax.process_index() == 0:        # atomic: other processes may be reading it
     with open(path + ".tmp", "w") as f:
       f.write(config.to_json(indent=2))
@@ -209,6 +251,7 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
   module, tx, init_boxed = train_state_fns(config)
   abstract = jax.eval_shape(init_boxed)
   state_shardings = plan.state_shardings(abstract)     # divisibility errors: no compile yet
+  _write_config(config, workdir)
   schedule = optim.learning_rate_schedule(config.optim, t.steps)
   dropout_key = jax.random.split(jax.random.key(t.seed))[1]
   ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"),

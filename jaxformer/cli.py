@@ -1,0 +1,138 @@
+"""One error policy for every command line (`train`, `sample`, `sweep`, the launchers).
+
+A user mistake (a bad config key or value, a bad data path or file, an unwritable workdir, a
+missing or unreadable checkpoint) prints one line, `error: <what is wrong and how to fix it>`,
+on stderr and exits with code 2 (`EXIT_USER_ERROR`), with no traceback. Anything else is a
+bug or an environment failure and keeps its full traceback.
+
+What counts as a user mistake: a `ValueError` or `OSError` raised by jaxformer's own code
+(its validation names the field or path and the fix), a flag that does not parse, and an
+unknown `--config.*` key (answered with the closest valid key). The test is where the error
+was raised, not its type alone, so a `ValueError` from inside JAX or NumPy, which would be a
+jaxformer bug, still shows where it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+import os
+import sys
+from typing import Any, Callable, NoReturn
+
+EXIT_USER_ERROR = 2
+_OWN_CODE = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d)
+                  + os.sep for d in ("jaxformer", "configs", "launch"))
+
+
+def fail(message: str) -> NoReturn:
+  """Print `error: message` as one line on stderr and exit with EXIT_USER_ERROR."""
+  line = " ".join(str(message).split())
+  print(f"error: {line}", file=sys.stderr, flush=True)
+  sys.exit(EXIT_USER_ERROR)
+
+
+def is_user_error(error: BaseException) -> bool:
+  """A ValueError/OSError raised in jaxformer's own code (configs and launchers included)."""
+  if not isinstance(error, (ValueError, OSError)):
+    return False
+  tb = error.__traceback__
+  if tb is None:
+    return False
+  while tb.tb_next is not None:
+    tb = tb.tb_next
+  return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_OWN_CODE)
+
+
+def user_errors(main: Callable) -> Callable:
+  """Wrap a CLI main: user mistakes become one line and exit code 2 (see module docstring)."""
+  @functools.wraps(main)
+  def wrapped(*args, **kwargs):
+    try:
+      return main(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001  (re-raised unless it is a user mistake)
+      if is_user_error(e):
+        fail(e)
+      raise
+  return wrapped
+
+
+def config_keys(config: Any, prefix: str = "") -> list[str]:
+  """Every dotted key of a (nested) ConfigDict, leaves and sections."""
+  keys = []
+  for key, value in config.items():
+    keys.append(prefix + key)
+    if hasattr(value, "items"):
+      keys += config_keys(value, prefix + key + ".")
+  return keys
+
+
+def unknown_key_message(config: Any, dotted: str, flag: str = "config") -> str | None:
+  """'unknown config key ...: did you mean ...' when `dotted` is not in `config`, else None.
+  The suggestion is the closest key of the same section, else a key of that name in another
+  section, else the section's keys."""
+  node, parts = config, dotted.split(".")
+  for i, part in enumerate(parts):
+    if not hasattr(node, "keys") or part not in node.keys():
+      section = ".".join(parts[:i])
+      names = sorted(node.keys()) if hasattr(node, "keys") else []
+      close = [f"{section}.{k}" if section else k
+               for k in difflib.get_close_matches(part, names, n=1, cutoff=0.6)]
+      if not close:
+        close = [k for k in config_keys(config)
+                 if difflib.get_close_matches(part, [k.split(".")[-1]], cutoff=0.85)][:1]
+      hint = (f"did you mean --{flag}.{close[0]}?" if close else
+              f"the keys of {section or flag} are {names}")
+      return f"unknown config key {dotted!r} (--{flag}.{dotted}): {hint}"
+    node = node[part]
+  return None
+
+
+def absl_flags_parser(argv: list[str]) -> list[str]:
+  """`app.run(..., flags_parser=absl_flags_parser)`: absl flag errors and unknown
+  `--config.*` keys as one line and exit code 2 instead of a traceback."""
+  from absl import flags
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(f"{e} (see --helpshort)")
+  except (AttributeError, KeyError) as e:           # an unknown --config.* override
+    config = _config_file(argv)
+    for arg in argv[1:] if config is not None else ():
+      if arg.startswith("--config."):
+        message = unknown_key_message(config, arg[len("--config."):].split("=")[0])
+        if message:
+          fail(message)
+    fail(f"a --config.* override names no config key ({e})")
+
+
+def _config_file(argv: list[str]):
+  """The config that `--config=path.py[:arg]` in argv names, loaded as config_flags loads it
+  (None if there is none or it does not load: the original error is reported then)."""
+  import importlib.util
+  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if spec is None:
+    return None
+  path, _, arg = spec.partition(".py:")
+  path = path if path.endswith(".py") else path + ".py"
+  try:
+    module_spec = importlib.util.spec_from_file_location("_jaxformer_cli_config", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+  except Exception:  # noqa: BLE001
+    return None
+
+
+def run_absl(main: Callable) -> None:
+  """`absl.app.run(main)` under the one error policy."""
+  from absl import app
+  app.run(user_errors(main), flags_parser=absl_flags_parser)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """argparse whose usage errors are one line and exit code 2, like every jaxformer CLI."""
+
+  def error(self, message: str) -> NoReturn:
+    fail(f"{message} (see {self.prog} --help)")
