@@ -327,11 +327,9 @@ def select(points: Sequence[Point], *, only: str | None = None,
 
 
 def read_metrics(point_dir: str) -> list[dict]:
+  from jaxformer.train import metrics       # light: no JAX
   path = os.path.join(point_dir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return metrics.read(path) if os.path.exists(path) else []
 
 
 def is_finished(point_dir: str, steps: int) -> bool:

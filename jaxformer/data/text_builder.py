@@ -16,6 +16,7 @@ A user-prepared catalog dataset is read with `"tfds:<name>[/<config>][:<version>
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import fcntl
 import hashlib
@@ -49,12 +50,35 @@ def text_file(source: str) -> pathlib.Path:
   return path
 
 
-def file_digest(path: str | os.PathLike) -> str:
+def file_digest(path: str | os.PathLike, *, source: str | None = None) -> str:
+  """sha256 of the file; with `source` (the data.source naming it) the file must also be
+  UTF-8 text: a binary file (a NUL byte) or another encoding is refused here, naming the file
+  and the byte offset, before any dataset is built from it."""
   digest = hashlib.sha256()
+  decoder = codecs.getincrementaldecoder("utf-8")()
+  offset = 0
   with open(path, "rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):
       digest.update(block)
+      if source is not None:
+        _check_text_block(block, decoder, offset, path, source)
+      offset += len(block)
+  if source is not None:
+    _check_text_block(b"", decoder, offset, path, source, final=True)
   return digest.hexdigest()
+
+
+def _check_text_block(block: bytes, decoder, offset: int, path, source: str, final=False):
+  nul = block.find(b"\0")
+  if nul >= 0:
+    raise ValueError(f"data.source={source!r}: {path} is a binary file (a NUL byte at byte "
+                     f"offset {offset + nul}), not text; give a UTF-8 text file")
+  try:
+    decoder.decode(block, final=final)
+  except UnicodeDecodeError as e:
+    at = offset + e.start - len(decoder.getstate()[0])   # e.start counts pending bytes too
+    raise ValueError(f"data.source={source!r}: {path} is not UTF-8 text (byte offset {at}: "
+                     f"{e.reason}); convert it, e.g. iconv -f latin1 -t utf-8") from None
 
 
 def check_train_fraction(train_fraction: float):
@@ -120,7 +144,7 @@ def local_text_config(source: str, train_fraction: float,
   path = text_file(source)
   fraction = f"{train_fraction:.6g}".replace(".", "p")
   return LocalTextConfig(
-      name=f"sha256_{file_digest(path)[:24]}_train{fraction}_rec{record_chars}",
+      name=f"sha256_{file_digest(path, source=source)[:24]}_train{fraction}_rec{record_chars}",
       path=str(path), train_fraction=float(train_fraction), record_chars=int(record_chars),
       description=f"{path} (train fraction {train_fraction})")
 

@@ -1,5 +1,14 @@
-"""Training: optimizer, steps, checkpoints, metrics and the loop (`python -m jaxformer.train`)."""
+"""Training: optimizer, steps, checkpoints, metrics and the loop (`python -m jaxformer.train`).
 
-from jaxformer.train.loop import train
+`train` is loaded on first use, so light modules (`jaxformer.train.metrics`, `.workdir`) can be
+imported without loading JAX and the whole loop (the sweep driver reads metrics that way).
+"""
 
 __all__ = ["train"]
+
+
+def __getattr__(name):
+  if name == "train":
+    from jaxformer.train.loop import train
+    return train
+  raise AttributeError(f"module 'jaxformer.train' has no attribute {name!r}")

@@ -49,16 +49,28 @@ class Checkpoints:
       try:
         return step, self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
       except Exception as e:  # pylint: disable=broad-except
-        logging.warning("checkpoint at step %d is unreadable (%s: %s); trying an older one",
-                        step, type(e).__name__, e)
         path = os.path.join(self.directory, str(step))
-        os.replace(path, f"{path}.unreadable")
+        aside = _unused_name(f"{path}.unreadable")
+        reason = (str(e).strip().splitlines() or [""])[0][:200]
+        logging.warning("checkpoint at step %d is unreadable (%s: %s); moved to %s, trying "
+                        "an older one", step, type(e).__name__, reason, aside)
+        os.replace(path, aside)
         self.manager.reload()
     return None
 
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _unused_name(path: str) -> str:
+  """path, or path.1, path.2, ...: the first that does not exist (moving a checkpoint aside
+  never fails because an earlier one was moved to the same name)."""
+  candidate, i = path, 0
+  while os.path.exists(candidate):
+    i += 1
+    candidate = f"{path}.{i}"
+  return candidate
 
 
 def abstract(tree):

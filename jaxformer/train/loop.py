@@ -9,12 +9,13 @@ the metrics of an uninterrupted one exactly.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import math
 import os
 import pathlib
-import shutil
 import signal
 
 import jax
@@ -27,6 +28,7 @@ from jaxformer import models, parallel, sampling, scaling
 from jaxformer.data.pipeline import make_pipeline
 from jaxformer.train import (attention_maps, checkpoint, optim, plots, profiling, progress,
                              step as step_lib, tasks)
+from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import MetricsWriter, read
 from jaxformer.train.tensorboard import SummaryWriter
 
@@ -196,14 +198,6 @@ def train_state_fns(config):
   return module, tx, init_boxed
 
 
-def _fresh_start(workdir: str):
-  """--fresh: discard the previous run's checkpoints and metrics (explicitly asked for)."""
-  for name in ("checkpoints", "best"):
-    shutil.rmtree(os.path.join(workdir, name), ignore_errors=True)
-  if os.path.exists(os.path.join(workdir, "metrics.jsonl")):
-    os.remove(os.path.join(workdir, "metrics.jsonl"))
-
-
 def flops_per_step(config, task, batch, process_count: int) -> int:
   """Model FLOPs of one optimizer step (Kaplan's 6N + attention convention, see
   `scaling.flops_per_token`), for the MFU estimate."""
@@ -232,12 +226,30 @@ def evaluate(eval_step, params, pipeline, task, plan) -> dict:
 def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None = None) -> dict:
   """Train (or resume) `config` in `workdir`; returns the last eval record.
 
-  `stop_after` ends the run after that many steps as if preempted (for tests/benchmarks).
+  The config is validated and the workdir checked before anything is written; the workdir is
+  locked for the run (a second training on it is refused at once). `stop_after` ends the run
+  after that many steps as if preempted (for tests/benchmarks).
   """
   _validate(config)
-  os.makedirs(workdir, exist_ok=True)
+  workdir_lib.check_usable(workdir)
+  owner = workdir_lib.Lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
+  with owner:
+    try:
+      return _train(config, workdir, fresh=fresh, stop_after=stop_after)
+    except OSError as e:
+      if e.errno != errno.ENOSPC:
+        raise
+      where = e.filename or "a file"
+      raise ValueError(f"no space left on the device of --workdir={workdir!r} ({where}); free "
+                       "space and rerun: training resumes from the last complete checkpoint"
+                       ) from e
+
+
+def _train(config, workdir: str, *, fresh: bool, stop_after: int | None) -> dict:
   if fresh and jax.process_index() == 0:
-    _fresh_start(workdir)
+    removed = workdir_lib.clear(workdir)
+    print(f"{workdir}: --fresh, removed the previous run's {', '.join(removed) or 'nothing'}",
+          flush=True)
   _check_workdir_config(config, workdir, fresh)
 
   t = config.train
@@ -265,7 +277,9 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
     state, start = plan.init_state(init_boxed)[0], 0
   else:
     start, state = restored
-    logging.info("resuming from step %d", start)
+  if jax.process_index() == 0:
+    print(f"{workdir}: " + (f"resumed from step {start}" if start else "starting fresh"),
+          flush=True)
   if jax.process_index() == 0:
     metrics.truncate_after(start)
   if best is not None:
@@ -316,10 +330,13 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
     if not bool(m["finite"]):
       logging.warning("step %d: non-finite loss or gradient, update skipped", done)
       if int(m["skipped"]) >= max_skipped:
+        saved = ckpts.manager.latest_step()
+        kept = (f"the last checkpoint, step {saved}, in {workdir}/checkpoints is intact and "
+                "a rerun resumes from it" if saved is not None else
+                "no checkpoint was saved before it, so a rerun starts from scratch")
         raise FloatingPointError(
-            f"{max_skipped} non-finite steps in a row at step {done}; stopping. The last "
-            f"good checkpoint in {workdir}/checkpoints is intact (lower optim.lr or check "
-            "the data)")
+            f"{max_skipped} non-finite steps in a row at step {done}; stopping: {kept} "
+            "(lower optim.lr or check the data)")
 
   previous = None
   with _StopRequest() as stop:

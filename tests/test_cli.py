@@ -1,0 +1,187 @@
+"""The command lines' error policy: a user mistake is one line `error: ...` and exit code 2, no
+traceback, nothing written; the workdir lock, --fresh, strict metrics, data file checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxformer import cli
+from jaxformer.train import checkpoint, metrics, workdir as workdir_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "shakespeare_char.py") + ":tiny"
+
+
+def _cli(*args, cwd=None):
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                        cwd=cwd or ROOT, env=env, timeout=240)
+
+
+def _assert_user_error(result, *fragments):
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == cli.EXIT_USER_ERROR, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert lines[-1].startswith("error: "), lines[-3:]
+  for fragment in fragments:
+    assert fragment in lines[-1], lines[-1]
+
+
+def _train(workdir, *overrides):
+  return _cli("jaxformer.train", f"--config={CONFIG}", f"--workdir={workdir}", *overrides)
+
+
+@pytest.mark.parametrize("overrides, fragments", [
+    (["--config.model.nonexistent=3"], ["unknown config key 'model.nonexistent'"]),
+    (["--config.optim.lrr=3"], ["did you mean --config.optim.lr?"]),
+    (["--config.train.num_heads=2"], ["did you mean --config.model.num_heads?"]),
+    (["--config.optim.lr=abc"], ["--config.optim.lr=abc", "could not convert"]),
+    (["--config.optim.lr=-0.001"], ["optim.lr=-0.001 must be a finite number > 0"]),
+    (["--config.optim.warmup_steps=-10"], ["optim.warmup_steps=-10 must be an int >= 0"]),
+])
+def test_train_config_mistakes_are_one_line_and_write_nothing(tmp_path, overrides, fragments):
+  result = _train(tmp_path / "run", *overrides)
+  _assert_user_error(result, *fragments)
+  assert not (tmp_path / "run").exists()
+
+
+def test_rejected_first_attempt_does_not_block_the_corrected_rerun(tmp_path):
+  run = tmp_path / "run"
+  _assert_user_error(_train(run, "--config.model.vocab_size=32"),
+                     "model.vocab_size=32", "--config.model.vocab_size=65")
+  assert not (run / "config.json").exists()
+  from configs import shakespeare_char
+  from jaxformer.train import loop
+  cfg = shakespeare_char.get_config("tiny")
+  cfg.train.update(steps=1, eval_every=1, log_every=1, sample_tokens=0, attention_maps=False)
+  cfg.data.eval_batches = 1
+  assert loop.train(cfg, str(run))["step"] == 1
+
+
+def test_bad_workdirs_and_data_files(tmp_path):
+  (tmp_path / "afile").write_text("x")
+  _assert_user_error(_train(tmp_path / "afile"), "is a file, not a directory")
+  _assert_user_error(_train("/proc/jaxformer_run"), "is not a writable directory")
+  latin = tmp_path / "latin.txt"
+  latin.write_bytes(("hello\n" * 50).encode() + "caf\xe9".encode("latin-1"))
+  _assert_user_error(_train(tmp_path / "r1", f"--config.data.source={latin}"),
+                     "is not UTF-8 text (byte offset 303", "latin.txt")
+  binary = tmp_path / "data.bin"
+  binary.write_bytes(b"abc" * 9 + b"\0\1\2")
+  _assert_user_error(_train(tmp_path / "r2", f"--config.data.source={binary}"),
+                     "is a binary file (a NUL byte at byte offset 27)")
+
+
+def test_sample_and_launcher_mistakes(tmp_path):
+  (tmp_path / "run").mkdir()
+  _assert_user_error(_cli("jaxformer.sample", f"--workdir={tmp_path / 'run'}"),
+                     "holds no training run")
+  (tmp_path / "run" / "config.json").write_text("{broken")
+  _assert_user_error(_cli("jaxformer.sample", f"--workdir={tmp_path / 'run'}"),
+                     "config.json is not valid JSON")
+  _assert_user_error(_cli("jaxformer.sample", f"--workdir={tmp_path / 'run'}",
+                          "--max_new_tokens=x"), "--max_new_tokens")
+  _assert_user_error(_cli("jaxformer.sweep", "--config=configs/sweeps/nope.py",
+                          f"--workdir={tmp_path / 'sw'}"), "nope.py")
+  _assert_user_error(_cli("launch.slurm", "--nodes=0", "--", "python", "x"), "--nodes=0")
+  _assert_user_error(_cli("launch.local", "--bogus"), "unrecognized arguments: --bogus")
+
+
+def test_sample_without_checkpoints_says_so_and_creates_nothing(tmp_path):
+  from configs import shakespeare_char
+  from jaxformer.sampling import load_run
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "config.json").write_text(shakespeare_char.get_config("tiny").to_json())
+  for which in ("latest", "best"):
+    with pytest.raises(ValueError, match=f"has no {which} checkpoint yet"):
+      load_run(str(run), which=which)
+  assert sorted(os.listdir(run)) == ["config.json"]
+
+
+def test_unexpected_errors_keep_their_traceback():
+  from jaxformer.train import loop
+  with pytest.raises(SystemExit) as exit_info:    # raised by jaxformer's validation
+    cli.user_errors(loop._validate)(_bad_steps())
+  assert exit_info.value.code == cli.EXIT_USER_ERROR
+  with pytest.raises(ValueError):                 # raised outside jaxformer (here: the test)
+    cli.user_errors(lambda: (_ for _ in ()).throw(ValueError("a bug elsewhere")))()
+  with pytest.raises(KeyError):
+    cli.user_errors(lambda: {}["x"])()
+  import numpy as np
+  with pytest.raises(ValueError):           # raised inside NumPy: not a user mistake
+    cli.user_errors(lambda: np.reshape(np.zeros(3), (2, 2)))()
+
+
+def _bad_steps():
+  from configs import shakespeare_char
+  cfg = shakespeare_char.get_config("tiny")
+  cfg.train.steps = 0
+  return cfg
+
+
+def test_workdir_lock_refuses_a_second_run_and_survives_a_killed_owner(tmp_path):
+  with workdir_lib.Lock(str(tmp_path)):
+    with pytest.raises(ValueError, match=r"is in use by another training \(pid \d+ on"):
+      with workdir_lib.Lock(str(tmp_path)):
+        pass
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
+       "from jaxformer.train import workdir as w; l = w.Lock(sys.argv[2]).__enter__(); "
+       "print('held', flush=True); time.sleep(60)", ROOT, str(tmp_path)],
+      stdout=subprocess.PIPE, text=True)
+  assert holder.stdout.readline().strip() == "held"
+  with pytest.raises(ValueError, match=f"pid {holder.pid}"):
+    workdir_lib.Lock(str(tmp_path)).__enter__()
+  holder.send_signal(signal.SIGKILL)
+  holder.wait()
+  with workdir_lib.Lock(str(tmp_path)):      # the dead owner's lock is gone with it
+    assert f"pid {os.getpid()}" in open(tmp_path / workdir_lib.LOCK_NAME).read()
+
+
+def test_a_second_training_on_a_locked_workdir_touches_nothing(tmp_path):
+  run = tmp_path / "run"
+  run.mkdir()
+  with workdir_lib.Lock(str(run)):
+    _assert_user_error(_train(run), "is in use by another training")
+  assert os.listdir(run) == [workdir_lib.LOCK_NAME]
+
+
+def test_fresh_clears_every_artifact(tmp_path):
+  for name in ("checkpoints", "best", "attention"):
+    (tmp_path / name).mkdir()
+  for name in ("metrics.jsonl", "samples.txt", "curves.png", "config.json",
+               "events.out.tfevents.1.host", "notes.md"):
+    (tmp_path / name).write_text("x")
+  removed = workdir_lib.clear(str(tmp_path))
+  assert "samples.txt" in removed and "events.out.tfevents.1.host" in removed
+  assert sorted(os.listdir(tmp_path)) == ["notes.md"]       # not the run's: kept
+
+
+def test_metrics_are_strict_json_and_read_back_non_finite(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  writer = metrics.MetricsWriter(str(path))
+  writer.write({"step": 1, "loss": float("nan"), "grad_norm": float("inf"),
+                "moe_load": [0.5, float("-inf")]})
+  def refuse(constant):
+    raise AssertionError(f"non-standard JSON constant {constant}")
+  for line in path.read_text().splitlines():
+    json.loads(line, parse_constant=refuse)
+  [record] = metrics.read(str(path))
+  assert record["loss"] != record["loss"] and record["grad_norm"] == float("inf")
+  assert record["moe_load"] == [0.5, float("-inf")]
+
+
+def test_moving_an_unreadable_checkpoint_aside_never_collides(tmp_path):
+  base = str(tmp_path / "7.unreadable")
+  assert checkpoint._unused_name(base) == base
+  os.makedirs(base)
+  os.makedirs(base + ".1")
+  assert checkpoint._unused_name(base) == base + ".2"
