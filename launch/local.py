@@ -31,13 +31,9 @@ _GRACE_SECONDS = 10.0
 
 
 def free_port() -> int:
-  try:
-    import portpicker  # pylint: disable=import-outside-toplevel
-    return portpicker.pick_unused_port()
-  except ImportError:
-    with socket.socket() as s:
-      s.bind(("localhost", 0))
-      return s.getsockname()[1]
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
 
 
 def process_env(base: Mapping[str, str], *, process_id: int, num_processes: int, port: int,

@@ -63,6 +63,7 @@ from flax import traverse_util
 
 from jaxformer import models
 from jaxformer.models.stack import unstack_layers
+from jaxformer.optional import require
 
 __all__ = ["load", "save", "ARCHITECTURES"]
 
@@ -137,11 +138,8 @@ def _read_safetensors_raw(file: str, names) -> dict[str, np.ndarray]:
 
 
 def _safetensors():
-  try:
-    import safetensors.numpy
-  except ImportError as e:
-    raise ImportError("Hugging Face conversion needs `safetensors` (pip install "
-                      "'jaxformer[hf]')") from e
+  require("safetensors.numpy", extra="hf", needed_for="Hugging Face conversion")
+  import safetensors
   return safetensors
 
 

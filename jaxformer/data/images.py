@@ -34,6 +34,7 @@ import grain
 import numpy as np
 
 from jaxformer.data import batching
+from jaxformer.optional import require
 
 DEFAULT_DATA_DIR = "~/.cache/jaxformer/data"
 CACHE_FORMAT = 1                 # bump when the record layout or meta.json changes
@@ -192,9 +193,9 @@ def _file_fingerprint(paths: Iterable[pathlib.Path]) -> list:
 
 
 def _digits_splits() -> tuple[dict[str, Iterable], tuple, int]:
-  from sklearn.datasets import load_digits
+  datasets = require("sklearn.datasets", extra="vision", needed_for="data.source='digits'")
   from sklearn.model_selection import train_test_split
-  digits = load_digits()
+  digits = datasets.load_digits()
   images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]  # 0..16 -> u8
   x_train, x_test, y_train, y_test = train_test_split(
       images, digits.target, test_size=DIGITS_TEST_SIZE, stratify=digits.target,
@@ -204,7 +205,7 @@ def _digits_splits() -> tuple[dict[str, Iterable], tuple, int]:
 
 
 def _digits_source(root: pathlib.Path) -> ImageSource:
-  import sklearn
+  sklearn = require("sklearn", extra="vision", needed_for="data.source='digits'")
   fingerprint = [sklearn.__version__, DIGITS_TEST_SIZE, DIGITS_SPLIT_SEED]
   return _prepare_cached("digits", root, "digits", fingerprint, _digits_splits)
 

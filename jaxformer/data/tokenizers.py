@@ -20,6 +20,8 @@ from typing import Callable, Iterable, Protocol
 
 import numpy as np
 
+from jaxformer.optional import require
+
 TOKENIZER_FILE = "tokenizer.json"
 SPM_MODEL_FILE = "tokenizer.spm.model"
 HF_MODEL_FILE = "tokenizer.hf.json"
@@ -133,7 +135,7 @@ class SentencePieceTokenizer:
   mask_id = None
 
   def __init__(self, model_proto: bytes, spec: str):
-    import sentencepiece as spm
+    spm = require("sentencepiece", extra="text", needed_for="data.tokenizer='spm:...'")
     self.model_proto, self.spec = model_proto, spec
     self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
     self.bos_id, self.eos_id, self.pad_id = (
@@ -176,7 +178,7 @@ class SentencePieceTokenizer:
   def train(cls, model_type: str, vocab_size: int, texts: Iterable[str], spec: str
             ) -> SentencePieceTokenizer:
     """Deterministic training: one thread, fixed seed, no sentence sampling."""
-    import sentencepiece as spm
+    spm = require("sentencepiece", extra="text", needed_for="data.tokenizer='spm:...'")
     spm.set_random_generator_seed(0)
     model = io.BytesIO()
     sentences = (t for t in itertools.islice(texts, SPM_MAX_TRAINING_TEXTS) if t)
@@ -209,9 +211,9 @@ class HuggingFaceTokenizer:
   kind = "hf"
 
   def __init__(self, json_text: str, spec: str):
-    from tokenizers import Tokenizer as HfTokenizer
+    hf = require("tokenizers", extra="text", needed_for="data.tokenizer='hf:...'")
     self.json_text, self.spec = json_text, spec
-    self._tok = HfTokenizer.from_str(json_text)
+    self._tok = hf.Tokenizer.from_str(json_text)
     for attr, names in HF_SPECIAL_TOKENS.items():
       ids = (self._tok.token_to_id(n) for n in names)
       setattr(self, attr, next((int(i) for i in ids if i is not None), None))
