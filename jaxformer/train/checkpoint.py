@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -47,7 +48,8 @@ class Checkpoints:
     """
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        return step, self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+        with _quiet_asyncio():
+          return step, self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
       except Exception as e:  # pylint: disable=broad-except
         path = os.path.join(self.directory, str(step))
         aside = _unused_name(f"{path}.unreadable")
@@ -61,6 +63,20 @@ class Checkpoints:
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+@contextlib.contextmanager
+def _quiet_asyncio():
+  """A failed restore leaves Orbax's sibling read tasks failing too, and asyncio logs each
+  one's traceback ("Task exception was never retrieved": ~100 lines for one bad file). The
+  one warning restore_latest logs says it all."""
+  logger = logging.getLogger("asyncio")
+  level = logger.level
+  logger.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
 
 
 def _unused_name(path: str) -> str:
