@@ -94,9 +94,9 @@ def absl_flags_parser(argv: list[str]) -> list[str]:
   `--config.*` keys as one line and exit code 2 instead of a traceback."""
   from absl import flags
   try:
-    return flags.FLAGS(argv)
+    rest = flags.FLAGS(argv)
   except flags.Error as e:
-    fail(f"{e} (see --helpshort)")
+    fail(f"{_last_error_line(str(e))} (see --helpshort)")
   except (AttributeError, KeyError) as e:           # an unknown --config.* override
     config = _config_file(argv)
     for arg in argv[1:] if config is not None else ():
@@ -105,6 +105,23 @@ def absl_flags_parser(argv: list[str]) -> list[str]:
         if message:
           fail(message)
     fail(f"a --config.* override names no config key ({e})")
+  if "config" in flags.FLAGS:              # config_flags loads lazily: surface a bad file now
+    try:
+      hasattr(getattr(flags.FLAGS, "config"), "keys")     # a failed load raises on access
+    except Exception as e:  # noqa: BLE001
+      given = next((a for a in argv if a.startswith("--config=")), "--config")
+      fail(f"{given}: the config file does not load ({_last_error_line(str(e))})")
+  return rest
+
+
+def _last_error_line(text: str) -> str:
+  """The message of the innermost exception in `text` (config_flags embeds the traceback of
+  a config file that raised), else the text itself."""
+  lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+  if len(lines) > 1:
+    head = lines[0].split("Traceback")[0].strip()
+    return f"{head} {lines[-1]}".strip()
+  return text
 
 
 def _config_file(argv: list[str]):

@@ -52,6 +52,32 @@ def test_train_config_mistakes_are_one_line_and_write_nothing(tmp_path, override
   assert not (tmp_path / "run").exists()
 
 
+def test_config_files_that_do_not_load(tmp_path):
+  _assert_user_error(_cli("jaxformer.train", "--config=/no/such/config.py",
+                          f"--workdir={tmp_path / 'r'}"),
+                     "--config=/no/such/config.py: the config file does not load",
+                     "No such file")
+  _assert_user_error(_cli("jaxformer.train", f"--config={CONFIG[:-len(':tiny')]}:huge",
+                          f"--workdir={tmp_path / 'r'}"),
+                     "unknown shakespeare_char config 'huge'; valid names")
+  _assert_user_error(_cli("jaxformer.train", f"--config={CONFIG}"), "--workdir")
+
+
+def test_full_disk_is_one_clear_error(tmp_path, monkeypatch):
+  import errno
+  from configs import shakespeare_char
+  from jaxformer.train import loop
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "metrics.jsonl"))
+  monkeypatch.setattr(loop, "_train", full)
+  with pytest.raises(ValueError, match=r"no space left on the device of --workdir=.*"
+                                       r"metrics.jsonl.*resumes from the last complete"):
+    loop.train(shakespeare_char.get_config("tiny"), str(tmp_path))
+  from jaxformer.sampling import sample_text
+  with pytest.raises(ValueError, match=r"--max_new_tokens=-5 must be an int >= 1"):
+    sample_text(None, None, None, prompt="a", max_new_tokens=-5)
+
+
 def test_rejected_first_attempt_does_not_block_the_corrected_rerun(tmp_path):
   run = tmp_path / "run"
   _assert_user_error(_train(run, "--config.model.vocab_size=32"),
