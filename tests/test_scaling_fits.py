@@ -441,3 +441,18 @@ def test_envelope_bad_curves():
     scaling.envelope_optimum([curve, nan, curve])
   with pytest.raises(ValueError, match="one model size holds the whole envelope"):
     scaling.envelope_optimum([curve, curve, curve], samples=0)
+
+
+def test_an_interval_reaching_a_bound_is_a_finding():
+  """A point estimate inside its bounds whose bootstrap interval reaches one is reported: the
+  points do not measure that parameter (the Zhai floor c on MNIST, E of the saturating law)."""
+  from jaxformer.scaling import laws
+  reasons = {"c": {"lower": "no floor is visible", "upper": "all in the floor"}}
+  draws = {"c": np.concatenate([np.zeros(30), np.linspace(1e-3, 5e-3, 70)])}
+  [finding] = laws._bound_findings({"c": 1e-3}, {"c": (0.0, 0.02)}, reasons, draws=draws)
+  assert finding.startswith("c = 0.001, but its 95% interval [0, ") and "lower bound (0)" in (
+      finding) and finding.endswith("no floor is visible")
+  inside = {"c": np.linspace(1e-3, 5e-3, 100)}
+  assert laws._bound_findings({"c": 2e-3}, {"c": (0.0, 0.02)}, reasons, draws=inside) == ()
+  [at] = laws._bound_findings({"c": 0.0}, {"c": (0.0, 0.02)}, reasons, draws=draws)
+  assert "is at its lower bound" in at

@@ -97,13 +97,23 @@ def _least_squares(residual: Callable[[np.ndarray], np.ndarray], starts: Sequenc
   return best.x
 
 
-def _bound_findings(params: dict, bounds: dict, reasons: dict) -> tuple[str, ...]:
+def _bound_findings(params: dict, bounds: dict, reasons: dict,
+                    draws: dict | None = None) -> tuple[str, ...]:
+  """A parameter on its bound, or (short of that) a bootstrap interval that reaches it: either
+  way the points do not measure it, and the reader must be told."""
   out = []
   for key, (low, high) in bounds.items():
     side = stats.at_bound(params[key], low, high)
     if side:
       out.append(f"{key} = {params[key]:.4g} is at its {side} bound "
                  f"({low if side == 'lower' else high:g}): {reasons[key][side]}")
+      continue
+    lo, hi = stats.interval((draws or {}).get(key, ()))
+    for edge, value in (("lower", lo), ("upper", hi)):
+      if np.isfinite(value) and stats.at_bound(value, low, high) == edge:
+        out.append(f"{key} = {params[key]:.4g}, but its 95% interval [{lo:.3g}, {hi:.3g}] "
+                   f"reaches the {edge} bound ({low if edge == 'lower' else high:g}), so "
+                   f"these points do not pin {key} down: {reasons[key][edge]}")
   return tuple(out)
 
 
@@ -142,7 +152,7 @@ def fit_saturating(x: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
 
   params = fit_once(x, loss)
   draws = stats.bootstrap(fit_once, (x, loss), samples=samples, seed=seed)
-  findings = _bound_findings(params, {"E": (0.0, e_max)}, {"E": {
+  findings = _bound_findings(params, {"E": (0.0, e_max)}, draws=draws, reasons={"E": {
       "lower": "no saturation is visible over these points, so the law reduces to Kaplan's "
                "pure power law; E is not measured (more and larger models, or longer runs, "
                "would show whether the loss flattens)",
@@ -228,7 +238,7 @@ def fit_zhai(compute: Any, error: Any, *, samples: int = DEFAULT_SAMPLES,
 
   params = fit_once(c, err)
   draws = stats.bootstrap(fit_once, (c, err), samples=samples, seed=seed)
-  findings = list(_bound_findings(params, {"c": (0.0, err_min)}, {"c": {
+  findings = list(_bound_findings(params, {"c": (0.0, err_min)}, draws=draws, reasons={"c": {
       "lower": "no error floor is visible over this compute range (c is not measured)",
       "upper": "the fit puts all the remaining error in the floor c"}}))
   # d is fitted as log(d / scale) within [log(min C) - 20, log(max C) + 5] (relative units).
