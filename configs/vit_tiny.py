@@ -1,9 +1,11 @@
 """Tiny ViTs on small grey-scale digits: `--config=configs/vit_tiny.py:{mnist,digits}`.
 
-`mnist` (default): MNIST read from IDX files in a directory (`data.source = "mnist:<dir>"`;
-the directory is required: `--config.data.source=mnist:/path/to/mnist`, or $MNIST_DIR). 28x28 images cut into 7x7 patches (16 patches +
-[CLS]), a 4-layer, 128-wide pre-norm encoder, AdamW with cosine decay and small random shifts
-as augmentation: >= 98% test accuracy in a few minutes on a 2-core CPU (see NOTES.md).
+`mnist` (default): MNIST from a directory of IDX files the user gives
+(`--config.data.source=mnist:/path/to/mnist`, or $MNIST_DIR) or a prepared TFDS copy
+(`--config.data.source=tfds:mnist`); with neither, training stops with how to get either.
+28x28 images cut into 7x7 patches (16 patches + [CLS]), a 4-layer, 128-wide pre-norm
+encoder, AdamW with cosine decay and small random shifts as augmentation: >= 98% test
+accuracy in a few minutes on a 2-core CPU (see NOTES.md).
 
 `digits`: scikit-learn's bundled 8x8 digits (1,797 images, no download): 2x2 patches, for
 demos and tests that must not depend on a data directory.

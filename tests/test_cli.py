@@ -78,7 +78,7 @@ def test_full_disk_is_one_clear_error(tmp_path, monkeypatch):
     sample_text(None, None, None, prompt="a", max_new_tokens=-5)
 
 
-def test_rejected_first_attempt_does_not_block_the_corrected_rerun(tmp_path):
+def test_rejected_first_attempt_does_not_block_the_corrected_rerun(tmp_path, capsys):
   run = tmp_path / "run"
   _assert_user_error(_train(run, "--config.model.vocab_size=32"),
                      "model.vocab_size=32", "--config.model.vocab_size=65")
@@ -89,6 +89,10 @@ def test_rejected_first_attempt_does_not_block_the_corrected_rerun(tmp_path):
   cfg.train.update(steps=1, eval_every=1, log_every=1, sample_tokens=0, attention_maps=False)
   cfg.data.eval_batches = 1
   assert loop.train(cfg, str(run))["step"] == 1
+  assert f"{run}: starting fresh" in capsys.readouterr().out
+  cfg.train.steps = 2
+  loop.train(cfg, str(run))
+  assert f"{run}: resumed from step 1" in capsys.readouterr().out
 
 
 def test_bad_workdirs_and_data_files(tmp_path):

@@ -359,7 +359,7 @@ def test_tfds_prepared_array_record(tmp_path):
 
 @pytest.mark.parametrize("fields, match", [
     (dict(source="cifar"), "data.source"),
-    (dict(source="mnist:"), r"data.source='mnist:' names no directory.*mnist:/path/to/mnist"),
+    (dict(source="mnist:"), r"data.source='mnist:' names no directory.*mnist:/path/to/mnist.*tfds:mnist"),
     (dict(source="digits", augment="flip"), "data.augment"),
     (dict(source="digits", shift_pixels=-1), "data.shift_pixels"),
     (dict(source="digits", train_split="training"), "data.train_split"),

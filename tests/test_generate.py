@@ -232,7 +232,7 @@ def test_rope_model_may_exceed_max_len(monkeypatch):
   out = generate(LLAMA, {}, PROMPT, max_new_tokens=70)
   assert out.shape == (2, 75)
   assert seen == dict(max_new_tokens=70, cache_len=75, greedy=False, top_k=None, top_p=None,
-                      decode=True)
+                      vocab_limit=None, decode=True)
 
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, None, None), (1.0, None, None),

@@ -434,7 +434,8 @@ def open_source(data_config, *, data_dir: str | None = None) -> ImageSource:
   if kind == "mnist" and not arg:
     raise ValueError("data.source='mnist:' names no directory: give the one holding the MNIST "
                      "IDX files, --config.data.source=mnist:/path/to/mnist (configs/vit_tiny.py "
-                     "also reads $MNIST_DIR)")
+                     "also reads $MNIST_DIR), or use a prepared TFDS copy: `tfds build mnist "
+                     "--file_format=array_record`, then --config.data.source=tfds:mnist")
   if kind in ("mnist", "images", "tfds") and arg:
     if kind == "mnist":
       return _mnist_source(pathlib.Path(arg), cache_root)

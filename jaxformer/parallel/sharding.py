@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import logging
 import math
+import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
 
@@ -237,13 +238,29 @@ class ShardingPlan:
                         donate_argnums=donate_argnums, name=name)
 
 
+_COMPILE_EVENT = "/jax/core/compile/"
+_calls = threading.local()          # the compile events of the CompiledStep call in progress
+
+
+def _record_compile_event(event: str, duration: float, **kwargs) -> None:
+  sink = getattr(_calls, "events", None)
+  if sink is not None and event.startswith(_COMPILE_EVENT):
+    sink.append((event, duration))
+
+
+@functools.lru_cache(maxsize=None)
+def _listen_for_compiles() -> None:
+  """Register the (process-wide) jax.monitoring listener once."""
+  jax.monitoring.register_event_duration_secs_listener(_record_compile_event)
+
+
 class CompiledStep:
   """A function jitted with explicit shardings whose compiles are timed and logged.
 
   Calls go through `jax.jit`'s own dispatch (its C++ fast path, one cached executable per
-  input signature), traced under the plan's scope; a call that added an executable to the
-  jit cache was a compile, and its wall time (compile + that first run) is appended to
-  `compile_seconds`.
+  input signature), traced under the plan's scope. A call during which JAX reported compile
+  events (`jax.monitoring`, `/jax/core/compile/*`: tracing, lowering, backend compile) was a
+  compile; its wall time (compile + that first run) is appended to `compile_seconds`.
   """
 
   def __init__(self, plan: ShardingPlan, fn: Callable, *, in_shardings, out_shardings,
@@ -259,11 +276,15 @@ class CompiledStep:
       return self._jitted.lower(*args)
 
   def __call__(self, *args):
-    cached = self._jitted._cache_size()     # pylint: disable=protected-access
+    _listen_for_compiles()
+    _calls.events = events = []
     start = time.perf_counter()
-    with self.plan.scope():
-      out = self._jitted(*args)
-    if self._jitted._cache_size() != cached:    # pylint: disable=protected-access
+    try:
+      with self.plan.scope():
+        out = self._jitted(*args)
+    finally:
+      _calls.events = None
+    if events:
       jax.block_until_ready(out)
       seconds = time.perf_counter() - start
       self.compile_seconds.append(seconds)
