@@ -17,7 +17,7 @@ implementations. It is set before jax is imported, appended to any existing XLA_
 With --time it also runs each compiled step (real arrays; keep T small on a laptop: xla needs
 ~5 float32 [H, T, T] buffers) and reports the median wall time of forward+backward.
 
-Usage: python experiments/attention_memory.py [--lengths 2048 4096 8192 16384] [--causal]
+Usage: python -m experiments.attention_memory [--lengths 2048 4096 8192 16384] [--causal]
                                                [--block_k 512] [--time]
 """
 
@@ -33,7 +33,8 @@ import time  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from jaxformer.ops import flash  # noqa: E402
+from experiments import timing  # noqa: E402
+from jaxformer.ops import blocked  # noqa: E402
 from jaxformer.ops.attention import dot_product_attention  # noqa: E402
 
 MIB = 2**20
@@ -43,7 +44,7 @@ TARGET_T, TARGET_RATIO = 8192, 10.0
 def attention_fn(impl, causal, block_k, head_dim):
   if impl == "blocked" and block_k is not None:
     scale = 1.0 / math.sqrt(head_dim)
-    return lambda q, k, v: flash.blocked_attention(q, k, v, causal=causal, scale=scale,
+    return lambda q, k, v: blocked.blocked_attention(q, k, v, causal=causal, scale=scale,
                                                    block_k=block_k)
   return lambda q, k, v: dot_product_attention(q, k, v, causal=causal, impl=impl)
 
@@ -64,13 +65,7 @@ def compile_step(impl, t, *, heads, head_dim, causal, block_k, batch=1, dtype=jn
 def median_seconds(compiled, t, *, heads, head_dim, repeats=5):
   keys = jax.random.split(jax.random.key(0), 4)
   args = [jax.random.normal(key, (1, t, heads, head_dim), jnp.float32) for key in keys]
-  jax.block_until_ready(compiled(*args))        # warm-up
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    times.append(time.perf_counter() - start)
-  return sorted(times)[len(times) // 2]
+  return timing.median_seconds(compiled, *args, repeats=repeats)
 
 
 def main():
@@ -81,13 +76,13 @@ def main():
   p.add_argument("--causal", action="store_true")
   p.add_argument("--time", action="store_true", help="also run and time fwd+bwd")
   p.add_argument("--block_k", type=int, default=None,
-                 help=f"blocked key block size (default: flash.DEFAULT_BLOCK_K="
-                      f"{flash.DEFAULT_BLOCK_K} via dot_product_attention)")
+                 help=f"blocked key block size (default: blocked.DEFAULT_BLOCK_K="
+                      f"{blocked.DEFAULT_BLOCK_K} via dot_product_attention)")
   args = p.parse_args()
 
   print(f"backend={jax.default_backend()} jax={jax.__version__} B=1 H={args.heads} "
         f"D={args.head_dim} float32 causal={args.causal} "
-        f"block_k={args.block_k or flash.DEFAULT_BLOCK_K}\n")
+        f"block_k={args.block_k or blocked.DEFAULT_BLOCK_K}\n")
   rows = {}
   for t in args.lengths:
     res = {}

@@ -4,7 +4,7 @@ Why: `impl="pallas"` only earns its place if it is faster than our plain-JAX `bl
 close to the vendor kernels. On a GPU this times, in bfloat16, forward and forward+backward of
 
   xla        dot_product_attention(impl="xla")      (materialised [B, H, T, T] logits)
-  blocked    dot_product_attention(impl="blocked")  (plain-JAX online softmax, ops.flash)
+  blocked    dot_product_attention(impl="blocked")  (plain-JAX online softmax, ops.blocked)
   pallas     dot_product_attention(impl="pallas")   (our kernel, ops.pallas)
   cudnn      jax.nn.dot_product_attention(implementation="cudnn")
   jax-pallas jax.experimental.pallas.ops.gpu.attention.mha (JAX's bundled Triton kernel)
@@ -23,7 +23,7 @@ bytes of forward+backward (`memory_analysis()`, YNNPACK fusion disabled as in
 `experiments/attention_memory.py` so the numbers are comparable) and the max error of each
 implementation against a float64 NumPy reference on a small causal GQA input.
 
-Usage: python experiments/bench_attention.py [--quick | --tune] [--out results.md]
+Usage: python -m experiments.bench_attention [--quick | --tune] [--out results.md]
 """
 
 import os
@@ -35,12 +35,12 @@ import argparse  # noqa: E402
 import functools  # noqa: E402
 import itertools  # noqa: E402
 import math  # noqa: E402
-import time  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from experiments.timing import median_seconds  # noqa: E402
 from jaxformer.ops.attention import dot_product_attention  # noqa: E402
 
 MIB = 2**20
@@ -100,16 +100,6 @@ def attention_flops(b, h, t, d, causal, backward):
   return fwd * (3.5 if backward else 1.0)
 
 
-def median_seconds(fn, args, repeats):
-  jax.block_until_ready(fn(*args))              # warm-up (compiles)
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return sorted(times)[len(times) // 2]
-
-
 def tflops(attn, t, d, causal, backward, repeats):
   """TFLOP/s (float), or the reason the cell failed (str)."""
   b, h = max(1, TOKENS // t), MODEL_DIM // d
@@ -117,10 +107,10 @@ def tflops(attn, t, d, causal, backward, repeats):
   q, k, v, ct = (jax.random.normal(key, (b, t, h, d), jnp.bfloat16) for key in keys)
   try:
     if backward:
-      seconds = median_seconds(jax.jit(_fwd_bwd(attn, causal)), (q, k, v, ct), repeats)
+      seconds = median_seconds(jax.jit(_fwd_bwd(attn, causal)), q, k, v, ct, repeats=repeats)
     else:
-      seconds = median_seconds(jax.jit(functools.partial(attn, causal=causal)), (q, k, v),
-                               repeats)
+      seconds = median_seconds(jax.jit(functools.partial(attn, causal=causal)), q, k, v,
+                               repeats=repeats)
   except Exception as e:  # noqa: BLE001  (a failed cell is reported, the table goes on)
     return "OOM" if "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e) else (
         f"err: {type(e).__name__}")

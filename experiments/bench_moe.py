@@ -7,23 +7,19 @@ of hidden `--hidden`, top-k routing, so the dense FFN has hidden k * hidden (equ
 Dispatch modes: dropless (grouped matmul: `ragged_dot`, or padded blocks on CPU) and capacity
 (factor 1.25, one-hot einsums). Prints a Markdown table.
 
-Usage: python experiments/bench_moe.py [--tokens 4096] [--d_model 256] [--hidden 512]
+Usage: python -m experiments.bench_moe [--tokens 4096] [--d_model 256] [--hidden 512]
 """
 
 from __future__ import annotations
 
 import argparse
-import pathlib
-import statistics
-import sys
-import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))   # the repo root
 
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from experiments.timing import median_seconds  # noqa: E402
 from jaxformer.layers.mlp import Mlp  # noqa: E402
 from jaxformer.layers.moe import MoE  # noqa: E402
 
@@ -33,13 +29,7 @@ def step_time(module: nn.Module, x, repeats: int) -> float:
   params = jax.jit(module.init)(jax.random.key(0), x)["params"]
   grad = jax.jit(jax.grad(lambda p, x: jnp.sum(jnp.square(module.apply({"params": p}, x))),
                           (0, 1)))
-  jax.block_until_ready(grad(params, x))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(grad(params, x))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  return median_seconds(grad, params, x, repeats=repeats)
 
 
 def rows(args) -> list[tuple]:

@@ -1,7 +1,7 @@
 """Sharding benchmark: what each mesh layout costs on 8 CPU devices, and GPT-2 small MFU on
 one GPU when there is one.
 
-    python experiments/bench_sharding.py [--steps=10] [--gpu_batch=8]
+    python -m experiments.bench_sharding [--steps=10] [--gpu_batch=8]
 
 CPU part: a small GPT (d_model 128, 8 heads, 4 layers, context 64, batch 16) trained with
 AdamW through `ShardingPlan` on every (data, model, expert) mesh of 8 fake CPU devices, with
@@ -35,16 +35,12 @@ import optax  # noqa: E402
 from configs import gpt2  # noqa: E402
 from jaxformer import models, scaling  # noqa: E402
 from jaxformer.parallel import ShardingPlan, per_device_bytes  # noqa: E402
+from jaxformer.train import progress  # noqa: E402
 
 MESHES = [(8, 1, 1), (4, 2, 1), (2, 4, 1), (1, 8, 1)]
 CPU_MODEL = dict(family="decoder", vocab_size=256, d_model=128, num_layers=4, num_heads=8,
                  mlp_dim=512, max_len=64, positions="learned", norm="layernorm",
                  use_bias=False, tie_embeddings=True, attention_impl="xla")
-# Dense bf16 peak FLOP/s (tensor cores, no sparsity), from NVIDIA's data sheets: H100 SXM
-# 989.4 TFLOPS and H100 PCIe 756 TFLOPS (H100 datasheet, "BF16 Tensor Core", the sparse
-# figures halved); H200 SXM 989 TFLOPS (H200 datasheet); A100 312 TFLOPS (A100 datasheet).
-PEAK_BF16_FLOPS = (("H100 PCIe", 756e12), ("H100", 989.4e12), ("H200", 989.4e12),
-                   ("A100", 312e12))
 
 
 def lm_step(module, tx):
@@ -110,10 +106,6 @@ def cpu_table(steps: int, batch_size: int = 16, seq_len: int = 64) -> str:
   return "\n".join(rows)
 
 
-def peak_flops(device) -> float | None:
-  return next((peak for name, peak in PEAK_BF16_FLOPS if name in device.device_kind), None)
-
-
 def gpu_report(batch_size: int, steps: int, seq_len: int = 1024) -> str:
   """GPT-2 small (bf16 compute, float32 params) on one GPU: tokens/s and MFU."""
   device = jax.devices("gpu")[0]
@@ -122,7 +114,7 @@ def gpu_report(batch_size: int, steps: int, seq_len: int = 1024) -> str:
   _, step_s, _ = time_steps(plan, config, batch_size, seq_len, steps)
   tokens_per_s = batch_size * seq_len / step_s
   flops = scaling.flops_per_token(config, seq_len) * tokens_per_s
-  peak = peak_flops(device)
+  peak = progress.peak_flops_per_device(device, dtype="bfloat16")   # the one table
   mfu = f"{100 * flops / peak:.1f}%" if peak else "n/a (unknown peak)"
   return (f"{device.device_kind}: GPT-2 small bf16, batch {batch_size} x {seq_len}: "
           f"{tokens_per_s:,.0f} tokens/s, {flops / 1e12:.1f} TFLOP/s, MFU {mfu}")

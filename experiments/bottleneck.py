@@ -1,7 +1,7 @@
 """Why attention: accuracy vs source length for an RNN encoder-decoder without attention
 (Cho et al., 2014), the same with additive attention (Bahdanau et al., 2015), and a Transformer.
 
-    python experiments/bottleneck.py [--task=copy|reverse] [--workdir=runs/bottleneck]
+    python -m experiments.bottleneck [--task=copy|reverse] [--workdir=runs/bottleneck]
 
 Trains the three `configs/bottleneck.py` models with `jaxformer.train.loop.train` on one synthetic
 task (sources of 5..100 symbols; one workdir per model under `<workdir>/<task>/`; a finished run
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import jax
@@ -27,7 +26,6 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import bottleneck  # noqa: E402
 from jaxformer import models  # noqa: E402
 from jaxformer.data.synthetic import SyntheticTask, pad_example  # noqa: E402

@@ -1,6 +1,6 @@
 """MoE vs dense GPT at equal active parameters on tiny Shakespeare: validation-loss curves.
 
-    python experiments/moe_vs_dense.py [--workdir=runs/moe_vs_dense] [--steps=2000]
+    python -m experiments.moe_vs_dense [--workdir=runs/moe_vs_dense] [--steps=2000]
 
 Trains `configs/moe_gpt.py:{dense,switch,mixtral}` (the nanogpt_cpu setup with its FFN
 swapped; same active FFN parameters and FLOPs per token) on the same batches and writes
@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
@@ -72,7 +70,7 @@ def main():
   fig.savefig(RESULTS / "moe_vs_dense.png")
   table = "\n".join(lines)
   (RESULTS / "moe_vs_dense.md").write_text(
-      f"# MoE vs dense ({args.steps} steps, `python experiments/moe_vs_dense.py`)\n\n"
+      f"# MoE vs dense ({args.steps} steps, `python -m experiments.moe_vs_dense`)\n\n"
       f"{table}\n\n![curves](moe_vs_dense.png)\n")
   print(table)
 

@@ -1,6 +1,6 @@
 """nanoGPT's CPU Shakespeare setup in jaxformer: final validation loss and throughput.
 
-    python experiments/nanogpt_cpu.py [--workdir=/tmp/nanogpt_cpu]
+    python -m experiments.nanogpt_cpu [--workdir=/tmp/nanogpt_cpu]
 
 Trains `configs/shakespeare_char.py:nanogpt_cpu` from scratch (4 layers, 4 heads, width 128,
 context 64, batch 12, 2000 steps) and prints a table: validation loss at the last step, median

@@ -1,6 +1,6 @@
 """A compute-optimal (Chinchilla) scaling study of character-level GPTs on a CPU.
 
-    python experiments/scaling_chinchilla.py --data=PATH/python_docs.txt
+    python -m experiments.scaling_chinchilla --data=PATH/python_docs.txt
         [--workdir=runs/scaling_chinchilla] [--budgets 6e11 2e12 6e12] [--parallel=2]
         [--out=experiments/results/scaling_chinchilla] [--bootstrap=200]
 
@@ -33,7 +33,6 @@ import sys
 import time
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
 
 import numpy as np  # noqa: E402
 

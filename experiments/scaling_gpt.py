@@ -1,7 +1,7 @@
 """Kaplan et al.'s L(N) for character-level GPTs: 6 sizes trained near convergence on one
 corpus, early-stopped loss vs non-embedding parameters, alpha_N with a 95% interval.
 
-    python experiments/scaling_gpt.py --data=PATH/corpus.txt [--workdir=runs/scaling_gpt]
+    python -m experiments.scaling_gpt --data=PATH/corpus.txt [--workdir=runs/scaling_gpt]
         [--scale=1] [--evals=20] [--lr=width] [--parallel=2] [--threads_per_run=1]
         [--bootstrap=1000] [--out=experiments/results/scaling_gpt]
 
@@ -38,7 +38,6 @@ import pathlib
 import sys
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
 
 import matplotlib  # noqa: E402
 
@@ -282,7 +281,7 @@ def report(args, corpus: dict, points: list[dict], fits: dict, png_name: str) ->
       f"train longer, on fewer tokens per parameter). Each size's loss is its "
       f"best of {args.evals} evals on the same {corpus['eval_tokens']:,} validation tokens "
       f"(early stopping). "
-      f"Reproduce: `python experiments/scaling_gpt.py --data=PATH/{corpus['name']}"
+      f"Reproduce: `python -m experiments.scaling_gpt --data=PATH/{corpus['name']}"
       f"{'' if args.scale == 1 else f' --scale={args.scale:g}'}` (finished runs are reused).",
       points_table(points, fits), convergence_text(points), alpha_text(fits, points),
       fits_table(fits), findings_text(fits),

@@ -2,7 +2,7 @@
 al. 2022 ("Scaling Vision Transformers", eq. 1: E = a (C + d)^(-b) + c) fitted to the
 compute-efficient frontier.
 
-    python experiments/scaling_vit.py --data=mnist:/path/to/mnist_idx_dir | --data=tfds:mnist
+    python -m experiments.scaling_vit --data=mnist:/path/to/mnist_idx_dir | --data=tfds:mnist
         [--workdir=runs/scaling_vit] [--steps=3000] [--evals=10] [--parallel=2]
         [--threads_per_run=1] [--bootstrap=1000] [--bootstrap_seconds=180]
         [--out=experiments/results/scaling_vit]
@@ -43,7 +43,6 @@ import sys
 import time
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
 
 import matplotlib  # noqa: E402
 
@@ -234,7 +233,7 @@ def report(args, sizes: list[dict], frontier: list[dict], fit, notes: list[str],
       f"AdamW + cosine + shift-augmentation recipe) with {args.evals} evals on the 10,000 "
       f"test images. Compute C = flops_per_token(model, 17) x 17 tokens x images seen "
       f"(Kaplan's 6N + attention per token, N non-embedding; the loop's MFU count). Test "
-      f"error = 1 - eval_accuracy. Reproduce: `python experiments/scaling_vit.py "
+      f"error = 1 - eval_accuracy. Reproduce: `python -m experiments.scaling_vit "
       f"--data={data}{'' if args.steps == 3000 else f' --steps={args.steps}'}` (finished "
       f"runs are reused).",
       sizes_table(sizes),

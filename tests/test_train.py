@@ -246,3 +246,24 @@ def test_a_failing_end_of_training_sample_does_not_fail_the_run(tmp_path, monkey
                     workdir)
   assert last["step"] == 4 and os.path.isdir(os.path.join(workdir, "checkpoints", "4"))
   assert "sample after 4 steps failed (RuntimeError: sampler exploded)" in capsys.readouterr().out
+
+
+def test_an_exception_mid_run_still_finishes_the_checkpoint_and_closes_writers(tmp_path,
+                                                                             monkeypatch):
+  """The shutdown runs in `finally`: a crash after a checkpoint save was started leaves that
+  checkpoint complete (not a temporary directory) and the next run resumes from it."""
+  calls = {"evals": 0}
+  real_evaluate = loop.evaluate
+  def crash_on_second_eval(*args, **kwargs):
+    calls["evals"] += 1
+    if calls["evals"] == 2:
+      raise RuntimeError("boom")
+    return real_evaluate(*args, **kwargs)
+  monkeypatch.setattr(loop, "evaluate", crash_on_second_eval)
+  workdir = str(tmp_path / "run")
+  cfg = tiny_config(steps=16, eval_every=8, checkpoint_every=4)
+  with pytest.raises(RuntimeError, match="boom"):
+    loop.train(cfg, workdir)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12", "4", "8"]
+  monkeypatch.setattr(loop, "evaluate", real_evaluate)
+  assert loop.train(cfg, workdir)["step"] == 16

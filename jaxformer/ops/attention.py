@@ -2,7 +2,7 @@
 
 Implementations (`impl=`):
   "xla"     the straightforward reference: materialises [B, H, Tq, Tk] float32 logits.
-  "blocked" pure-JAX online-softmax attention over key blocks (`ops.flash`), O(T) memory.
+  "blocked" pure-JAX online-softmax attention over key blocks (`ops.blocked`), O(T) memory.
   "pallas"  our Pallas flash-attention kernel (`ops.pallas`): skips key blocks outside the
             causal/window band; interpreted on CPU, Triton on GPU, Mosaic on TPU.
   "cudnn"   `jax.nn.dot_product_attention(implementation="cudnn")` on NVIDIA GPUs.
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.ops import flash, masks, pallas
+from jaxformer.ops import blocked, masks, pallas
 
 IMPLS = ("xla", "blocked", "pallas", "cudnn", "auto")
 # "auto" switches from xla to blocked once the float32 logits would take more than this.
@@ -60,7 +60,7 @@ def dot_product_attention(q, k, v, *, bias=None, mask=None, causal: bool = False
   if impl == "xla":
     return attend(_weights(q, k, a), v).astype(q.dtype)
   if impl == "blocked":
-    return flash.blocked_attention(q, k, v, bias=a["bias"], mask=a["mask"],
+    return blocked.blocked_attention(q, k, v, bias=a["bias"], mask=a["mask"],
                                    q_segment_ids=a["q_seg"], kv_segment_ids=a["kv_seg"],
                                    causal=causal, window=a["window"], scale=a["scale"],
                                    **({} if block_k is None else dict(block_k=block_k)))

@@ -246,6 +246,14 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
 
 
 def _train(config, workdir: str, *, fresh: bool, stop_after: int | None) -> dict:
+  """The run, with its shutdown in one place: however it ends (done, preempted, an exception,
+  Ctrl-C), the pending asynchronous checkpoint is waited for and the writers are closed."""
+  with contextlib.ExitStack() as shutdown:
+    return _run(config, workdir, fresh=fresh, stop_after=stop_after, shutdown=shutdown)
+
+
+def _run(config, workdir: str, *, fresh: bool, stop_after: int | None,
+         shutdown: contextlib.ExitStack) -> dict:
   if fresh and jax.process_index() == 0:
     removed = workdir_lib.clear(workdir)
     print(f"{workdir}: --fresh, removed the previous run's {', '.join(removed) or 'nothing'}",
@@ -268,9 +276,12 @@ def _train(config, workdir: str, *, fresh: bool, stop_after: int | None) -> dict
   dropout_key = jax.random.split(jax.random.key(t.seed))[1]
   ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"),
                                  keep=t.get("keep_checkpoints", 3))
+  shutdown.callback(ckpts.close)
   best_metric = t.get("best_metric", "eval_loss")
   best = checkpoint.BestCheckpoints(os.path.join(workdir, "best"), metric=best_metric,
                                     keep=t.get("keep_best", 1)) if t.get("keep_best", 1) else None
+  if best is not None:
+    shutdown.callback(best.close)
   metrics = MetricsWriter(os.path.join(workdir, "metrics.jsonl"))
   restored = ckpts.restore_latest(plan.restore_target(abstract))   # from any mesh
   if restored is None:
@@ -285,7 +296,6 @@ def _train(config, workdir: str, *, fresh: bool, stop_after: int | None) -> dict
   if best is not None:
     best.forget_after(start)            # saved after the checkpoint we resume from: redone
   if start >= t.steps:
-    ckpts.close()
     print(f"{workdir}: already trained for {start} steps")
     return _last_eval(os.path.join(workdir, "metrics.jsonl"))
 
@@ -311,8 +321,12 @@ def _train(config, workdir: str, *, fresh: bool, stop_after: int | None) -> dict
       t.steps, start, unit=task.unit, units_per_step=units_per_step, window=1,
       flops_per_step=flops_per_step(config, task, first, jax.process_count()),
       peak_flops=peak * jax.device_count() if peak else None)
+  shutdown.callback(bar.close)
   tb = SummaryWriter(workdir, purge_step=start + 1 if start else None) if is_main else None
+  if tb is not None:
+    shutdown.callback(tb.close)
   profiler = profiling.StepProfiler(workdir, t.get("profile_steps"))
+  shutdown.callback(profiler.close)
   # (one process: the snapshot runs on the host's example outside the sharded step)
   show_attention = jax.process_count() == 1 and t.get("attention_maps", True)
   if show_attention:
@@ -391,13 +405,8 @@ def _train(config, workdir: str, *, fresh: bool, stop_after: int | None) -> dict
           ckpts.save(done, state)
       if preempted:
         break
-  bar.close()
-  profiler.close()
-  ckpts.close()
-  if best is not None:
-    best.close()
+  shutdown.close()           # checkpoints written, writers closed, before plots and samples
   if is_main:
-    tb.close()
     plots.plot_curves(os.path.join(workdir, "metrics.jsonl"),
                       os.path.join(workdir, "curves.png"))
   if not preempted and samples:
