@@ -32,6 +32,7 @@ from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import MetricsWriter, read
 from jaxformer.train.tensorboard import SummaryWriter
 
+
 def _is_int(v) -> bool:
   return isinstance(v, int) and not isinstance(v, bool)
 
