@@ -43,12 +43,28 @@ def _train(workdir, *overrides):
     (["--config.optim.lrr=3"], ["did you mean --config.optim.lr?"]),
     (["--config.train.num_heads=2"], ["did you mean --config.model.num_heads?"]),
     (["--config.optim.lr=abc"], ["--config.optim.lr=abc", "could not convert"]),
-    (["--config.optim.lr=-0.001"], ["optim.lr=-0.001 must be a finite number > 0"]),
-    (["--config.optim.warmup_steps=-10"], ["optim.warmup_steps=-10 must be an int >= 0"]),
 ])
 def test_train_config_mistakes_are_one_line_and_write_nothing(tmp_path, overrides, fragments):
   result = _train(tmp_path / "run", *overrides)
   _assert_user_error(result, *fragments)
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("lr", -0.001, "optim.lr=-0.001 must be a finite number > 0"),
+    ("warmup_steps", -10, "optim.warmup_steps=-10 must be an int >= 0"),
+])
+def test_out_of_range_values_are_one_line_and_write_nothing(tmp_path, capsys, field, value,
+                                                            fragment):
+  """In-process (the same path as `python -m jaxformer.train`'s main, without a process)."""
+  from configs import shakespeare_char
+  from jaxformer.train import loop
+  cfg = shakespeare_char.get_config("tiny")
+  cfg.optim[field] = value
+  with pytest.raises(SystemExit) as exit_info:
+    cli.user_errors(loop.train)(cfg, str(tmp_path / "run"))
+  assert exit_info.value.code == cli.EXIT_USER_ERROR
+  assert capsys.readouterr().err.strip() == f"error: {fragment}; set --config.optim.{field}=<value>"
   assert not (tmp_path / "run").exists()
 
 
