@@ -48,6 +48,7 @@ import numpy as np  # noqa: E402
 
 from configs.sweeps import isoflop, scaling_gpt as gpt_sweep  # noqa: E402
 from jaxformer import scaling, sweep as sweep_lib  # noqa: E402
+from jaxformer.scaling import plots as scaling_plots  # noqa: E402
 
 KAPLAN_ALPHA_N = 0.076         # Kaplan et al. 2020, eq. 1.1 (N_c = 8.8e13 non-embedding params)
 FALLING = -0.01                # nats per doubling of tokens; a steeper tail is "still falling"
@@ -296,15 +297,12 @@ def plot(points: list[dict], fits: dict, path: str):
   kaplan, sat = fits["kaplan"]["fit"], fits["saturating"]["fit"]
   if kaplan is not None:
     p = kaplan.params
-    ax_n.loglog(grid, kaplan.predict(grid), "C3-",
-                label=f"L = (N_c/N)^a: a = {p['alpha_N']:.4f}, N_c = {p['N_c']:.2g}")
-    if kaplan.draws():
-      low, high = kaplan.predict_ci(grid)
-      ax_n.fill_between(grid, low, high, color="C3", alpha=0.15, label="95% bootstrap band")
+    scaling_plots.law(ax_n, kaplan, grid, "-", color="C3",
+                      label=f"L = (N_c/N)^a: a = {p['alpha_N']:.4f}, N_c = {p['N_c']:.2g}")
   if sat is not None:
     p = sat.params
-    ax_n.loglog(grid, sat.predict(grid), "C0--",
-                label=f"L = E + (N_c/N)^a: E = {p['E']:.3f}, a = {p['alpha']:.3f}")
+    scaling_plots.law(ax_n, sat, grid, "--", color="C0", band_alpha=None,
+                      label=f"L = E + (N_c/N)^a: E = {p['E']:.3f}, a = {p['alpha']:.3f}")
   ax_n.loglog(n, [p["last_loss"] for p in points], "o", ms=10, mfc="none", mec="0.5",
               label="last eval")
   ax_n.scatter(n, [p["best_loss"] for p in points], c=colors, zorder=3, edgecolors="k",

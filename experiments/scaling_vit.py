@@ -51,6 +51,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jaxformer import scaling, sweep as sweep_lib  # noqa: E402
+from jaxformer.scaling import plots as scaling_plots  # noqa: E402
 
 BASE = "configs/vit_tiny.py:mnist"
 # (num_layers, d_model), largest first: `jaxformer.sweep.run` starts points in order, so with
@@ -258,11 +259,8 @@ def plot(sizes: list[dict], frontier: list[dict], fit, path: str):
   if fit is not None:
     grid = np.geomspace(fc.min() / 2, fc.max() * 2, 200)
     p = fit.params
-    ax_c.loglog(grid, fit.predict(grid), "C3--",
-                label=f"a (C+d)^-b + c: b = {p['b']:.3f}, c = {p['c']:.2%}")
-    if fit.draws():
-      low, high = fit.predict_ci(grid)
-      ax_c.fill_between(grid, low, high, color="C3", alpha=0.12, label="95% bootstrap band")
+    scaling_plots.law(ax_c, fit, grid, "--", color="C3", band_alpha=0.12,
+                      label=f"a (C+d)^-b + c: b = {p['b']:.3f}, c = {p['c']:.2%}")
   ax_c.set(xlabel="training compute C (FLOPs)", ylabel="test error",
            title="test error vs compute")
   ax_c.legend(fontsize=8)

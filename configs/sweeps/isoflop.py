@@ -40,19 +40,25 @@ WIDTHS = tuple(range(16, 321, 16))
 HEAD_DIM = 16
 
 
-def parse_arg(arg: str | None) -> dict[str, str]:
-  """'key=value,...' -> dict with defaults; ValueError naming the key on a bad one."""
-  values = dict(DEFAULTS)
+def parse_key_values(sweep: str, arg: str | None, defaults: dict[str, str]) -> dict[str, str]:
+  """A corpus sweep's 'source=PATH,key=value,...' argument -> `defaults` updated (strings);
+  source is required. ValueError naming the sweep and the key on a bad one."""
+  values = dict(defaults)
   for item in filter(None, (arg or "").split(",")):
     key, sep, value = item.partition("=")
-    if not sep or key not in (*DEFAULTS, "source"):
-      raise ValueError(f"isoflop sweep arg {item!r}: expected key=value with key one of "
-                       f"source, {', '.join(DEFAULTS)}")
+    if not sep or key not in (*defaults, "source"):
+      raise ValueError(f"{sweep} sweep arg {item!r}: expected key=value with key one of "
+                       f"source, {', '.join(defaults)}")
     values[key] = value
   if not values.get("source"):
-    raise ValueError("isoflop sweep needs source=PATH (a text corpus), e.g. "
-                     "'configs/sweeps/isoflop.py:source=/data/corpus.txt'")
+    raise ValueError(f"{sweep} sweep needs source=PATH (a text corpus), e.g. "
+                     f"'configs/sweeps/{sweep}.py:source=/data/corpus.txt'")
   return values
+
+
+def parse_arg(arg: str | None) -> dict[str, str]:
+  """'key=value,...' -> dict with defaults; ValueError naming the key on a bad one."""
+  return parse_key_values("isoflop", arg, DEFAULTS)
 
 
 @functools.lru_cache(maxsize=4)

@@ -60,16 +60,7 @@ EVAL_BATCH_SIZE = 32
 
 def parse_arg(arg: str | None) -> dict:
   """'source=...,scale=...' -> {source, scale, evals, lr} typed; ValueError naming the key."""
-  values = dict(DEFAULTS)
-  for item in filter(None, (arg or "").split(",")):
-    key, sep, value = item.partition("=")
-    if not sep or key not in (*DEFAULTS, "source"):
-      raise ValueError(f"scaling_gpt sweep arg {item!r}: expected key=value with key one of "
-                       f"source, {', '.join(DEFAULTS)}")
-    values[key] = value
-  if not values.get("source"):
-    raise ValueError("scaling_gpt sweep needs source=PATH (a text corpus), e.g. "
-                     "'configs/sweeps/scaling_gpt.py:source=/data/corpus.txt'")
+  values = isoflop.parse_key_values("scaling_gpt", arg, DEFAULTS)
   try:
     out = dict(source=os.path.abspath(os.path.expanduser(values["source"])),
                scale=float(values["scale"]),

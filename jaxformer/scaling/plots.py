@@ -7,6 +7,8 @@ matplotlib axes the caller owns (so a report can put several in one figure).
   points they were fitted to and bootstrap bands (Fig. 3 middle/right).
 - `loss_contours(ax, fit, ...)`: contours of a parametric L(N, D) in the (FLOPs, N) plane with
   its efficient frontier and the runs (Fig. 4 left).
+- `law(ax, fit, grid, ...)`: a fitted one-variable law on log-log axes with its 95% bootstrap
+  band (Kaplan L(N), Zhai's error vs compute).
 """
 
 from __future__ import annotations
@@ -17,6 +19,16 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from jaxformer.scaling import chinchilla
+
+
+def law(ax, fit, grid: np.ndarray, style: str, *, label: str, color: str = "C3",
+        band_alpha: float | None = 0.15):
+  """`fit.predict(grid)` drawn with `style`, and its 95% bootstrap band when the fit has
+  resamples (band_alpha=None: the line alone)."""
+  ax.loglog(grid, fit.predict(grid), style, color=color, label=label)
+  if band_alpha is not None and fit.draws():
+    low, high = fit.predict_ci(grid)
+    ax.fill_between(grid, low, high, color=color, alpha=band_alpha, label="95% bootstrap band")
 
 
 def _colors(count: int):
