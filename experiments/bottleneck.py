@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless back
 from configs import bottleneck  # noqa: E402
 from jaxformer import models  # noqa: E402
 from jaxformer.data.synthetic import SyntheticTask, pad_example  # noqa: E402
-from jaxformer.sampling import load_run  # noqa: E402
+from jaxformer.inference import load_run  # noqa: E402
 from jaxformer.train import loop, tasks  # noqa: E402
 
 MODELS = tuple(bottleneck.MODELS)

@@ -1,13 +1,13 @@
 """python -m jaxformer.sample --workdir=DIR --prompt="ROMEO:" --max_new_tokens=500
 
-Samples text from the latest (or --checkpoint=best) checkpoint of a training run with the KV cache; seeded and
-reproducible (greedy with --temperature=0).
+Samples text from the latest (or --checkpoint=best) checkpoint of a training run with the KV
+cache (`jaxformer.inference`); seeded and reproducible (greedy with --temperature=0).
 """
 
 from absl import flags, logging
 
 from jaxformer import cli
-from jaxformer.sampling import load_run, sample_text
+from jaxformer.inference import load_run, sample_text
 
 flags.DEFINE_string("workdir", None, "Training run directory.")
 flags.DEFINE_string("prompt", "\n", "Text to continue.")

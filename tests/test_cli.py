@@ -13,7 +13,8 @@ import time
 import pytest
 
 from jaxformer import cli
-from jaxformer.train import checkpoint, metrics, workdir as workdir_lib
+from jaxformer import checkpoint
+from jaxformer.train import metrics, workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "shakespeare_char.py") + ":tiny"
@@ -89,7 +90,7 @@ def test_full_disk_is_one_clear_error(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match=r"no space left on the device of --workdir=.*"
                                        r"metrics.jsonl.*resumes from the last complete"):
     loop.train(shakespeare_char.get_config("tiny"), str(tmp_path))
-  from jaxformer.sampling import sample_text
+  from jaxformer.inference import sample_text
   with pytest.raises(ValueError, match=r"--max_new_tokens=-5 must be an int >= 1"):
     sample_text(None, None, None, prompt="a", max_new_tokens=-5)
 
@@ -142,7 +143,7 @@ def test_sample_and_launcher_mistakes(tmp_path):
 
 def test_sample_without_checkpoints_says_so_and_creates_nothing(tmp_path):
   from configs import shakespeare_char
-  from jaxformer.sampling import load_run
+  from jaxformer.inference import load_run
   run = tmp_path / "run"
   run.mkdir()
   (run / "config.json").write_text(shakespeare_char.get_config("tiny").to_json())

@@ -474,7 +474,7 @@ def test_padded_vocabulary_samples_decode_and_bad_ids_are_refused(tmp_path, kind
   import jax
   from flax import linen as nn
   from jaxformer import models
-  from jaxformer.sampling import sample_text
+  from jaxformer.inference import sample_text
   lines = SMALL_TEXT.split("\n\n")
   tok = {"char": lambda: tokenizers.make_tokenizer("char", lambda: lines, tmp_path / "c"),
          "spm": lambda: tokenizers.make_tokenizer("spm:bpe:400", lambda: lines, tmp_path / "s"),

@@ -7,9 +7,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jaxformer import generate as gen_lib
 from jaxformer import models
-from jaxformer.generate import filter_logits, generate
+from jaxformer.inference import decode as gen_lib
+from jaxformer.inference import filter_logits, generate
 
 GPT = dict(family="decoder", vocab_size=37, d_model=32, num_layers=2, num_heads=4, mlp_dim=64,
            max_len=64)

@@ -7,7 +7,8 @@ import optax
 import pytest
 
 from jaxformer import models
-from jaxformer.train import checkpoint, tasks
+from jaxformer import checkpoint
+from jaxformer.train import tasks
 from jaxformer.train.step import make_eval_step, make_train_step
 
 TINY_LM = dict(family="decoder", vocab_size=11, d_model=16, num_layers=1, num_heads=2,

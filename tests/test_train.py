@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from configs import get_config
-from jaxformer.sampling import load_run, sample_text
-from jaxformer.train import loop, optim
+from jaxformer import inference, optim
+from jaxformer.inference import load_run, sample_text
+from jaxformer.train import loop
 from jaxformer.train.metrics import read
 
 DETERMINISTIC = ("step", "loss", "lr", "grad_norm", "skipped", "eval_loss", "eval_accuracy")
@@ -240,7 +241,7 @@ def test_tensor_parallel_run_with_a_padded_vocabulary_samples(tmp_path):
 def test_a_failing_end_of_training_sample_does_not_fail_the_run(tmp_path, monkeypatch, capsys):
   def broken(*args, **kwargs):
     raise RuntimeError("sampler exploded")
-  monkeypatch.setattr(loop.sampling, "sample_text", broken)
+  monkeypatch.setattr(inference, "sample_text", broken)
   workdir = str(tmp_path / "run")
   last = loop.train(tiny_config(steps=4, eval_every=4, checkpoint_every=4, sample_tokens=10),
                     workdir)

@@ -39,7 +39,8 @@ class LearnedPositionEmbedding(nn.Module):
   """A learned table [max_length, features] looked up at integer positions ([B, T] or [T]).
 
   Positions >= max_length cannot be checked under jit and come back as NaN rows (jnp.take's
-  fill), e.g. when decoding past the table; `jaxformer.generate` checks lengths up front.
+  fill), e.g. when decoding past the table; `jaxformer.inference.generate` checks lengths up
+  front.
   """
   max_length: int
   features: int

@@ -24,10 +24,11 @@ import numpy as np
 
 from jax.experimental import multihost_utils
 
-from jaxformer import models, parallel, sampling, scaling
+from jaxformer import checkpoint, inference, models, optim, parallel, scaling
+from jaxformer import state as state_lib
 from jaxformer.data.pipeline import make_pipeline
-from jaxformer.train import (attention_maps, checkpoint, optim, plots, profiling, progress,
-                             step as step_lib, tasks)
+from jaxformer.train import (attention_maps, plots, profiling, progress, step as step_lib,
+                             tasks)
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import MetricsWriter, read
 from jaxformer.train.tensorboard import SummaryWriter
@@ -129,10 +130,9 @@ EXECUTION_FIELDS = ("attention_impl", "attention_block_sizes", "remat_policy", "
 
 def _check_workdir_config(config, workdir: str, fresh: bool):
   """Refuse to resume a run whose model differs from the saved one (unless `fresh`)."""
-  path = os.path.join(workdir, "config.json")
-  if os.path.exists(path) and not fresh:
-    with open(path) as f:
-      saved = json.load(f).get("model", {})
+  saved = None if fresh else state_lib.read_config(workdir)
+  if saved is not None:
+    saved = saved.get("model", {})
     current = json.loads(config.model.to_json())
     changed = sorted(k for k in set(saved) | set(current)
                      if saved.get(k) != current.get(k) and k not in EXECUTION_FIELDS)
@@ -170,33 +170,6 @@ class _StopRequest:
   def __exit__(self, *exc):
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
-
-
-def init_inputs(model_config) -> tuple:
-  """Dummy positional inputs for `module.init` (parameter shapes do not depend on lengths)."""
-  family = model_config.family
-  if family == "vit":
-    size, channels = model_config.image_size, model_config.get("channels", 3)
-    return (jnp.zeros((1, size, size, channels), jnp.float32),)
-  tokens = jnp.zeros((1, 2), jnp.int32)
-  return (tokens, tokens) if tasks.task_for(model_config).name == "seq2seq" else (tokens,)
-
-
-def train_state_fns(config):
-  """(module, optimizer, init_boxed): init_boxed() builds the train state pytree
-  {'step', 'params', 'opt_state', 'skipped'} with parameters (and their optimizer moments)
-  still in their `nn.Partitioned` boxes, which name the logical axes the sharding plan maps
-  to the mesh; `nn.unbox` of it is the state itself."""
-  module = models.build(config.model)
-  tx = optim.make_optimizer(config.optim, config.train.steps)
-  init_key = jax.random.split(jax.random.key(config.train.seed))[0]
-
-  def init_boxed():
-    params = module.init(init_key, *init_inputs(config.model))["params"]
-    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
-            "skipped": jnp.zeros((), jnp.int32)}
-
-  return module, tx, init_boxed
 
 
 def flops_per_step(config, task, batch, process_count: int) -> int:
@@ -269,7 +242,7 @@ def _run(config, workdir: str, *, fresh: bool, stop_after: int | None,
                            process_count=jax.process_count())
   _check_model_matches_data(config, pipeline.info)
 
-  module, tx, init_boxed = train_state_fns(config)
+  module, tx, init_boxed = state_lib.train_state_fns(config)
   abstract = jax.eval_shape(init_boxed)
   state_shardings = plan.state_shardings(abstract)     # divisibility errors: no compile yet
   _write_config(config, workdir)
@@ -437,9 +410,10 @@ def _write_sample(config, params, tokenizer, workdir, step: int):
   if jax.process_count() > 1:          # every process samples from the whole params
     params = multihost_utils.process_allgather(params, tiled=True)
   try:
-    text = sampling.sample_text(config, params, tokenizer, prompt=t.get("sample_prompt", "\n"),
-                                max_new_tokens=t.sample_tokens, temperature=0.8, top_k=20,
-                                seed=t.seed)
+    text = inference.sample_text(config, params, tokenizer,
+                                 prompt=t.get("sample_prompt", "\n"),
+                                 max_new_tokens=t.sample_tokens, temperature=0.8, top_k=20,
+                                 seed=t.seed)
   except Exception as e:  # noqa: BLE001  (never fail a run for its sample)
     logging.exception("sample after %d steps failed; the run's checkpoints and metrics are "
                       "kept", step)

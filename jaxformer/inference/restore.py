@@ -1,0 +1,49 @@
+"""A trained run restored from its workdir for inference: config, params and tokenizer.
+
+The params come from the latest checkpoint (the whole train state, restored with the layout
+`jaxformer.state` gives training too) or from the best eval's params; nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+
+import flax.linen as nn
+import jax
+from ml_collections import ConfigDict
+
+from jaxformer import checkpoint, state
+from jaxformer.data.tokenizers import load_tokenizer
+
+
+def load_run(workdir: str, *, which: str = "latest"):
+  """(config, params, tokenizer) of a training workdir: its latest checkpoint, or with
+  which="best" the params kept for the best eval (train.best_metric). The tokenizer is None
+  for runs without one (images, synthetic tasks)."""
+  if which not in ("latest", "best"):
+    raise ValueError(f"--checkpoint={which!r} must be 'latest' or 'best'")
+  saved = state.read_config(workdir)
+  if saved is None:
+    raise ValueError(f"--workdir={workdir!r} holds no training run (no {state.CONFIG_FILE})")
+  config = ConfigDict(saved)
+  directory = os.path.join(workdir, "best" if which == "best" else "checkpoints")
+  if not os.path.isdir(directory) or not os.listdir(directory):   # read-only: create nothing
+    raise ValueError(f"--workdir={workdir!r} has no {which} checkpoint yet ({directory} is "
+                     "empty or missing); train it first, or pick --checkpoint=latest|best")
+  _, _, init_boxed = state.train_state_fns(config)
+  abstract = nn.unbox(jax.eval_shape(init_boxed))
+  if which == "best":
+    best = checkpoint.BestCheckpoints(directory,
+                                      metric=config.train.get("best_metric", "eval_loss"))
+    params = best.restore(abstract["params"])
+    best.close()
+  else:
+    ckpts = checkpoint.Checkpoints(directory)
+    restored = ckpts.restore_latest(abstract)
+    ckpts.close()
+    params = None if restored is None else restored[1]["params"]
+  if params is None:
+    raise ValueError(f"--workdir={workdir!r} has no {which} checkpoint yet")
+  has_tokenizer = os.path.exists(os.path.join(workdir, "tokenizer.json"))
+  tokenizer = load_tokenizer(workdir) if has_tokenizer else None
+  return config, params, tokenizer

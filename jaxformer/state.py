@@ -1,0 +1,59 @@
+"""The train state's layout, one definition for training (init, resume) and inference (restore).
+
+A checkpoint holds the pytree {'step', 'params', 'opt_state', 'skipped'}. Restoring it needs
+that tree's shapes, which follow from the run's saved config (the model and the optimizer), so
+both sides build them here and cannot disagree on the layout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer import models, optim
+
+CONFIG_FILE = "config.json"
+
+
+def read_config(workdir: str) -> dict | None:
+  """The config a run saved in `workdir` as JSON data (None if there is none yet)."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{path} is not valid JSON ({e}); it is written by training: restore "
+                     "it or retrain in a new --workdir") from e
+
+
+# TODO(registry): the model-family registry's example inputs replace this.
+def init_inputs(model_config) -> tuple:
+  """Dummy positional inputs for `module.init` (parameter shapes do not depend on lengths)."""
+  family = model_config.family
+  if family == "vit":
+    size, channels = model_config.image_size, model_config.get("channels", 3)
+    return (jnp.zeros((1, size, size, channels), jnp.float32),)
+  tokens = jnp.zeros((1, 2), jnp.int32)
+  return (tokens, tokens) if family in ("seq2seq", "rnn_seq2seq") else (tokens,)
+
+
+def train_state_fns(config):
+  """(module, optimizer, init_boxed): init_boxed() builds the train state pytree
+  {'step', 'params', 'opt_state', 'skipped'} with parameters (and their optimizer moments)
+  still in their `nn.Partitioned` boxes, which name the logical axes the sharding plan maps
+  to the mesh; `nn.unbox` of it is the state itself."""
+  module = models.build(config.model)
+  tx = optim.make_optimizer(config.optim, config.train.steps)
+  init_key = jax.random.split(jax.random.key(config.train.seed))[0]
+
+  def init_boxed():
+    params = module.init(init_key, *init_inputs(config.model))["params"]
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+            "skipped": jnp.zeros((), jnp.int32)}
+
+  return module, tx, init_boxed
