@@ -4,8 +4,9 @@ Every training config has the top-level sections `model`, `data`, `train`, `opti
 (see /work/shared/DESIGN.md) and, for published models, `reference` (numbers quoted from the
 paper or the reference implementation: parameter counts, batch sizes, learning rates).
 
-`model(family, name, **fields)` fills in *every* field of the model dataclass from its
-defaults (so any field can be overridden on the command line: `config_flags` only overrides
+`model(family, name, **fields)` fills in *every* config key of the family
+(`models.config_fields`: the module's own fields and the shared block settings) from its
+defaults (so any key can be overridden on the command line: `config_flags` only overrides
 keys that exist in the locked config). Optional fields whose default is None become typed
 `placeholder`s, so `--config.model.window=4096` parses as an int.
 
@@ -25,8 +26,6 @@ from ml_collections import config_dict
 
 from jaxformer import models
 
-# Model fields that are inference-only switches, not part of a training config.
-_SKIP_FIELDS = ("decode",)
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool, "tuple": tuple}
 
 
@@ -39,13 +38,10 @@ def _placeholder_type(annotation: Any):
   return annotation if annotation in _TYPES.values() else None
 
 
-def _default(field: dataclasses.Field):
-  if field.default is not dataclasses.MISSING:
-    value = field.default
-  elif field.default_factory is not dataclasses.MISSING:  # pragma: no cover - none today
-    value = field.default_factory()
-  else:
+def _default(field: models.ConfigField):
+  if field.default is dataclasses.MISSING:
     return None
+  value = field.default
   if value is jnp.float32 or value is jnp.bfloat16 or value is jnp.float16:
     return jnp.dtype(value).name
   return value
@@ -57,13 +53,11 @@ def model(family: str, name: str, **fields) -> config_dict.ConfigDict:
   A field given as None (or defaulting to None) is stored as a typed placeholder.
   """
   models.build(dict(fields, family=family))     # unknown, missing or invalid fields fail here
-  known = models.model_fields(family)
+  known = models.config_fields(family)
   cfg = config_dict.ConfigDict()
   cfg.family = family
   cfg.name = name
   for key, field in known.items():
-    if key in _SKIP_FIELDS and key not in fields:
-      continue
     value = fields[key] if key in fields else _default(field)
     if value is None:
       kind = _placeholder_type(field.type)

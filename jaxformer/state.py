@@ -31,15 +31,12 @@ def read_config(workdir: str) -> dict | None:
                      "it or retrain in a new --workdir") from e
 
 
-# TODO(registry): the model-family registry's example inputs replace this.
 def init_inputs(model_config) -> tuple:
-  """Dummy positional inputs for `module.init` (parameter shapes do not depend on lengths)."""
-  family = model_config.family
-  if family == "vit":
-    size, channels = model_config.image_size, model_config.get("channels", 3)
-    return (jnp.zeros((1, size, size, channels), jnp.float32),)
-  tokens = jnp.zeros((1, 2), jnp.int32)
-  return (tokens, tokens) if family in ("seq2seq", "rnn_seq2seq") else (tokens,)
+  """Zero positional inputs for `module.init`, of the kind the family's registry entry says
+  (parameter shapes do not depend on the batch or the length)."""
+  cfg = models.config_as_dict(model_config)
+  return tuple(jnp.zeros(x.shape, x.dtype)
+               for x in models.get(cfg.get("family")).example_inputs(cfg, 1, 2))
 
 
 def train_state_fns(config):

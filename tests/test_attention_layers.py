@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer.layers import MultiHeadAttention, TransformerBlock
+from jaxformer.layers import MultiHeadAttention
 from tests import attention_reference as ref
 from tests.gradcheck import numeric_grad
+from tests.modules import make_block
 from tests.np_reference import ACT_NP, layernorm_np, rope_np
 
 B, T, E = 2, 13, 48
@@ -277,7 +278,7 @@ def np_block(p, x, context=None, *, pre_norm, num_heads, eps=1e-5, causal=False)
 @pytest.mark.parametrize("pre_norm", [True, False])
 @pytest.mark.parametrize("cross", [False, True])
 def test_block_matches_numpy_values_and_grads(pre_norm, cross):
-  module = TransformerBlock(num_heads=4, mlp_dim=64, pre_norm=pre_norm, causal=not cross,
+  module = make_block(num_heads=4, mlp_dim=64, pre_norm=pre_norm, causal=not cross,
                             cross_attention=cross)
   x = rand(B, 9, E)
   context = rand(B, 5, E, seed=5) if cross else None
@@ -297,11 +298,11 @@ def test_block_llama_style_runs_and_decodes():
   kw = dict(num_heads=4, num_kv_heads=2, mlp_dim=96, norm="rmsnorm", ffn="swiglu",
             activation="silu", use_bias=False, positions="rope", causal=True)
   x = rand(B, T, E)
-  full = TransformerBlock(**kw)
+  full = make_block(**kw)
   variables = init(full, x)
   assert set(variables["params"]["ffn"]) == {"wi_gate", "wi_up", "wo"}
   want = full.apply(variables, x)
-  dec = TransformerBlock(decode=True, **kw)
+  dec = make_block(decode=True, **kw)
   cache = dec.init(jax.random.key(0), jnp.zeros((B, T, E)))["cache"]
   outs = []
   for t in range(T):
@@ -315,19 +316,19 @@ def test_block_llama_style_runs_and_decodes():
 def test_block_ffn_activation_defaults_to_the_ffn_kind():
   x = rand(1, 5, E)
   for ffn, default, other in (("mlp", "gelu", "relu"), ("swiglu", "silu", "gelu")):
-    variables = init(TransformerBlock(num_heads=4, mlp_dim=32, ffn=ffn), x)
-    run = lambda **kw: TransformerBlock(num_heads=4, mlp_dim=32, ffn=ffn, **kw).apply(
+    variables = init(make_block(num_heads=4, mlp_dim=32, ffn=ffn), x)
+    run = lambda **kw: make_block(num_heads=4, mlp_dim=32, ffn=ffn, **kw).apply(
         variables, x)
     np.testing.assert_array_equal(run(), run(activation=default))
     assert not np.allclose(run(), run(activation=other))
 
 
 def test_block_dropout_only_when_training():
-  module = TransformerBlock(num_heads=4, mlp_dim=64, dropout_rate=0.3)
+  module = make_block(num_heads=4, mlp_dim=64, dropout_rate=0.3)
   x = rand(B, T, E)
   variables = init(module, x)
   det = module.apply(variables, x)
-  np.testing.assert_allclose(det, TransformerBlock(num_heads=4, mlp_dim=64).apply(variables, x))
+  np.testing.assert_allclose(det, make_block(num_heads=4, mlp_dim=64).apply(variables, x))
   train = module.apply(variables, x, deterministic=False, rngs={"dropout": jax.random.key(0)})
   assert not np.allclose(train, det)
 
@@ -343,4 +344,4 @@ def test_block_bad_config_raises(kw, with_context, match):
   x = rand(1, 5, E)
   args = (x, rand(1, 3, E)) if with_context else (x,)
   with pytest.raises(ValueError, match=match):
-    TransformerBlock(num_heads=4, mlp_dim=32, **kw).init(jax.random.key(0), *args)
+    make_block(num_heads=4, mlp_dim=32, **kw).init(jax.random.key(0), *args)

@@ -62,7 +62,7 @@ def test_every_config_loads_builds_and_counts(module, name):
     assert key in cfg.optim
   assert cfg.mesh.to_dict() == {"data": -1, "model": 1, "expert": 1, "fsdp": False}
   # Every model field is in the config, so any of them can be overridden from the CLI.
-  fields = set(models.model_fields(cfg.model.family)) - {"decode"}
+  fields = set(models.config_fields(cfg.model.family)) - {"decode"}
   assert set(cfg.model.keys()) == fields | {"family", "name"}
   if name != "tiny":
     assert "reference" in cfg
@@ -244,8 +244,8 @@ def test_config_flags_override():
   per_layer = 4 * d * d + 4 * d + 2 * d * mlp + mlp + d + 4 * d
   assert scaling.count_params(cfg.model)["total"] == base + per_layer
   module_ = models.build(cfg.model)
-  assert module_.num_layers == 3 and module_.window == 8
-  assert module_.attention_block_sizes == (64, 32)
+  assert module_.num_layers == 3 and module_.block.window == 8
+  assert module_.block.attention_block_sizes == (64, 32)
   # Unknown keys are rejected, with a suggestion.
   with pytest.raises(AttributeError, match='Did you mean "num_layers"'):
     _flag_config(["prog", f"--config={path}:tiny", "--config.model.num_layerz=3"])

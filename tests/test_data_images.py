@@ -144,11 +144,12 @@ def test_translate_reference(dy, dx):
 
 
 def test_batches_feed_the_vit(cache):
-  from jaxformer.models.vit import ViT
+  from jaxformer import models
   p = _pipeline("digits", cache, batch=4)
   h, w, c = p.info["image_shape"]
-  model = ViT(num_classes=p.info["num_classes"], patch_size=4, image_size=h, d_model=16,
-              num_layers=1, num_heads=2, mlp_dim=32, channels=c)
+  model = models.build(dict(family="vit", num_classes=p.info["num_classes"], patch_size=4,
+                           image_size=h, d_model=16, num_layers=1, num_heads=2, mlp_dim=32,
+                           channels=c))
   batch = p.train_batch(0)
 
   def logits(key):                   # traced only (eval_shape): shapes and dtypes, no compile

@@ -119,11 +119,12 @@ def test_process_slicing_matches_single_process():
 
 
 def test_batches_feed_the_encoder_decoder():
-  from jaxformer.models.seq2seq import EncoderDecoder
+  from jaxformer import models
   p = _pipeline("reverse", vocab_size=5, max_len=7, batch=3)
   batch = p.train_batch(0)
-  model = EncoderDecoder(vocab_size=p.info["vocab_size"], d_model=16, num_encoder_layers=1,
-                         num_decoder_layers=1, num_heads=2, mlp_dim=32, dropout_rate=0.0)
+  model = models.build(dict(family="seq2seq", vocab_size=p.info["vocab_size"], d_model=16,
+                           num_encoder_layers=1, num_decoder_layers=1, num_heads=2, mlp_dim=32,
+                           dropout_rate=0.0))
   def logits(key):                   # traced only (eval_shape): shapes and dtypes, no compile
     params = model.init(key, batch["src"], batch["tgt_in"], src_mask=batch["src_mask"])
     return model.apply(params, batch["src"], batch["tgt_in"], src_mask=batch["src_mask"])

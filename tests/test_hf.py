@@ -24,6 +24,7 @@ from safetensors.numpy import load_file, save_file
 
 from jaxformer import models
 from jaxformer.convert import hf
+from jaxformer.convert.hf import io as hf_io
 from jaxformer.models.stack import stack_layers
 
 transformers.logging.set_verbosity_error()
@@ -331,6 +332,19 @@ def test_unsupported_options(tmp_path):
                  mlp_dim=64, positions="alibi"), {}, tmp_path / "alibi")
 
 
+@pytest.mark.parametrize("family, key, value", [
+    ("bert", "ffn", "swiglu"), ("bert", "pre_norm", True), ("vit", "num_kv_heads", 2),
+    ("vit", "norm", "rmsnorm"), ("decoder", "pre_norm", False)])
+def test_save_refuses_block_settings_the_architecture_lacks(tmp_path, family, key, value):
+  """Every family takes every block setting; HF formats are narrower and say which."""
+  cfg = dict(family=family, d_model=32, num_heads=4, mlp_dim=64, num_layers=1, **{key: value})
+  cfg.update(dict(num_classes=3, image_size=8, patch_size=4) if family == "vit" else
+             dict(vocab_size=VOCAB))
+  models.build(cfg)                   # a valid model ...
+  with pytest.raises(ValueError, match=f"model.{key}={value!r}: the Hugging Face {family}"):
+    hf.save(cfg, {}, tmp_path / "out")   # ... that the format cannot hold
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
 def test_low_precision_safetensors_load_cast_to_float32(tmp_path, dtype):
   """Checkpoints stored in every floating dtype torch writes to safetensors load, each weight
@@ -359,4 +373,4 @@ def test_unreadable_checkpoint_files_name_the_file(tmp_path):
   (tmp_path / "x.safetensors").write_bytes(len(header).to_bytes(8, "little") + header.encode()
                                            + bytes(3))
   with pytest.raises(ValueError, match=r"tensor 'w' has dtype F6_E3M2, which jaxformer cannot"):
-    hf._read_safetensors_raw(str(tmp_path / "x.safetensors"), ["w"])
+    hf_io._read_safetensors_raw(str(tmp_path / "x.safetensors"), ["w"])

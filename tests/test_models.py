@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from jaxformer import models
-from jaxformer.layers.moe import MoE
 from jaxformer.models.stack import stack_layers
 from jaxformer.models.vit import resize_pos_embed
 from tests.gradcheck import numeric_grad
+from tests.modules import make_moe
 
 GPT = dict(family="decoder", vocab_size=61, d_model=32, num_layers=3, num_heads=4, mlp_dim=64,
            max_len=32)
@@ -207,7 +207,7 @@ def test_rnn_seq2seq_masks_source_padding(attention, cell):
 
 
 def test_moe_matches_numpy_top_k_mixture():
-  moe = MoE(num_experts=5, experts_per_token=2, hidden_dim=12)
+  moe = make_moe(num_experts=5, experts_per_token=2, hidden_dim=12)
   x = np.random.default_rng(0).normal(size=(2, 7, 16)).astype(np.float32)
   params = nn.unbox(moe.init(jax.random.key(0), x))["params"]
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)

@@ -13,11 +13,12 @@ from jax.sharding import AxisType
 import configs
 from configs import moe_gpt
 from jaxformer import models, scaling
-from jaxformer.layers.moe import (MOE_COLLECTION, MoE, capacity_positions, collect_moe,
+from jaxformer.layers.moe import (MOE_COLLECTION, capacity_positions, collect_moe,
                                   expert_capacity)
 from jaxformer.models.stack import stack_layers
 from jaxformer.parallel.rules import MESH_AXES, logical_axis_rules
 from tests.gradcheck import numeric_grad
+from tests.modules import make_moe
 
 ACTS = {"silu": lambda h: h / (1 + np.exp(-h)), "relu": lambda h: np.maximum(h, 0)}
 DECODER = dict(family="decoder", vocab_size=23, d_model=16, num_layers=2, num_heads=2,
@@ -68,7 +69,7 @@ def np_moe(x, p, *, k, act, renormalize=True, capacity=None):
 
 
 def init_moe(x, **fields):
-  module = MoE(**fields)
+  module = make_moe(**fields)
   params = nn.unbox(module.init(jax.random.key(0), x))["params"]
   return module, params, jax.tree.map(lambda a: np.asarray(a, np.float64), params)
 
@@ -118,8 +119,8 @@ def test_dropless_equals_every_expert_run_densely_weighted_by_gates():
       "gtd,edh->gteh", x, params["wi_up"])
   dense = jnp.einsum("gteh,ehd,gte->gtd", h, params["wo"], gates)
   for impl in ("ragged", "blocked"):
-    out, _ = run(MoE(num_experts=6, experts_per_token=3, hidden_dim=5, grouped_matmul=impl),
-                 params, x)
+    out, _ = run(make_moe(num_experts=6, experts_per_token=3, hidden_dim=5,
+                          grouped_matmul=impl), params, x)
     np.testing.assert_allclose(out, dense, atol=1e-5)
 
 

@@ -282,5 +282,5 @@ def test_block_sizes_reach_the_kernel_and_bad_ones_fail_early():
   with pytest.raises(ValueError, match=r"model.attention_block_sizes=\(48, 64\) must be "
                                        "powers of two for attention_impl='pallas'"):
     models.build(config)
-  assert models.build(dict(config, attention_block_sizes=[32, 64])).attention_block_sizes == (
-      32, 64)
+  built = models.build(dict(config, attention_block_sizes=[32, 64]))
+  assert built.block.attention_block_sizes == (32, 64)

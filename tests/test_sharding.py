@@ -5,16 +5,16 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from jaxformer.layers import TransformerBlock
 from jaxformer.parallel.rules import MESH_AXES, logical_axis_rules
+from tests.modules import make_block
 
 
 def test_block_sharded_over_data_and_model_matches_single_device():
   assert jax.device_count() == 8, "conftest must provide 8 CPU devices"
   mesh = jax.make_mesh((2, 4, 1), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
   rules = logical_axis_rules()
-  module = TransformerBlock(num_heads=4, num_kv_heads=4, mlp_dim=64, causal=True,
-                            positions="rope", impl="blocked")
+  module = make_block(num_heads=4, num_kv_heads=4, mlp_dim=64, causal=True,
+                            positions="rope", attention_impl="blocked")
   x = jax.random.normal(jax.random.key(1), (4, 16, 32))
   boxed = module.init(jax.random.key(0), x)
   params = nn.unbox(boxed)["params"]

@@ -1,6 +1,7 @@
 """`make_pipeline(config)`: the data pipeline a training config asks for.
 
-The model family fixes the task (see `jaxformer.train.tasks`); `data.source` picks where the
+The model family's registry entry fixes the task (`jaxformer.models.get(family).task`, see
+`jaxformer.train.tasks`); `data.source` picks where the
 examples come from:
 - text (tasks lm, mlm): "tinyshakespeare" (bundled), a path to a .txt file, or "tfds:<name>"
   with a text feature (e.g. "tfds:lm1b");
@@ -11,19 +12,13 @@ examples come from:
 
 from __future__ import annotations
 
+from jaxformer import models
 from jaxformer.data.batching import Pipeline
-
-TASK_OF_FAMILY = {"decoder": "lm", "bert": "mlm", "vit": "classification",
-                  "seq2seq": "seq2seq", "rnn_seq2seq": "seq2seq"}
 
 
 def make_pipeline(config, *, workdir: str, process_index: int = 0,
                   process_count: int = 1) -> Pipeline:
-  family = config.model.get("family")
-  if family not in TASK_OF_FAMILY:
-    raise ValueError(f"model.family={family!r} has no data task; one of "
-                     f"{sorted(TASK_OF_FAMILY)}")
-  task, data, train = TASK_OF_FAMILY[family], config.data, config.train
+  task, data, train = models.get(config.model.get("family")).task, config.data, config.train
   source = data.get("source")
   if not isinstance(source, str) or not source:
     raise ValueError(f"data.source={source!r} must name a dataset (see jaxformer.data.pipeline)")

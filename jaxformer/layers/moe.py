@@ -49,32 +49,14 @@ from jax.sharding import PartitionSpec as P
 
 from jaxformer.layers.dense import default_kernel_init, dense
 from jaxformer.layers.mlp import activation_fn
+from jaxformer.layers.settings import MoESettings
 
-DISPATCHES = ("dropless", "capacity")
-GROUPED_MATMULS = ("auto", "ragged", "blocked")
 MOE_COLLECTION = "intermediates"
 # Sown metric name -> number of trailing (per-layer) dims.
 MOE_METRICS = {"moe_load_balance_loss": 0, "moe_z_loss": 0, "moe_dropped_fraction": 0,
                "moe_expert_load": 1}
 TOKEN_MESH_AXES = ("data", "expert")
 CPU_BLOCK_ROWS = 128               # max rows per block of the CPU grouped matmul
-
-
-def validate_moe(*, num_experts: int, experts_per_token: int, dispatch: str,
-                 capacity_factor: float, router_jitter: float, field: Callable[[str], str]):
-  """Raise ValueError naming `field(name)` (e.g. 'model.moe_dispatch') for a bad setting."""
-  if not 0 < experts_per_token <= num_experts:
-    raise ValueError(f"{field('experts_per_token')}={experts_per_token} must be in "
-                     f"[1, {field('num_experts')}={num_experts}]: lower the top-k or add "
-                     "experts")
-  if dispatch not in DISPATCHES:
-    raise ValueError(f"{field('dispatch')}={dispatch!r} is not one of {sorted(DISPATCHES)}")
-  if not capacity_factor > 0:
-    raise ValueError(f"{field('capacity_factor')}={capacity_factor} must be > 0 "
-                     "(1.0-2.0 is usual; dropless dispatch ignores it)")
-  if not 0 <= router_jitter < 1:
-    raise ValueError(f"{field('router_jitter')}={router_jitter} must be in [0, 1) "
-                     "(Switch uses 0.01; 0 turns it off)")
 
 
 def expert_capacity(tokens_per_group: int, num_experts: int, experts_per_token: int,
@@ -262,18 +244,12 @@ def _expert_axis_size() -> int:
 
 
 class MoE(nn.Module):
-  """Top-k mixture of `num_experts` MLPs on [..., T, d] (see the module docstring)."""
-  num_experts: int
-  experts_per_token: int
+  """Top-k mixture of experts (`settings`, see layers/settings.py) of width `hidden_dim` on
+  [..., T, d] (see the module docstring)."""
+  settings: MoESettings
   hidden_dim: int
   activation: str = "silu"
-  gated: bool = True                  # SwiGLU experts (Mixtral); False: act(x W_in) W_out
   use_bias: bool = False              # accepted for FFN-interface parity; experts have none
-  dispatch: str = "dropless"          # "dropless" | "capacity"
-  capacity_factor: float = 1.25       # capacity dispatch: slots per expert, see module doc
-  router_jitter: float = 0.0          # training-time multiplicative noise on the router input
-  renormalize: bool = True            # top-k gates sum to 1 (Mixtral); False: raw probs (Switch)
-  grouped_matmul: str = "auto"        # dropless: "ragged" | "blocked" | "auto" (blocked on CPU)
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   kernel_init: Callable = default_kernel_init   # (in_axis, out_axis, batch_axis) -> init
@@ -285,63 +261,56 @@ class MoE(nn.Module):
                       self.param_dtype).astype(self.dtype)
 
   def _weights(self, d: int) -> dict:
-    e, h = self.num_experts, self.hidden_dim
-    names = ("wi_gate", "wi_up") if self.gated else ("wi",)
+    e, h = self.settings.num_experts, self.hidden_dim
+    names = ("wi_gate", "wi_up") if self.settings.gated else ("wi",)
     weights = {n: self._expert_weights(n, (e, d, h), ("expert", "embed", "mlp")) for n in names}
     weights["wo"] = self._expert_weights("wo", (e, h, d), ("expert", "mlp", "embed"))
     return weights
 
   def _router_logits(self, x, deterministic: bool):
-    r = x.astype(jnp.float32)
-    if self.router_jitter and not deterministic:
-      noise = jax.random.uniform(self.make_rng("dropout"), r.shape, jnp.float32,
-                                 1 - self.router_jitter, 1 + self.router_jitter)
-      r = r * noise
-    return dense(self.num_experts, ("embed", None), name="router", dtype=jnp.float32,
+    r, jitter = x.astype(jnp.float32), self.settings.router_jitter
+    if jitter and not deterministic:
+      r = r * jax.random.uniform(self.make_rng("dropout"), r.shape, jnp.float32, 1 - jitter,
+                                 1 + jitter)
+    return dense(self.settings.num_experts, ("embed", None), name="router", dtype=jnp.float32,
                  param_dtype=self.param_dtype)(r)
 
   def _grouped_matmul_impl(self) -> str:
-    if self.grouped_matmul not in GROUPED_MATMULS:
-      raise ValueError(f"grouped_matmul={self.grouped_matmul!r} is not one of "
-                       f"{sorted(GROUPED_MATMULS)}")
-    if self.grouped_matmul != "auto":
-      return self.grouped_matmul
+    if self.settings.grouped_matmul != "auto":
+      return self.settings.grouped_matmul
     return "blocked" if jax.default_backend() == "cpu" else "ragged"
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool = True):
-    validate_moe(num_experts=self.num_experts, experts_per_token=self.experts_per_token,
-                 dispatch=self.dispatch, capacity_factor=self.capacity_factor,
-                 router_jitter=self.router_jitter, field=lambda name: name)
+    s = self.settings
     impl = self._grouped_matmul_impl()
     act = activation_fn(self.activation)
     shape, d = x.shape, x.shape[-1]
     seqs = x.reshape((-1,) + x.shape[-2:]) if x.ndim >= 3 else x[None]   # [G, T, d]
     logits = self._router_logits(seqs, deterministic)                    # [G, T, E]
-    probs, gates, experts = route(logits, self.experts_per_token, self.renormalize)
-    flat_probs, flat_experts = probs.reshape(-1, self.num_experts), experts.reshape(
-        -1, self.experts_per_token)
+    probs, gates, experts = route(logits, s.experts_per_token, s.renormalize)
+    flat_probs = probs.reshape(-1, s.num_experts)
+    flat_experts = experts.reshape(-1, s.experts_per_token)
     self.sow(MOE_COLLECTION, "moe_load_balance_loss", load_balance_loss(flat_probs,
                                                                         flat_experts))
     self.sow(MOE_COLLECTION, "moe_z_loss", router_z_loss(logits))
-    self.sow(MOE_COLLECTION, "moe_expert_load", expert_load(flat_experts, self.num_experts))
+    self.sow(MOE_COLLECTION, "moe_expert_load", expert_load(flat_experts, s.num_experts))
     weights = self._weights(d)
     inputs = (seqs.astype(self.dtype), experts, gates)
-    if self.dispatch == "capacity":
-      capacity = expert_capacity(seqs.shape[1], self.num_experts, self.experts_per_token,
-                                 self.capacity_factor)
-      slots = capacity_positions(experts, self.num_experts)
+    if s.dispatch == "capacity":
+      capacity = expert_capacity(seqs.shape[1], s.num_experts, s.experts_per_token,
+                                 s.capacity_factor)
+      slots = capacity_positions(experts, s.num_experts)
       self.sow(MOE_COLLECTION, "moe_dropped_fraction", jnp.mean(slots >= capacity,
                                                                 dtype=jnp.float32))
       fn = lambda xs, ex, gs, sl, w, axis: capacity_dispatch(
-          xs, ex, gs, sl, w, num_experts=self.num_experts, capacity=capacity, act=act,
-          axis=axis)
+          xs, ex, gs, sl, w, num_experts=s.num_experts, capacity=capacity, act=act, axis=axis)
       inputs = inputs + (slots,)
     else:
       self.sow(MOE_COLLECTION, "moe_dropped_fraction", jnp.zeros((), jnp.float32))
       fn = lambda xs, ex, gs, w, axis: dropless_dispatch(
           xs.reshape(-1, d), ex.reshape(-1, ex.shape[-1]), gs.reshape(-1, gs.shape[-1]), w,
-          num_experts=self.num_experts, act=act, axis=axis, impl=impl).reshape(xs.shape)
+          num_experts=s.num_experts, act=act, axis=axis, impl=impl).reshape(xs.shape)
     out = self._run(fn, inputs, weights)
     return out.reshape(shape).astype(self.dtype)
 
@@ -350,8 +319,8 @@ class MoE(nn.Module):
     shards = _expert_axis_size()
     if shards == 1:
       return fn(*inputs, weights, None)
-    if self.num_experts % shards:
-      raise ValueError(f"model.num_experts={self.num_experts} is not divisible by "
+    if self.settings.num_experts % shards:
+      raise ValueError(f"model.num_experts={self.settings.num_experts} is not divisible by "
                        f"mesh.expert={shards}: use a multiple of mesh.expert experts or a "
                        "mesh.expert that divides model.num_experts")
     mesh = jax.sharding.get_abstract_mesh()

@@ -10,6 +10,8 @@ import jax.numpy as jnp
 from jaxformer.layers import Embed, LayerNorm, LearnedPositionEmbedding
 from jaxformer.layers.dense import dense
 from jaxformer.layers.mlp import activation_fn
+from jaxformer.layers.settings import BlockSettings
+from jaxformer.models.family import Family, token_inputs
 from jaxformer.models.stack import BlockStack
 
 
@@ -17,16 +19,9 @@ class Bert(nn.Module):
   vocab_size: int
   d_model: int
   num_layers: int
-  num_heads: int
-  mlp_dim: int
+  block: BlockSettings                # post-norm, gelu_exact, dropout 0.1: see FAMILY
   max_len: int = 512
   type_vocab_size: int = 2
-  norm_eps: float = 1e-12
-  activation: str = "gelu_exact"
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.1
-  attention_impl: str = "auto"
-  attention_block_sizes: tuple[int, int] | None = None   # (block_q, block_k), see ops.attention
   scan_layers: bool = False
   remat_policy: str = "none"
   dtype: Any = jnp.float32
@@ -34,22 +29,18 @@ class Bert(nn.Module):
 
   def setup(self):
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-    self.dropout = nn.Dropout(self.dropout_rate)
+    eps = self.block.norm_eps
+    self.dropout = nn.Dropout(self.block.dropout_rate)
     self.embed = Embed(self.vocab_size, self.d_model, name="embed", **kw)
     self.pos_embed = LearnedPositionEmbedding(self.max_len, self.d_model, name="pos_embed", **kw)
     self.type_embed = Embed(self.type_vocab_size, self.d_model, name="type_embed", **kw)
-    self.embed_norm = LayerNorm(self.norm_eps, name="embed_norm", **kw)
-    self.encoder = BlockStack(self.num_layers, dict(
-        num_heads=self.num_heads, mlp_dim=self.mlp_dim, pre_norm=False, norm="layernorm",
-        norm_eps=self.norm_eps, ffn="mlp", activation=self.activation, use_bias=True,
-        qkv_bias=True, dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate, impl=self.attention_impl,
-        attention_block_sizes=self.attention_block_sizes, **kw),
-        scan=self.scan_layers, remat_policy=self.remat_policy, name="encoder")
+    self.embed_norm = LayerNorm(eps, name="embed_norm", **kw)
+    self.encoder = BlockStack(self.num_layers, self.block, kw, scan=self.scan_layers,
+                              remat_policy=self.remat_policy, name="encoder")
     self.pooler = dense(self.d_model, ("embed", "mlp"), use_bias=True, name="pooler", **kw)
     self.mlm_transform = dense(self.d_model, ("embed", "mlp"), use_bias=True,
                                name="mlm_transform", **kw)
-    self.mlm_norm = LayerNorm(self.norm_eps, name="mlm_norm", **kw)
+    self.mlm_norm = LayerNorm(eps, name="mlm_norm", **kw)
     self.mlm_bias = self.param("mlm_bias", nn.with_logical_partitioning(
         nn.initializers.zeros, ("vocab",)), (self.vocab_size,), self.param_dtype)
 
@@ -73,6 +64,15 @@ class Bert(nn.Module):
     x, pooled = self.encode(tokens, token_type_ids=token_type_ids,
                             attention_mask=attention_mask, deterministic=deterministic)
     self.sow("intermediates", "pooled", pooled)
-    h = self.mlm_norm(activation_fn(self.activation)(self.mlm_transform(x)))
+    h = self.mlm_norm(activation_fn(self.block.activation or "gelu_exact")(self.mlm_transform(x)))
     logits = self.embed.attend(h) + self.mlm_bias
     return logits.astype(jnp.float32)
+
+
+FAMILY = Family(
+    name="bert", module=Bert, task="mlm", example_inputs=token_inputs(1),
+    embeddings=("embed", "pos_embed", "type_embed"),
+    heads=("mlm_transform", "mlm_norm", "mlm_bias"),   # the pooler is part of BertModel
+    block_defaults=dict(pre_norm=False, qkv_bias=True, norm_eps=1e-12, activation="gelu_exact",
+                        dropout_rate=0.1, attention_dropout_rate=0.1),
+    embedding_lookups=1, hf_converter="jaxformer.convert.hf.bert")

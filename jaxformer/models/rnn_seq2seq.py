@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from jaxformer.layers import AdditiveAttention, Embed
 from jaxformer.layers.dense import dense
+from jaxformer.models.family import Family, token_inputs
 
 CELLS = {"gru": nn.GRUCell, "lstm": nn.OptimizedLSTMCell}
 
@@ -53,8 +54,6 @@ class RnnSeq2Seq(nn.Module):
   @nn.compact
   def __call__(self, src_tokens, tgt_tokens, *, src_mask=None, deterministic: bool = True):
     """src [B, S], tgt [B, T] (teacher forcing), src_mask [B, S] (1 = real) -> [B, T, vocab]."""
-    if self.cell not in CELLS:
-      raise ValueError(f"cell={self.cell!r} is not one of {sorted(CELLS)}")
     src_mask = (jnp.ones(src_tokens.shape, bool) if src_mask is None
                 else src_mask.astype(bool))
     src = Embed(self.vocab_size, self.embed_dim, name="src_embed")(src_tokens)
@@ -68,3 +67,22 @@ class RnnSeq2Seq(nn.Module):
         state, tgt, encoded, src_mask, _hidden(state, self.cell))
     return dense(self.vocab_size, ("mlp", "vocab"), use_bias=True, name="out")(
         outputs).astype(jnp.float32)
+
+
+def _validate(c: dict):
+  if c["cell"] not in CELLS:
+    raise ValueError(f"model.cell={c['cell']!r} is not one of {sorted(CELLS)}")
+
+
+def _attention_flops(cfg: dict, seq_len: int) -> tuple[int, int, int]:
+  """Additive attention: an (attention_dim) score per source state, then a weighted sum of
+  the (hidden_dim) states: one "layer" of width attention_dim + hidden_dim."""
+  if not cfg.get("attention", True):
+    return 0, seq_len, 0
+  return 1, seq_len, (cfg.get("attention_dim") or cfg["hidden_dim"]) + cfg["hidden_dim"]
+
+
+FAMILY = Family(
+    name="rnn_seq2seq", module=RnnSeq2Seq, task="seq2seq", example_inputs=token_inputs(2),
+    embeddings=("src_embed", "tgt_embed", "out"), heads=("out",),
+    attention_flops=_attention_flops, validate=_validate)

@@ -14,6 +14,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxformer.layers import Embed, make_norm
+from jaxformer.layers.settings import BlockSettings
+from jaxformer.models.family import Family, head_dim, token_inputs
 from jaxformer.models.stack import BlockStack
 from jaxformer.ops import positions as pos_ops
 
@@ -23,15 +25,7 @@ class EncoderDecoder(nn.Module):
   d_model: int
   num_encoder_layers: int
   num_decoder_layers: int
-  num_heads: int
-  mlp_dim: int
-  pre_norm: bool = False              # the paper is post-norm; pre-norm adds final norms
-  norm_eps: float = 1e-6
-  activation: str = "relu"
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.0
-  attention_impl: str = "auto"
-  attention_block_sizes: tuple[int, int] | None = None   # (block_q, block_k), see ops.attention
+  block: BlockSettings                # post-norm (pre_norm=True adds final norms), relu
   scan_layers: bool = False
   remat_policy: str = "none"
   dtype: Any = jnp.float32
@@ -39,25 +33,18 @@ class EncoderDecoder(nn.Module):
 
   def setup(self):
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-    self.dropout = nn.Dropout(self.dropout_rate)
-    block = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim, pre_norm=self.pre_norm,
-                 norm="layernorm", norm_eps=self.norm_eps, ffn="mlp",
-                 activation=self.activation, use_bias=True, qkv_bias=True,
-                 dropout_rate=self.dropout_rate,
-                 attention_dropout_rate=self.attention_dropout_rate, impl=self.attention_impl,
-                 attention_block_sizes=self.attention_block_sizes, **kw)
+    b = self.block
+    self.dropout = nn.Dropout(b.dropout_rate)
     stack = dict(scan=self.scan_layers, remat_policy=self.remat_policy)
     self.embed = Embed(self.vocab_size, self.d_model, name="embed",
                        embedding_init=nn.initializers.normal(self.d_model ** -0.5), **kw)
-    self.encoder = BlockStack(self.num_encoder_layers, block, name="encoder", **stack)
-    self.decoder = BlockStack(self.num_decoder_layers, dict(block, causal=True,
-                                                            cross_attention=True),
-                              name="decoder", **stack)
-    if self.pre_norm:
-      self.encoder_norm = make_norm("layernorm", epsilon=self.norm_eps, name="encoder_norm",
-                                    **kw)
-      self.decoder_norm = make_norm("layernorm", epsilon=self.norm_eps, name="decoder_norm",
-                                    **kw)
+    self.encoder = BlockStack(self.num_encoder_layers, b, kw, name="encoder", **stack)
+    self.decoder = BlockStack(self.num_decoder_layers, b,
+                              dict(kw, causal=True, cross_attention=True), name="decoder",
+                              **stack)
+    if b.pre_norm:
+      self.encoder_norm = make_norm(b.norm, epsilon=b.norm_eps, name="encoder_norm", **kw)
+      self.decoder_norm = make_norm(b.norm, epsilon=b.norm_eps, name="decoder_norm", **kw)
 
   def _embed(self, tokens, deterministic):
     x = self.embed(tokens) * math.sqrt(self.d_model)
@@ -68,13 +55,13 @@ class EncoderDecoder(nn.Module):
     mask = None if src_mask is None else src_mask.astype(bool)[:, None, None, :]
     x = self.encoder(self._embed(src_tokens, deterministic), mask=mask,
                      deterministic=deterministic)
-    return self.encoder_norm(x) if self.pre_norm else x
+    return self.encoder_norm(x) if self.block.pre_norm else x
 
   def decode(self, encoded, tgt_tokens, *, src_mask=None, deterministic: bool = True):
     context_mask = None if src_mask is None else src_mask.astype(bool)[:, None, None, :]
     x = self.decoder(self._embed(tgt_tokens, deterministic), encoded,
                      context_mask=context_mask, deterministic=deterministic)
-    if self.pre_norm:
+    if self.block.pre_norm:
       x = self.decoder_norm(x)
     return self.embed.attend(x).astype(jnp.float32)
 
@@ -85,3 +72,17 @@ class EncoderDecoder(nn.Module):
         raise ValueError(f"{name} must be [batch, length]; got shape {t.shape}")
     encoded = self.encode(src_tokens, src_mask=src_mask, deterministic=deterministic)
     return self.decode(encoded, tgt_tokens, src_mask=src_mask, deterministic=deterministic)
+
+
+def _attention_flops(cfg: dict, seq_len: int) -> tuple[int, int, int]:
+  """Encoder self-, decoder self- and decoder cross-attention, source and target of seq_len."""
+  width = cfg["num_heads"] * head_dim(cfg)
+  return cfg["num_encoder_layers"] + 2 * cfg["num_decoder_layers"], seq_len, width
+
+
+FAMILY = Family(
+    name="seq2seq", module=EncoderDecoder, task="seq2seq", example_inputs=token_inputs(2),
+    embeddings=("embed",), heads=(),           # the output head is tied to `embed`
+    block_defaults=dict(pre_norm=False, qkv_bias=True, norm_eps=1e-6, activation="relu",
+                        dropout_rate=0.1),
+    embedding_lookups=2, attention_flops=_attention_flops)

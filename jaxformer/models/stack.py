@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax.core import FrozenDict
 
 from jaxformer.layers import TransformerBlock
+from jaxformer.layers.settings import BlockSettings
 
 REMAT_POLICIES = {
     "none": None,                                        # no rematerialisation
@@ -27,20 +28,24 @@ REMAT_POLICIES = {
 
 class _Layer(nn.Module):
   """One block in the scan-body form (carry, *broadcast inputs) -> (carry, None)."""
-  block: Any                                   # FrozenDict of TransformerBlock fields
+  settings: BlockSettings
+  wiring: Any                                  # FrozenDict of the other TransformerBlock fields
   deterministic: bool = True
 
   @nn.compact
   def __call__(self, x, context, mask, context_mask, segment_ids, positions):
-    x = TransformerBlock(**self.block, name="block")(
+    x = TransformerBlock(self.settings, **self.wiring, name="block")(
         x, context, mask=mask, context_mask=context_mask, segment_ids=segment_ids,
         positions=positions, deterministic=self.deterministic)
     return x, None
 
 
 class BlockStack(nn.Module):
+  """`num_layers` TransformerBlocks of the same `settings`; `wiring` holds the block's other
+  fields (causal, cross_attention, positions, rope_theta, decode, dtype, param_dtype)."""
   num_layers: int
-  block: Any                                   # FrozenDict of TransformerBlock fields
+  settings: BlockSettings
+  wiring: Any = None                           # dict of TransformerBlock wiring fields
   scan: bool = False
   remat_policy: str = "none"
 
@@ -54,7 +59,8 @@ class BlockStack(nn.Module):
     if self.remat_policy != "none":
       layer = nn.remat(layer, policy=REMAT_POLICIES[self.remat_policy],
                        prevent_cse=not self.scan)
-    block = FrozenDict(self.block)
+    kw = dict(settings=self.settings, wiring=FrozenDict(self.wiring or {}),
+              deterministic=deterministic)
     inputs = (context, mask, context_mask, segment_ids, positions)
     if self.scan:
       layer = nn.scan(layer, variable_axes={"params": 0, "cache": 0, "intermediates": 0,
@@ -62,10 +68,10 @@ class BlockStack(nn.Module):
                       split_rngs={"params": True, "dropout": True},
                       in_axes=(nn.broadcast,) * len(inputs), length=self.num_layers,
                       metadata_params={nn.PARTITION_NAME: "layers"})
-      x, _ = layer(block=block, deterministic=deterministic, name="layers")(x, *inputs)
+      x, _ = layer(**kw, name="layers")(x, *inputs)
       return x
     for i in range(self.num_layers):
-      x, _ = layer(block=block, deterministic=deterministic, name=f"layers_{i}")(x, *inputs)
+      x, _ = layer(**kw, name=f"layers_{i}")(x, *inputs)
     return x
 
 

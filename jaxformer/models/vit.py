@@ -11,7 +11,11 @@ import jax.numpy as jnp
 
 from jaxformer.layers import LearnedPositionEmbedding, PatchEmbed, make_norm
 from jaxformer.layers.dense import dense
+from jaxformer.layers.settings import BlockSettings
+from jaxformer.models.family import Family, image_inputs
 from jaxformer.models.stack import BlockStack
+
+POOLS = ("cls", "gap")
 
 
 class ViT(nn.Module):
@@ -20,16 +24,9 @@ class ViT(nn.Module):
   image_size: int
   d_model: int
   num_layers: int
-  num_heads: int
-  mlp_dim: int
+  block: BlockSettings                # pre-norm, gelu_exact, eps 1e-6: see FAMILY
   channels: int = 3
   pool: str = "cls"                   # "cls" token or "gap" (global average pooling)
-  norm_eps: float = 1e-6
-  activation: str = "gelu_exact"
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  attention_impl: str = "auto"
-  attention_block_sizes: tuple[int, int] | None = None   # (block_q, block_k), see ops.attention
   scan_layers: bool = False
   remat_policy: str = "none"
   dtype: Any = jnp.float32
@@ -42,8 +39,6 @@ class ViT(nn.Module):
   @nn.compact
   def __call__(self, images, *, deterministic: bool = True):
     """images [B, H, W, C] float -> class logits [B, num_classes]."""
-    if self.pool not in ("cls", "gap"):
-      raise ValueError(f"pool={self.pool!r} must be 'cls' or 'gap'")
     if images.shape[1:3] != (self.image_size, self.image_size):
       raise ValueError(f"images are {images.shape[1]}x{images.shape[2]} but image_size="
                        f"{self.image_size}; build the model for the new size and resize the "
@@ -58,16 +53,10 @@ class ViT(nn.Module):
                            x], axis=1)
     x = x + LearnedPositionEmbedding(x.shape[1], self.d_model, name="pos_embed", **kw)(
         jnp.arange(x.shape[1])[None])
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
-    x = BlockStack(self.num_layers, dict(
-        num_heads=self.num_heads, mlp_dim=self.mlp_dim, pre_norm=True, norm="layernorm",
-        norm_eps=self.norm_eps, ffn="mlp", activation=self.activation, use_bias=True,
-        qkv_bias=True, dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate, impl=self.attention_impl,
-        attention_block_sizes=self.attention_block_sizes, **kw),
-        scan=self.scan_layers, remat_policy=self.remat_policy, name="encoder")(
-            x, deterministic=deterministic)
-    x = make_norm("layernorm", epsilon=self.norm_eps, name="final_norm", **kw)(x)
+    x = nn.Dropout(self.block.dropout_rate)(x, deterministic=deterministic)
+    x = BlockStack(self.num_layers, self.block, kw, scan=self.scan_layers,
+                   remat_policy=self.remat_policy, name="encoder")(x, deterministic=deterministic)
+    x = make_norm(self.block.norm, epsilon=self.block.norm_eps, name="final_norm", **kw)(x)
     x = x[:, 0] if self.pool == "cls" else x.mean(axis=1)
     return dense(self.num_classes, ("embed", None), use_bias=True, name="head",
                  kernel_init=lambda *_, **__: nn.initializers.zeros, **kw)(x).astype(jnp.float32)
@@ -83,3 +72,18 @@ def resize_pos_embed(table: jax.Array, new_grid: int, *, has_cls: bool = True) -
   grid = jax.image.resize(grid.reshape(g, g, -1), (new_grid, new_grid, grid.shape[-1]),
                           method="bilinear")
   return jnp.concatenate([cls, grid.reshape(new_grid * new_grid, -1)], axis=0)
+
+
+def _validate(c: dict):
+  if c["pool"] not in POOLS:
+    raise ValueError(f"model.pool={c['pool']!r} is not one of {list(POOLS)}")
+  if c["image_size"] % c["patch_size"]:
+    raise ValueError(f"model.patch_size={c['patch_size']} does not divide model.image_size="
+                     f"{c['image_size']}")
+
+
+FAMILY = Family(
+    name="vit", module=ViT, task="classification", example_inputs=image_inputs,
+    embeddings=("pos_embed",), heads=("head",),
+    block_defaults=dict(qkv_bias=True, norm_eps=1e-6, activation="gelu_exact"),
+    embedding_lookups=0, validate=_validate, hf_converter="jaxformer.convert.hf.vit")

@@ -27,7 +27,7 @@ from jaxformer.scaling.planning import Candidate, PlannedRun, plan_isoflop, plan
 from jaxformer.scaling.stats import Fit
 
 _COUNTING = ("count_params", "flops_per_token", "param_shapes", "dummy_inputs",
-             "attention_layers", "EMBEDDINGS", "HEADS")
+             "attention_layers")
 
 __all__ = ["HOFFMANN_2022", "Curve", "OptimumFit", "ParametricFit", "chinchilla_tokens",
            "envelope_optimum",

@@ -20,28 +20,10 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from jaxformer import models
+from jaxformer.models.family import head_dim
 
-# Top-level parameter names (direct children of 'params') by role, per model family.
-# Embeddings: token tables, learned position tables, token-type tables, and vocabulary-sized
-# output projections that are not tied to the input table.
-EMBEDDINGS = {
-    "decoder": ("embed", "pos_embed", "lm_head"),
-    "bert": ("embed", "pos_embed", "type_embed"),
-    "seq2seq": ("embed",),
-    "vit": ("pos_embed",),
-    "rnn_seq2seq": ("src_embed", "tgt_embed", "out"),
-}
-# Task heads, i.e. what a "backbone" (HF `*Model`, timm `num_classes=0`) leaves out.
-HEADS = {
-    "decoder": ("lm_head",),
-    "bert": ("mlm_transform", "mlm_norm", "mlm_bias"),   # the pooler is part of BertModel
-    "seq2seq": (),                                         # output head tied to `embed`
-    "vit": ("head",),
-    "rnn_seq2seq": ("out",),
-}
 # Expert weights of a MoE FFN: params named so under a module named 'ffn', with a leading
 # [num_experts] axis (after the [layers] axis when the stack is scanned).
 EXPERT_PARAMS = ("wi_gate", "wi_up", "wi", "wo")
@@ -50,15 +32,7 @@ EXPERT_PARAMS = ("wi_gate", "wi_up", "wi", "wo")
 def dummy_inputs(model_config: Any, batch: int = 1, length: int = 8) -> tuple:
   """Abstract (ShapeDtypeStruct) inputs of the right kind for `init` of this family."""
   cfg = models.config_as_dict(model_config)
-  family = cfg.get("family")
-  if family == "vit":
-    size = cfg["image_size"]
-    return (jax.ShapeDtypeStruct((batch, size, size, cfg.get("channels", 3)), jnp.float32),)
-  length = min(length, cfg.get("max_len") or length)
-  tokens = jax.ShapeDtypeStruct((batch, length), jnp.int32)
-  if family in ("seq2seq", "rnn_seq2seq"):
-    return (tokens, tokens)
-  return (tokens,)
+  return models.get(cfg.get("family")).example_inputs(cfg, batch, length)
 
 
 def param_shapes(model_config: Any) -> dict:
@@ -85,9 +59,10 @@ def count_params(model_config: Any) -> dict[str, int]:
     active. Equal to 'total' for dense models.
   - 'non_embedding': total minus token embeddings (`embed`), learned position tables
     (`pos_embed`), token-type embeddings (`type_embed`) and an untied output head
-    (`lm_head`); see EMBEDDINGS (Kaplan et al., 2020 count N without them).
+    (`lm_head`); see each family's `embeddings` (Kaplan et al., 2020 count N without them).
   - 'backbone': total minus task heads (ViT `head`, BERT's MLM head `mlm_transform`,
-    `mlm_norm`, `mlm_bias`, an untied decoder `lm_head`); see HEADS. BERT's backbone keeps
+    `mlm_norm`, `mlm_bias`, an untied decoder `lm_head`); see each family's `heads`. BERT's
+    backbone keeps
     the pooler (Hugging Face `BertModel`).
   - 'non_embedding_active': non_embedding minus the inactive expert weights (the N of
     `flops_per_token`).
@@ -111,8 +86,8 @@ def _count_params_cached(key: tuple) -> dict[str, int]:
 
 
 def _count_params(cfg: dict) -> dict[str, int]:
-  family = cfg.get("family")
-  if family in models.FAMILIES and "scan_layers" in models.model_fields(family):
+  entry = models.get(cfg.get("family"))
+  if "scan_layers" in models.config_fields(entry.name):
     cfg = dict(cfg, scan_layers=True)
   params = param_shapes(cfg)
   num_experts = int(cfg.get("num_experts") or 0)
@@ -122,9 +97,9 @@ def _count_params(cfg: dict) -> dict[str, int]:
     keys = [_key(p) for p in path]
     n = _size(leaf)
     total += n
-    if keys[0] in EMBEDDINGS.get(family, ()):
+    if keys[0] in entry.embeddings:
       embedding += n
-    if keys[0] in HEADS.get(family, ()):
+    if keys[0] in entry.heads:
       head += n
     if num_experts and len(keys) >= 2 and keys[-2] == "ffn" and keys[-1] in EXPERT_PARAMS:
       expert += n
@@ -137,32 +112,19 @@ def attention_layers(model_config: Any, seq_len: int) -> tuple[int, int, int]:
   """(number of attention layers, keys seen per query, attention width d_attn) for the
   FLOPs attention term; see `flops_per_token`."""
   cfg = models.config_as_dict(model_config)
-  family = cfg.get("family")
-  if family == "rnn_seq2seq":
-    if not cfg.get("attention", True):
-      return 0, seq_len, 0
-    # Additive attention: a (attention_dim) score per source state, then a weighted sum of
-    # the (hidden_dim) states: one "layer" of width attention_dim + hidden_dim.
-    return 1, seq_len, (cfg.get("attention_dim") or cfg["hidden_dim"]) + cfg["hidden_dim"]
-  head_dim = cfg.get("head_dim") or cfg["d_model"] // cfg["num_heads"]
-  width = cfg["num_heads"] * head_dim
-  if family == "seq2seq":
-    # Encoder self-attention, decoder self-attention and decoder cross-attention, with source
-    # and target of length seq_len.
-    return cfg["num_encoder_layers"] + 2 * cfg["num_decoder_layers"], seq_len, width
+  entry = models.get(cfg.get("family"))
+  if entry.attention_flops is not None:
+    return entry.attention_flops(cfg, seq_len)
   keys = seq_len
   window = cfg.get("window")
   if window is not None:
     left = window[0] if isinstance(window, (tuple, list)) else window
     if left is not None:
       keys = min(seq_len, left + 1)   # `left` keys to the left plus the query's own position
-  return cfg["num_layers"], keys, width
+  return cfg["num_layers"], keys, cfg["num_heads"] * head_dim(cfg)
 
 
 FLOPS_METHODS = ("kaplan", "hoffmann")
-# Token-embedding lookups per example of each family for the Hoffmann count (each counted as a
-# [vocab, d_model] matmul, 2 V d FLOPs/token, like the output logits).
-_TOKEN_EMBEDDINGS = {"decoder": 1, "bert": 1, "seq2seq": 2, "vit": 0}
 
 
 def flops_per_token(model_config: Any, seq_len: int, *, method: str = "kaplan",
@@ -209,12 +171,12 @@ def flops_per_token(model_config: Any, seq_len: int, *, method: str = "kaplan",
   if method == "kaplan":
     return 6 * n + 6 * layers * keys * width
   cfg = models.config_as_dict(model_config)
-  family = cfg.get("family")
-  if family not in _TOKEN_EMBEDDINGS:
-    raise ValueError(f"method='hoffmann' counts Transformer layers; model.family={family!r} "
-                     "has none: use method='kaplan'")
+  lookups = models.get(cfg.get("family")).embedding_lookups   # token tables, counted as matmuls
+  if lookups is None:
+    raise ValueError(f"method='hoffmann' counts Transformer layers; model.family="
+                     f"{cfg.get('family')!r} has none: use method='kaplan'")
   vocab_terms = 0
-  if _TOKEN_EMBEDDINGS[family]:
-    vocab_terms = 2 * cfg["vocab_size"] * cfg["d_model"] * (_TOKEN_EMBEDDINGS[family] + 1)
+  if lookups:
+    vocab_terms = 2 * cfg["vocab_size"] * cfg["d_model"] * (lookups + 1)
   heads = cfg["num_heads"]
   return 3 * (2 * n + vocab_terms + layers * (4 * keys * width + 3 * heads * keys))

@@ -34,7 +34,7 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
   Mixture-of-experts models add their weighted auxiliary losses (load balancing, router
   z-loss; weights on the model config) to the objective and report `moe_*` metrics.
   """
-  moe = getattr(module, "num_experts", 0) > 0
+  moe = getattr(getattr(module, "block", None), "moe", None)     # MoESettings or None
 
   def weighted_sums(params, batch, rng, aux_scale):
     """(sum of objective * w [+ aux * aux_scale], (sum nll * w, sum correct * w, moe))."""
@@ -42,11 +42,10 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
     apply = lambda **extra: module.apply({"params": params}, *args, **kwargs,
                                          deterministic=False, rngs={"dropout": rng}, **extra)
     aux, moe_metrics = jnp.zeros(()), {}
-    if moe:
+    if moe is not None:
       logits, mutated = apply(mutable=[MOE_COLLECTION])
-      aux, moe_metrics = collect_moe(mutated,
-                                     load_balance_weight=module.moe_load_balance_weight,
-                                     z_loss_weight=module.moe_z_loss_weight)
+      aux, moe_metrics = collect_moe(mutated, load_balance_weight=moe.load_balance_weight,
+                                     z_loss_weight=moe.z_loss_weight)
     else:
       logits = apply()
     labels, w = batch[task.labels], task.weights(batch)

@@ -1,7 +1,8 @@
 """What each task feeds the model and how its loss and eval metrics are computed.
 
-The model family fixes the task: decoder -> "lm" (next token), bert -> "mlm" (masked tokens),
-vit -> "classification", seq2seq / rnn_seq2seq -> "seq2seq" (teacher-forced target tokens).
+The model family's registry entry names the task: decoder -> "lm" (next token), bert -> "mlm"
+(masked tokens), vit -> "classification", seq2seq / rnn_seq2seq -> "seq2seq" (teacher-forced
+target tokens).
 Every task reduces to weighted token (or image) cross-entropy: `labels` and `weights` say which
 predictions count, so padding, packed-document boundaries and unmasked MLM positions drop out
 the same way. Eval metrics are sums over batches (not means of batch means), so a padded last
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.data.batching import VALID
-from jaxformer.data.pipeline import TASK_OF_FAMILY
+from jaxformer import models
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,11 +60,7 @@ TASKS = {
 
 
 def task_for(model_config) -> Task:
-  family = model_config.get("family")
-  if family not in TASK_OF_FAMILY:
-    raise ValueError(f"model.family={family!r} has no training task; one of "
-                     f"{sorted(TASK_OF_FAMILY)}")
-  return TASKS[TASK_OF_FAMILY[family]]
+  return TASKS[models.get(model_config.get("family")).task]
 
 
 def cross_entropy(logits, labels, *, label_smoothing: float = 0.0, z_loss: float = 0.0):

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 from jaxformer.convert.hf import core
 from jaxformer.convert.hf.core import load, save
-from jaxformer.convert.hf.io import _read_safetensors_raw  # noqa: F401  (tests call it)
 
 __all__ = ["load", "save", "ARCHITECTURES"]
 

@@ -8,7 +8,6 @@ with a warning; the next-sentence head (BertForPreTraining) is dropped with a wa
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.convert.hf import core
@@ -20,11 +19,10 @@ PREFIXES = {"bert": "bert."}
 RENAMES = ((r"LayerNorm\.gamma$", "LayerNorm.weight"),      # TF-era names
            (r"LayerNorm\.beta$", "LayerNorm.bias"))
 STACK = "encoder"
+# Block settings Hugging Face's BERT has no option for (see core.FIXED).
+FIXED = dict(num_kv_heads=None, head_dim=None, window=None, use_bias=True, qkv_bias=True,
+             ffn="mlp", norm="layernorm", pre_norm=False, num_experts=0)
 KEEP = ("bert.embeddings.word_embeddings.weight", "cls.predictions.bias")
-
-
-def init_input(config: dict):
-  return config, jnp.zeros((1, 1), jnp.int32)
 
 
 def unused(name: str, tensors: dict, config: dict) -> str | None:

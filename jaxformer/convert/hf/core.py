@@ -1,8 +1,8 @@
 """What every Hugging Face conversion shares: mapping rules, checks, and the load/save drivers.
 
-Each model family has a converter module (`decoder.py`, `bert.py`, `vit.py`), found only
-through `converters()`. A converter module is self-contained (importable by dotted name) and
-defines, under these names:
+Each model family names its converter module (`decoder.py`, `bert.py`, `vit.py`) in its
+registry entry (`models.get(family).hf_converter`), found only through `converters()`. A converter module is
+self-contained (importable by dotted name) and defines, under these names:
 
   ARCHITECTURES: dict[str, str]    HF architecture -> kind (selects config + tensor mapping)
   MODEL_TYPES: dict[str, str]      config.json model_type -> architecture, for a config.json
@@ -13,7 +13,8 @@ defines, under these names:
   RENAMES: tuple[tuple[str, str], ...]   (regex, replacement) for legacy tensor names
   STACK: str                       our params subtree holding the layers
   KEEP: tuple[str, ...]            tensors `unused` reads after a rule has converted them
-  init_input(config) -> (config, x)                          what a shape-only `init` needs
+  FIXED: dict[str, Any]            block settings (`model.*` keys) the HF architecture cannot
+                                   vary, with the one value it has; `save` refuses others
   from_hf(arch, kind, hf_config, tensors) -> (config, flags)  config.json -> our fields
   to_hf(config) -> (arch, hf_config, flags)                   our config -> config.json
   rules(kind, config, flags) -> list[Rule]                    the tensor mapping
@@ -40,7 +41,7 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from jaxformer import models
+from jaxformer import models, scaling
 from jaxformer.convert.hf.io import read_config, read_tensors, require_safetensors, write
 from jaxformer.models.stack import unstack_layers
 
@@ -56,11 +57,10 @@ _IGNORED = (re.compile(r"\.attn\.(masked_)?bias$"), re.compile(r"rotary_emb\.inv
 # ----------------------------------------------------------------------------------------
 
 def converters() -> dict[str, ModuleType]:
-  """family -> converter module: the one place that lists them (all other lookups, by
-  family or by HF architecture, go through here)."""
-  names = {"decoder": "jaxformer.convert.hf.decoder", "bert": "jaxformer.convert.hf.bert",
-           "vit": "jaxformer.convert.hf.vit"}
-  return {family: importlib.import_module(name) for family, name in names.items()}
+  """family -> converter module, from the model-family registry: the one place that finds
+  them (all other lookups, by family or by HF architecture, go through here)."""
+  return {family: importlib.import_module(models.get(family).hf_converter)
+          for family in models.names() if models.get(family).hf_converter}
 
 
 def architectures() -> dict[str, tuple[str, ModuleType]]:
@@ -213,26 +213,29 @@ def encoder_layer_rules(p: str, t: str, attention: str, *, e: int, h: int, f: in
 # Our side
 # ----------------------------------------------------------------------------------------
 
-def _expected_shapes(cfg: dict, conv: ModuleType) -> dict[str, tuple[int, ...]]:
+def _expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
   """path -> shape of the params `models.build(cfg).init` creates (unscanned; no compute)."""
-  cfg, x = conv.init_input(dict(cfg, scan_layers=False))
-  module = models.build(cfg)
-  shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), x))["params"]
-  flat = traverse_util.flatten_dict(nn.unbox(shapes), sep="/")
+  flat = traverse_util.flatten_dict(scaling.param_shapes(dict(cfg, scan_layers=False)), sep="/")
   return {k: tuple(v.shape) for k, v in flat.items()}
 
 
 def _config_dict(model_config) -> dict:
-  """The config as a dict with every model field (defaults filled in from the model class)."""
+  """The config as a dict with every config key (the family's defaults filled in), checked
+  against the settings the HF architecture cannot vary (the converter's FIXED)."""
   cfg = models.config_as_dict(model_config)
   families = converters()
   if cfg.get("family") not in families:
     raise ValueError(f"model.family={cfg.get('family')!r}: Hugging Face conversion supports "
                      f"{sorted(families)}")
-  for name, field in models.model_fields(cfg["family"]).items():
+  for name, field in models.config_fields(cfg["family"]).items():
     if (name not in cfg and field.default is not dataclasses.MISSING
         and name not in ("dtype", "param_dtype")):
       cfg[name] = field.default
+  for key, want in families[cfg["family"]].FIXED.items():
+    if cfg[key] != want:
+      raise ValueError(f"model.{key}={cfg[key]!r}: the Hugging Face {cfg['family']} "
+                       f"architecture has {key}={want!r} only, so this model cannot be saved "
+                       "in its format")
   return cfg
 
 
@@ -268,7 +271,7 @@ def load(path: str | os.PathLike):
   tensors = _normalise_names(read_tensors(path), conv, kind)
   cfg, flags = conv.from_hf(arch, kind, hc, tensors)
   cfg = dict(family=family, **cfg)
-  expected = _expected_shapes(cfg, conv)
+  expected = _expected_shapes(cfg)
   rules = conv.rules(kind, cfg, flags)
   _check_rules(rules, expected, arch)
 
@@ -346,7 +349,7 @@ def save(model_config, params, out_dir: str | os.PathLike) -> str:
   conv = converters()[cfg["family"]]
   arch, hc, flags = conv.to_hf(cfg)
   kind = conv.ARCHITECTURES[arch]
-  expected = _expected_shapes(cfg, conv)
+  expected = _expected_shapes(cfg)
   rules = conv.rules(kind, cfg, flags)
   _check_rules(rules, expected, arch)
 

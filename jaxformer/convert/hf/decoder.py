@@ -9,7 +9,6 @@ permuted: HF checkpoints already use the rotate-half RoPE of `ops.positions.appl
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.convert.hf import core
@@ -23,6 +22,8 @@ PREFIXES = {"gpt2": "transformer.", "llama": "model.", "mistral": "model.", "mix
 RENAMES = ()
 STACK = "decoder"
 KEEP = ()
+# Block settings no HF decoder architecture varies (see core.FIXED); the others are mapped.
+FIXED = dict(pre_norm=True)
 
 # GPT-2 Conv1D [E, 3*H*D] -> [E, 3, H, D]; c_proj [H*D, E] -> [H, D, E]
 _CONV_QKV = dict(to_ours=lambda s, w: w.reshape(s), to_hf=lambda k: (k.reshape(k.shape[0], -1),))
@@ -30,10 +31,6 @@ _CONV_OUT = dict(to_ours=lambda s, w: w.reshape(s), to_hf=lambda k: (k.reshape(-
 # X torch Linears [out, in] -> [X, in, out]
 _EXPERTS = dict(to_ours=lambda s, *ws: np.stack([w.T for w in ws]),
                 to_hf=lambda k: tuple(k[i].T for i in range(k.shape[0])))
-
-
-def init_input(config: dict):
-  return dict(config, decode=False), jnp.zeros((1, 1), jnp.int32)
 
 
 def unused(name: str, tensors: dict, config: dict) -> str | None:

@@ -7,7 +7,6 @@ conv [E, C, ph, pw] becomes [ph, pw, C, E] and the position embeddings [1, N+1, 
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 
 from jaxformer.convert.hf import core
 from jaxformer.convert.hf.core import Rule
@@ -17,17 +16,15 @@ MODEL_TYPES = {"vit": "ViTForImageClassification"}
 PREFIXES = {"vit": "vit."}
 RENAMES = ()
 STACK = "encoder"
+# Block settings Hugging Face's ViT has no option for (see core.FIXED).
+FIXED = dict(num_kv_heads=None, head_dim=None, window=None, use_bias=True, qkv_bias=True,
+             ffn="mlp", norm="layernorm", pre_norm=True, num_experts=0)
 KEEP = ()
 
 # torch conv [E, C, ph, pw] -> flax [ph, pw, C, E]
 _CONV2D = dict(to_ours=lambda s, w: w.transpose(2, 3, 1, 0),
                to_hf=lambda k: (k.transpose(3, 2, 0, 1),))
 _ADD_BATCH = dict(to_ours=lambda s, w: w.reshape(s), to_hf=lambda k: (k[None],))
-
-
-def init_input(config: dict):
-  image = config["image_size"]
-  return config, jnp.zeros((1, image, image, config.get("channels", 3)))
 
 
 def unused(name: str, tensors: dict, config: dict) -> str | None:

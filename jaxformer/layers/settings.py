@@ -1,0 +1,193 @@
+"""The settings of one Transformer block, as one typed, validated, hashable object.
+
+Every Transformer model (decoder, BERT, encoder-decoder, ViT) builds its layers from a
+`BlockSettings`; `models.build` makes it from the flat `model.*` config keys (`num_heads`,
+`ffn`, `moe_dispatch`, ...) once, with the family's defaults, and it travels whole through
+`BlockStack` -> `TransformerBlock` -> `MultiHeadAttention` / FFN / `MoE`. So a block option is
+declared once (here), validated once (`__post_init__`, messages name the `model.*` key) and
+reaches every model. What is wiring rather than a setting (causal or not, cross-attention,
+rotary/ALiBi positions, decoding, dtypes) is passed by the model that owns the wiring.
+
+Frozen dataclasses: linen module fields must hash (and scanned stacks compare them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jaxformer.layers.mlp import ACTIVATIONS
+from jaxformer.layers.norms import NORMS
+from jaxformer.ops import masks
+from jaxformer.ops.attention import IMPLS, check_block_sizes
+
+FFN_KINDS = ("mlp", "swiglu")
+DISPATCHES = ("dropless", "capacity")
+GROUPED_MATMULS = ("auto", "ragged", "blocked")
+
+
+def _fail(message: str):
+  raise ValueError(message)
+
+
+def _positive_int(value, key: str, *, optional: bool = False):
+  if optional and value is None:
+    return
+  if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    _fail(f"model.{key}={value!r} must be an int > 0" + (" (or None for the default)"
+                                                         if optional else ""))
+
+
+def _choice(value, key: str, allowed):
+  if value not in allowed:
+    _fail(f"model.{key}={value!r} is not one of {sorted(allowed)}")
+
+
+def _rate(value, key: str):
+  if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+    _fail(f"model.{key}={value} must be in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoESettings:
+  """A mixture-of-experts FFN (see layers/moe.py). Config keys: `model.num_experts`,
+  `model.experts_per_token` and `model.moe_<field>` for the others."""
+  num_experts: int
+  experts_per_token: int = 2
+  dispatch: str = "dropless"          # "dropless" (Mixtral) | "capacity" (GShard/Switch)
+  capacity_factor: float = 1.25       # capacity dispatch: expert slots = ceil(cf * T * k / E)
+  router_jitter: float = 0.0          # training noise on the router input (Switch: 0.01)
+  renormalize: bool = True            # top-k gates sum to 1 (Mixtral); False: Switch
+  gated: bool = True                  # SwiGLU-style experts; False: act(x W_in) W_out
+  grouped_matmul: str = "auto"        # dropless: "ragged" | "blocked" | "auto" (blocked on CPU)
+  load_balance_weight: float = 0.01   # aux-loss weights of the training objective
+  z_loss_weight: float = 0.001
+
+  def __post_init__(self):
+    _positive_int(self.num_experts, "num_experts")
+    if not 0 < self.experts_per_token <= self.num_experts:
+      _fail(f"model.experts_per_token={self.experts_per_token} must be in "
+            f"[1, model.num_experts={self.num_experts}]: lower the top-k or add experts")
+    _choice(self.dispatch, "moe_dispatch", DISPATCHES)
+    _choice(self.grouped_matmul, "moe_grouped_matmul", GROUPED_MATMULS)
+    if not self.capacity_factor > 0:
+      _fail(f"model.moe_capacity_factor={self.capacity_factor} must be > 0 (1.0-2.0 is usual; "
+            "dropless dispatch ignores it)")
+    if not 0 <= self.router_jitter < 1:
+      _fail(f"model.moe_router_jitter={self.router_jitter} must be in [0, 1) (Switch uses "
+            "0.01; 0 turns it off)")
+    for name in ("load_balance_weight", "z_loss_weight"):
+      if getattr(self, name) < 0:
+        _fail(f"model.moe_{name}={getattr(self, name)} must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSettings:
+  """Attention, FFN (or MoE) and norm settings shared by every block of a model."""
+  num_heads: int
+  mlp_dim: int
+  num_kv_heads: int | None = None     # None: num_heads (MHA); 1: multi-query
+  head_dim: int | None = None         # None: d_model // num_heads
+  attention_impl: str = "auto"        # see ops.attention
+  attention_block_sizes: tuple[int, int] | None = None   # (block_q, block_k): pallas/blocked
+  # sliding window (Mistral): keys to the left, or a (left, right) pair; typed int here so a
+  # config placeholder parses `--config.model.window=4096`
+  window: int | None = None
+  use_bias: bool = True               # attention output, FFN and norm biases
+  qkv_bias: bool | None = None        # None: same as use_bias
+  dropout_rate: float = 0.0           # residual (and embedding) dropout
+  attention_dropout_rate: float = 0.0
+  ffn: str = "mlp"                    # "mlp" | "swiglu"; replaced by experts when moe is set
+  activation: str | None = None       # None: the FFN's default (gelu for mlp, silu for swiglu)
+  norm: str = "layernorm"             # "layernorm" | "rmsnorm"
+  norm_eps: float = 1e-5
+  pre_norm: bool = True               # False: post-norm (Vaswani, BERT)
+  moe: MoESettings | None = None
+
+  def __post_init__(self):
+    _positive_int(self.num_heads, "num_heads")
+    _positive_int(self.mlp_dim, "mlp_dim")
+    _positive_int(self.num_kv_heads, "num_kv_heads", optional=True)
+    _positive_int(self.head_dim, "head_dim", optional=True)
+    if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+      _fail(f"model.num_kv_heads={self.num_kv_heads} must divide model.num_heads="
+            f"{self.num_heads}")
+    _choice(self.attention_impl, "attention_impl", IMPLS)
+    _choice(self.ffn, "ffn", FFN_KINDS)
+    _choice(self.norm, "norm", NORMS)
+    if self.activation is not None:
+      _choice(self.activation, "activation", ACTIVATIONS)
+    _rate(self.dropout_rate, "dropout_rate")
+    _rate(self.attention_dropout_rate, "attention_dropout_rate")
+    if not self.norm_eps > 0:
+      _fail(f"model.norm_eps={self.norm_eps} must be > 0")
+    w = self.window
+    if isinstance(w, list):           # JSON and ConfigDict give lists back
+      object.__setattr__(self, "window", w := tuple(w))
+    if w is not None:
+      if not ((isinstance(w, int) and not isinstance(w, bool) and w >= 0)
+              or (isinstance(w, tuple) and len(w) == 2)):
+        _fail(f"model.window={w!r} must be an int >= 0 (keys to the left) or a (left, right) "
+              "pair")
+      try:
+        masks.normalize_window(w)
+      except ValueError as e:
+        _fail(f"model.{e}")
+    if self.attention_block_sizes is not None:
+      sizes = check_block_sizes(self.attention_block_sizes, name="model.attention_block_sizes")
+      object.__setattr__(self, "attention_block_sizes", sizes)
+      if self.attention_impl == "pallas" and not all(b & (b - 1) == 0 for b in sizes if b):
+        _fail(f"model.attention_block_sizes={sizes} must be powers of two for "
+              "attention_impl='pallas' (e.g. (128, 64))")
+
+  @property
+  def qkv_bias_or_default(self) -> bool:
+    return self.use_bias if self.qkv_bias is None else self.qkv_bias
+
+  def head_size(self, d_model: int) -> int:
+    return self.head_dim or d_model // self.num_heads
+
+  def check_width(self, d_model: int):
+    """Errors that need the model width (the settings alone cannot know it)."""
+    if self.head_dim is None and d_model % self.num_heads:
+      _fail(f"model.num_heads={self.num_heads} does not divide model.d_model={d_model} (set "
+            "model.head_dim, or pick a divisor)")
+
+
+# Flat `model.*` config key -> (where, field): where is "block" or "moe".
+_MOE_KEYS = {"num_experts": "num_experts", "experts_per_token": "experts_per_token",
+             **{f"moe_{f.name}": f.name for f in dataclasses.fields(MoESettings)
+                if f.name not in ("num_experts", "experts_per_token")}}
+BLOCK_KEYS = tuple(f.name for f in dataclasses.fields(BlockSettings) if f.name != "moe")
+MOE_KEYS = tuple(_MOE_KEYS)
+CONFIG_KEYS = BLOCK_KEYS + MOE_KEYS
+
+
+def config_defaults(overrides: dict | None = None) -> dict[str, Any]:
+  """Every block config key with its default (`dataclasses.MISSING` when required), after a
+  family's `overrides`; `num_experts` = 0 means a dense FFN."""
+  out = {}
+  for f in dataclasses.fields(BlockSettings):
+    if f.name != "moe":
+      out[f.name] = f.default
+  moe_defaults = {f.name: f.default for f in dataclasses.fields(MoESettings)}
+  for key, name in _MOE_KEYS.items():
+    out[key] = 0 if name == "num_experts" else moe_defaults[name]
+  out.update(overrides or {})
+  return out
+
+
+def from_config(values: dict, overrides: dict | None = None) -> BlockSettings:
+  """BlockSettings from flat config keys (`CONFIG_KEYS`; others are an error for the caller
+  to have removed) over the family's `overrides` of the defaults."""
+  cfg = {k: v for k, v in config_defaults(overrides).items() if v is not dataclasses.MISSING}
+  cfg.update(values)
+  for key in ("num_heads", "mlp_dim"):
+    if key not in cfg:
+      _fail(f"model.{key} is required")
+  moe = {name: cfg.pop(key) for key, name in _MOE_KEYS.items()}
+  if moe["num_experts"]:
+    cfg["moe"] = MoESettings(**moe)
+  elif not isinstance(moe["num_experts"], int) or moe["num_experts"] < 0:
+    _fail(f"model.num_experts={moe['num_experts']!r} must be an int >= 0 (0: a dense FFN)")
+  return BlockSettings(**cfg)

@@ -1,0 +1,139 @@
+"""The model-family registry and `build(config.model)`: the one place that maps
+`model.family` to everything known about it (see `family.Family`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from jaxformer.layers import settings as settings_lib
+from jaxformer.models.family import Family, module_fields
+from jaxformer.models.stack import REMAT_POLICIES
+
+_FAMILIES: dict[str, Family] = {}
+_DTYPES = ("float32", "bfloat16", "float16")
+# Module fields that are not config keys: `block` is given as its flat keys, `decode` is the
+# inference-time variant (`generate` sets it).
+_NOT_CONFIG = ("block", "decode")
+
+
+def register(family: Family, *, replace: bool = False) -> Family:
+  """Add `family` to the registry (a test or plugin can add its own)."""
+  if not isinstance(family, Family):
+    raise TypeError(f"register() takes a models.Family; got {type(family).__name__}")
+  if family.name in _FAMILIES and not replace:
+    raise ValueError(f"model family {family.name!r} is already registered (replace=True to "
+                     "override it)")
+  _FAMILIES[family.name] = family
+  return family
+
+
+def unregister(name: str):
+  _FAMILIES.pop(name, None)
+
+
+def get(name: Any) -> Family:
+  """The entry of `model.family=name`; a ValueError listing the known families otherwise."""
+  if name not in _FAMILIES:
+    raise ValueError(f"model.family={name!r} is not one of {sorted(_FAMILIES)}")
+  return _FAMILIES[name]
+
+
+def names() -> tuple[str, ...]:
+  return tuple(_FAMILIES)
+
+
+class ConfigField(NamedTuple):
+  """A `model.*` config key: its default (`dataclasses.MISSING` if required) and type (the
+  annotation string, e.g. 'int | None')."""
+  default: Any
+  type: Any
+
+
+def config_fields(family: str) -> dict[str, ConfigField]:
+  """Every config key of `model.family=family` (besides `family` and `name`), in order: the
+  module's own fields, then the shared block settings with the family's defaults."""
+  entry = get(family)
+  out = {k: ConfigField(f.default, f.type) for k, f in module_fields(entry.module).items()
+         if k not in _NOT_CONFIG}
+  if entry.has_blocks:
+    types = {f.name: f.type for f in dataclasses.fields(settings_lib.BlockSettings)}
+    types.update({key: f.type for key, f in zip(settings_lib.MOE_KEYS, _moe_fields())})
+    for key, default in settings_lib.config_defaults(entry.block_defaults).items():
+      out[key] = ConfigField(default, "int" if key == "num_experts" else types[key])
+  return out
+
+
+def _moe_fields():
+  by_name = {f.name: f for f in dataclasses.fields(settings_lib.MoESettings)}
+  return [by_name[k if k in by_name else k[len("moe_"):]] for k in settings_lib.MOE_KEYS]
+
+
+def config_as_dict(model_config: Any) -> dict:
+  """A model config (ConfigDict or mapping) as a plain dict."""
+  if hasattr(model_config, "to_dict"):
+    model_config = model_config.to_dict()
+  if not isinstance(model_config, Mapping):
+    raise ValueError(f"model_config must be a dict or ConfigDict; got {type(model_config)}")
+  return dict(model_config)
+
+
+def build(model_config: Any) -> nn.Module:
+  """The linen Module described by `model_config` (a ConfigDict or dict with `family`),
+  validated before anything is traced: errors name the `model.*` key and the fix."""
+  cfg = config_as_dict(model_config)
+  entry = get(cfg.pop("family", None))
+  cfg.pop("name", None)
+  fields = config_fields(entry.name)
+  decode = cfg.pop("decode", None)
+  for key in cfg:
+    if key not in fields:
+      raise ValueError(f"model.{key} is not a field of the {entry.name!r} model; known fields: "
+                       f"{sorted(fields)}")
+  missing = [k for k, f in fields.items() if k not in cfg and f.default is dataclasses.MISSING]
+  if missing:
+    raise ValueError(f"model.{missing[0]} is required for model.family={entry.name!r}")
+  full = {k: f.default for k, f in fields.items() if f.default is not dataclasses.MISSING}
+  full.update(cfg)
+  own = {k: v for k, v in full.items() if k not in settings_lib.CONFIG_KEYS}
+  _check_module_fields(entry, own)
+  if entry.has_blocks:
+    block = settings_lib.from_config({k: full[k] for k in settings_lib.CONFIG_KEYS})
+    if "d_model" in own:
+      block.check_width(own["d_model"])
+    own["block"] = block
+  if entry.validate is not None:
+    entry.validate(full)
+  for key in ("dtype", "param_dtype"):
+    if key in own:
+      own[key] = jnp.dtype(own[key])
+  if decode is not None:
+    own["decode"] = decode
+  return entry.module(**own)
+
+
+def _check_module_fields(entry: Family, c: dict):
+  """Checks every family shares: ints > 0, rates, dtypes, remat policies."""
+  types = {k: f.type for k, f in module_fields(entry.module).items()}
+  for key, value in c.items():
+    kind = str(types.get(key, ""))
+    if kind in ("int", "int | None") and not (kind == "int | None" and value is None):
+      if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"model.{key}={value!r} must be an int > 0"
+                         + (" (or None for the default)" if "None" in kind else ""))
+    if key in ("dtype", "param_dtype") and _dtype_name(value) not in _DTYPES:
+      raise ValueError(f"model.{key}={value!r} is not one of {_DTYPES}")
+  if "remat_policy" in c and c["remat_policy"] not in REMAT_POLICIES:
+    raise ValueError(f"model.remat_policy={c['remat_policy']!r} is not one of "
+                     f"{sorted(REMAT_POLICIES)}")
+
+
+def _dtype_name(value) -> str:
+  try:
+    return value if isinstance(value, str) else jnp.dtype(value).name
+  except TypeError:
+    return repr(value)
