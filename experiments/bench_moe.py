@@ -22,6 +22,7 @@ import jax.numpy as jnp  # noqa: E402
 from experiments.timing import median_seconds  # noqa: E402
 from jaxformer.layers.mlp import Mlp  # noqa: E402
 from jaxformer.layers.moe import MoE  # noqa: E402
+from jaxformer.layers.settings import MoESettings  # noqa: E402
 
 
 def step_time(module: nn.Module, x, repeats: int) -> float:
@@ -40,8 +41,8 @@ def rows(args) -> list[tuple]:
   out = [("dense", "-", "-", dense, 1.0)]
   for experts in args.experts:
     for dispatch in ("dropless", "capacity"):
-      moe = MoE(num_experts=experts, experts_per_token=k, hidden_dim=args.hidden,
-                activation="gelu", gated=False, dispatch=dispatch)
+      moe = MoE(MoESettings(num_experts=experts, experts_per_token=k, gated=False,
+                            dispatch=dispatch), hidden_dim=args.hidden, activation="gelu")
       t = step_time(moe, x, args.repeats)
       out.append((dispatch, experts, k, t, t / dense))
   return out
