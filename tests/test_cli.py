@@ -154,9 +154,9 @@ def test_sample_without_checkpoints_says_so_and_creates_nothing(tmp_path):
 
 
 def test_unexpected_errors_keep_their_traceback():
-  from jaxformer.train import loop
+  from jaxformer.train import config_checks
   with pytest.raises(SystemExit) as exit_info:    # raised by jaxformer's validation
-    cli.user_errors(loop._validate)(_bad_steps())
+    cli.user_errors(config_checks.validate)(_bad_steps())
   assert exit_info.value.code == cli.EXIT_USER_ERROR
   with pytest.raises(ValueError):                 # raised outside jaxformer (here: the test)
     cli.user_errors(lambda: (_ for _ in ()).throw(ValueError("a bug elsewhere")))()

@@ -10,7 +10,7 @@ import pytest
 from configs import get_config
 from jaxformer import inference, optim
 from jaxformer.inference import load_run, sample_text
-from jaxformer.train import loop
+from jaxformer.train import evaluation, loop
 from jaxformer.train.metrics import read
 
 DETERMINISTIC = ("step", "loss", "lr", "grad_norm", "skipped", "eval_loss", "eval_accuracy")
@@ -254,17 +254,17 @@ def test_an_exception_mid_run_still_finishes_the_checkpoint_and_closes_writers(t
   """The shutdown runs in `finally`: a crash after a checkpoint save was started leaves that
   checkpoint complete (not a temporary directory) and the next run resumes from it."""
   calls = {"evals": 0}
-  real_evaluate = loop.evaluate
+  real_evaluate = evaluation.evaluate
   def crash_on_second_eval(*args, **kwargs):
     calls["evals"] += 1
     if calls["evals"] == 2:
       raise RuntimeError("boom")
     return real_evaluate(*args, **kwargs)
-  monkeypatch.setattr(loop, "evaluate", crash_on_second_eval)
+  monkeypatch.setattr(evaluation, "evaluate", crash_on_second_eval)
   workdir = str(tmp_path / "run")
   cfg = tiny_config(steps=16, eval_every=8, checkpoint_every=4)
   with pytest.raises(RuntimeError, match="boom"):
     loop.train(cfg, workdir)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12", "4", "8"]
-  monkeypatch.setattr(loop, "evaluate", real_evaluate)
+  monkeypatch.setattr(evaluation, "evaluate", real_evaluate)
   assert loop.train(cfg, workdir)["step"] == 16

@@ -1,6 +1,6 @@
-"""Training: steps, tasks, metrics and the loop (`python -m jaxformer.train`). The optimizer,
-checkpoints and train state are `jaxformer.optim`, `.checkpoint` and `.state`, shared with
-inference.
+"""Training: config checks, setup, steps, evaluation, metrics and the loop (`python -m
+jaxformer.train`). The optimizer, checkpoints and train state live in `jaxformer.optim`,
+`.checkpoint` and `.state`, shared with inference.
 
 `train` is loaded on first use, so light modules (`jaxformer.train.metrics`, `.workdir`) can be
 imported without loading JAX and the whole loop (the sweep driver reads metrics that way).

@@ -1,0 +1,97 @@
+"""Evaluation during training and what rides on it: the split-level eval metrics, attention
+maps, the best checkpoints and text samples (every `train.sample_every` steps and at the end).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+
+from jaxformer import inference
+from jaxformer.train import attention_maps, tasks
+from jaxformer.train.setup import Run, Steps, Writers
+
+
+def evaluate(eval_step, params, pipeline, task, plan) -> dict:
+  """Split-level eval metrics from per-batch sums (padded rows carry zero weight)."""
+  totals = None
+  for batch in pipeline.eval_batches():
+    sums = eval_step(params, plan.global_batch(batch))
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  return tasks.finalize_eval(task, jax.device_get(totals))
+
+
+class Evaluator:
+  """What a run does at an eval step: metrics (logged and written), an attention map, a best
+  checkpoint when the eval beats a kept one, and a sample every `train.sample_every` steps."""
+
+  def __init__(self, run: Run, steps: Steps, writers: Writers):
+    self.run, self.steps, self.writers = run, steps, writers
+    t = run.config.train
+    # (one process: the snapshot runs on the host's example outside the sharded step)
+    self.show_attention = jax.process_count() == 1 and t.get("attention_maps", True)
+    if self.show_attention:
+      self.snapshot_fn = attention_maps.make_snapshot_fn(run.module, run.task)
+      tokenizer = getattr(run.pipeline, "tokenizer", None)
+      self.labels = ([tokenizer.decode([i]) for i in steps.example[run.task.inputs[0]][0]]
+                     if tokenizer is not None and run.task.name in ("lm", "mlm") else None)
+    self.samples = run.task.name == "lm" and t.get("sample_tokens", 0)
+    self.sample_every = t.get("sample_every", 0)      # 0: one sample at the end of training
+
+  def __call__(self, done: int, params) -> dict:
+    """The eval record of step `done`."""
+    run, bar = self.run, self.writers.bar
+    with bar.paused():
+      record = {"step": done, **evaluate(self.steps.eval_step, params, run.pipeline, run.task,
+                                         run.plan)}
+      if self.show_attention:
+        png, entropy = attention_maps.write_attention_map(
+            self.snapshot_fn, params, self.steps.example, step=done, workdir=run.workdir,
+            tokens=self.labels)
+        record["attention_entropy"] = float(np.mean(entropy))
+        self.writers.tb.image("attention", pathlib.Path(png).read_bytes(), done)
+      bar.log(f"step {done:>6d}  " + "  ".join(
+          f"{k} {v:.4f}" for k, v in record.items() if k != "step"))
+      self.writers.write(record)
+      if run.best is not None:
+        run.best.maybe_save(done, params, record)
+      if (self.samples and self.sample_every and done % self.sample_every == 0
+          and done < run.config.train.steps):
+        write_sample(run, params, done)
+    return record
+
+  def final_sample(self, params) -> None:
+    """The end-of-training sample (language models with train.sample_tokens > 0)."""
+    if self.samples:
+      write_sample(self.run, params, self.run.config.train.steps)
+
+
+def write_sample(run: Run, params, step: int):
+  """Append a seeded sample of the current model to samples.txt (and print it).
+
+  A sample is a by-product: if it fails, the error is logged and training (or the finished
+  run, whose checkpoints are already saved) goes on."""
+  t, tokenizer = run.config.train, run.pipeline.tokenizer
+  if jax.process_count() > 1:          # every process samples from the whole params
+    params = multihost_utils.process_allgather(params, tiled=True)
+  try:
+    text = inference.sample_text(run.config, params, tokenizer,
+                                 prompt=t.get("sample_prompt", "\n"),
+                                 max_new_tokens=t.sample_tokens, temperature=0.8, top_k=20,
+                                 seed=t.seed)
+  except Exception as e:  # noqa: BLE001  (never fail a run for its sample)
+    logging.exception("sample after %d steps failed; the run's checkpoints and metrics are "
+                      "kept", step)
+    print(f"warning: sample after {step} steps failed ({type(e).__name__}: {e}); the run "
+          "itself is complete", flush=True)
+    return
+  if run.is_main:
+    with open(os.path.join(run.workdir, "samples.txt"), "a") as f:
+      f.write(f"--- step {step}\n{text}\n")
+  print(f"\n--- sample after {step} steps ---\n{text}\n", flush=True)

@@ -1,0 +1,200 @@
+"""A training run's parts, built before its first step, each closeable registered for shutdown.
+
+`open_run` checks the workdir against the config, builds the sharding plan, the data pipeline
+and the train state (resumed from the latest checkpoint, or initialized) and opens the
+checkpoint managers; `make_steps` jits the train and eval steps; `open_writers` opens the
+progress bar, TensorBoard and the profiler. Whatever they open goes on the run's ExitStack as
+soon as it is open, so the shutdown (`loop._train`) closes exactly what was opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from jaxformer import checkpoint, optim, parallel, scaling, state as state_lib
+from jaxformer.data.pipeline import make_pipeline
+from jaxformer.train import config_checks, profiling, progress, step as step_lib, tasks
+from jaxformer.train import workdir as workdir_lib
+from jaxformer.train.metrics import MetricsWriter
+from jaxformer.train.tensorboard import SummaryWriter
+
+
+@dataclasses.dataclass
+class Run:
+  """A run ready to train from step `start`: its data, model and train state, and what saves
+  them. `state` is the state at `start` (the first train step donates its buffers)."""
+  config: Any
+  workdir: str
+  is_main: bool                  # process 0: the one that writes the run's files
+  task: tasks.Task
+  plan: parallel.ShardingPlan
+  pipeline: Any
+  module: Any
+  tx: Any
+  state_shardings: Any
+  state: Any
+  start: int
+  ckpts: checkpoint.Checkpoints
+  best: checkpoint.BestCheckpoints | None
+  metrics: MetricsWriter
+
+
+def open_run(config, workdir: str, *, fresh: bool, shutdown: contextlib.ExitStack) -> Run:
+  """The run in `workdir`, resumed or started. config.json is written only once the config has
+  passed the checks that need the data and the mesh (a rejected first attempt leaves none
+  behind to refuse the corrected rerun)."""
+  is_main = jax.process_index() == 0
+  if fresh and is_main:
+    removed = workdir_lib.clear(workdir)
+    print(f"{workdir}: --fresh, removed the previous run's {', '.join(removed) or 'nothing'}",
+          flush=True)
+  config_checks.check_workdir_config(config, workdir, fresh)
+
+  t = config.train
+  task = tasks.task_for(config.model)
+  plan = parallel.ShardingPlan.from_config(config.mesh)
+  plan.check_batch_size(t.batch_size)
+  pipeline = make_pipeline(config, workdir=workdir, process_index=jax.process_index(),
+                           process_count=jax.process_count())
+  config_checks.check_model_matches_data(config, pipeline.info)
+
+  module, tx, init_boxed = state_lib.train_state_fns(config)
+  abstract = jax.eval_shape(init_boxed)
+  state_shardings = plan.state_shardings(abstract)     # divisibility errors: no compile yet
+  if is_main:
+    _write_config(config, workdir)
+  ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"),
+                                 keep=t.get("keep_checkpoints", 3))
+  shutdown.callback(ckpts.close)
+  best_metric = t.get("best_metric", "eval_loss")
+  best = checkpoint.BestCheckpoints(os.path.join(workdir, "best"), metric=best_metric,
+                                    keep=t.get("keep_best", 1)) if t.get("keep_best", 1) else None
+  if best is not None:
+    shutdown.callback(best.close)
+  metrics = MetricsWriter(os.path.join(workdir, "metrics.jsonl"))
+  restored = ckpts.restore_latest(plan.restore_target(abstract))   # from any mesh
+  if restored is None:
+    state, start = plan.init_state(init_boxed)[0], 0
+  else:
+    start, state = restored
+  if is_main:
+    print(f"{workdir}: " + (f"resumed from step {start}" if start else "starting fresh"),
+          flush=True)
+    metrics.truncate_after(start)
+  if best is not None:
+    best.forget_after(start)            # saved after the checkpoint we resume from: redone
+  return Run(config, workdir, is_main, task, plan, pipeline, module, tx, state_shardings, state,
+             start, ckpts, best, metrics)
+
+
+def _write_config(config, workdir: str):
+  """config.json, atomically: other processes may be reading it."""
+  path = os.path.join(workdir, state_lib.CONFIG_FILE)
+  with open(path + ".tmp", "w") as f:
+    f.write(config.to_json(indent=2))
+  os.replace(path + ".tmp", path)
+
+
+@dataclasses.dataclass
+class Steps:
+  """The jitted steps, and the batches whose shapes fixed their shardings: `first` is the
+  train batch at `start`, `example` the first eval batch."""
+  train_step: Callable
+  eval_step: Callable
+  dropout_key: Any
+  schedule: Callable             # step -> learning rate, for the logs
+  first: dict
+  example: dict
+
+
+def make_steps(run: Run) -> Steps:
+  """The train step (donating the state) and the eval step, jitted for the plan's shardings."""
+  config, plan, t = run.config, run.plan, run.config.train
+  logging.info("%s", plan.describe())
+  first = run.pipeline.train_batch(run.start)
+  example = next(iter(run.pipeline.eval_batches()))
+  batch_shardings = lambda batch: {k: plan.batch_sharding(np.ndim(v)) for k, v in batch.items()}
+  train_step = plan.jit(step_lib.make_train_step(
+      run.module, run.tx, run.task, label_smoothing=t.get("label_smoothing", 0.0),
+      z_loss=t.get("z_loss", 0.0), grad_accum=config.optim.get("grad_accum", 1)),
+      in_shardings=(run.state_shardings, batch_shardings(first), plan.replicated),
+      out_shardings=(run.state_shardings, plan.replicated), donate_argnums=(0,),
+      name="train_step")
+  eval_step = plan.jit(step_lib.make_eval_step(run.module, run.task),
+                       in_shardings=(run.state_shardings["params"], batch_shardings(example)),
+                       out_shardings=plan.replicated, name="eval_step")
+  dropout_key = plan.replicate(jax.random.split(jax.random.key(t.seed))[1])
+  schedule = optim.learning_rate_schedule(config.optim, t.steps)
+  return Steps(train_step, eval_step, dropout_key, schedule, first, example)
+
+
+@dataclasses.dataclass
+class Writers:
+  """Where a run reports: the progress bar, metrics.jsonl and TensorBoard, the profiler."""
+  bar: progress.Progress
+  metrics: MetricsWriter
+  tb: SummaryWriter | None       # None on the processes that write no files (not process 0)
+  profiler: profiling.StepProfiler
+  units_per_step: int            # tokens or images, over all processes
+
+  def write(self, record: dict) -> None:
+    """A metrics record to metrics.jsonl and TensorBoard (on process 0)."""
+    if self.tb is not None:
+      self.metrics.write(record)
+      self.tb.scalars(_scalars(record), record["step"])
+
+
+def open_writers(run: Run, steps: Steps, shutdown: contextlib.ExitStack) -> Writers:
+  """The progress bar (throughput, MFU), TensorBoard (process 0; a resume purges the steps it
+  rewrites) and the profiler, each registered for shutdown as it opens."""
+  t = run.config.train
+  units_per_step = run.task.units_per_batch(steps.first) * jax.process_count()
+  peak = progress.peak_flops_per_device(dtype=run.config.model.get("dtype", "float32"))
+  bar = progress.Progress(
+      t.steps, run.start, unit=run.task.unit, units_per_step=units_per_step, window=1,
+      flops_per_step=flops_per_step(run.config, run.task, steps.first, jax.process_count()),
+      peak_flops=peak * jax.device_count() if peak else None)
+  shutdown.callback(bar.close)
+  tb = None
+  if run.is_main:
+    tb = SummaryWriter(run.workdir, purge_step=run.start + 1 if run.start else None)
+    shutdown.callback(tb.close)
+  profiler = profiling.StepProfiler(run.workdir, t.get("profile_steps"))
+  shutdown.callback(profiler.close)
+  return Writers(bar, run.metrics, tb, profiler, units_per_step)
+
+
+def flops_per_step(config, task, batch, process_count: int) -> int:
+  """Model FLOPs of one optimizer step (Kaplan's 6N + attention convention, see
+  `scaling.flops_per_token`), for the MFU estimate."""
+  rows = batch[task.labels].shape[0] * process_count
+  if task.name == "classification":
+    m = config.model
+    tokens = (m.image_size // m.patch_size) ** 2 + (1 if m.get("pool", "cls") == "cls" else 0)
+    return scaling.flops_per_token(m, tokens) * tokens * rows
+  if task.name == "seq2seq":
+    tgt_len = batch["tgt_out"].shape[1]
+    length = max(batch["src"].shape[1], tgt_len)
+    return scaling.flops_per_token(config.model, length) * tgt_len * rows
+  seq_len = batch["inputs"].shape[1]
+  return scaling.flops_per_token(config.model, seq_len) * seq_len * rows
+
+
+def _scalars(record: dict) -> dict:
+  """TensorBoard scalars of a metrics record; a list (per-expert load) becomes tag/i."""
+  out = {}
+  for key, value in record.items():
+    if key == "step":
+      continue
+    if isinstance(value, list):
+      out.update({f"{key}/{i}": v for i, v in enumerate(value)})
+    else:
+      out[key] = value
+  return out
