@@ -16,12 +16,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
+
 from jaxformer.layers.mlp import ACTIVATIONS
 from jaxformer.layers.norms import NORMS
 from jaxformer.ops import masks
 from jaxformer.ops.attention import IMPLS, check_block_sizes
 
 FFN_KINDS = ("mlp", "swiglu")
+REMAT_POLICIES = {
+    "none": None,                                        # no rematerialisation
+    "full": jax.checkpoint_policies.nothing_saveable,   # recompute the whole block
+    "dots": jax.checkpoint_policies.checkpoint_dots,    # keep matmul outputs
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
 DISPATCHES = ("dropless", "capacity")
 GROUPED_MATMULS = ("auto", "ragged", "blocked")
 
@@ -83,7 +91,8 @@ class MoESettings:
 
 @dataclasses.dataclass(frozen=True)
 class BlockSettings:
-  """Attention, FFN (or MoE) and norm settings shared by every block of a model."""
+  """Attention, FFN (or MoE) and norm settings shared by every block of a model, and how the
+  stack of blocks runs (scanned, rematerialised)."""
   num_heads: int
   mlp_dim: int
   num_kv_heads: int | None = None     # None: num_heads (MHA); 1: multi-query
@@ -103,6 +112,8 @@ class BlockSettings:
   norm_eps: float = 1e-5
   pre_norm: bool = True               # False: post-norm (Vaswani, BERT)
   moe: MoESettings | None = None
+  scan_layers: bool = False           # nn.scan over layers: one compiled body (models/stack.py)
+  remat_policy: str = "none"          # a key of REMAT_POLICIES
 
   def __post_init__(self):
     _positive_int(self.num_heads, "num_heads")
@@ -115,6 +126,7 @@ class BlockSettings:
     _choice(self.attention_impl, "attention_impl", IMPLS)
     _choice(self.ffn, "ffn", FFN_KINDS)
     _choice(self.norm, "norm", NORMS)
+    _choice(self.remat_policy, "remat_policy", REMAT_POLICIES)
     if self.activation is not None:
       _choice(self.activation, "activation", ACTIVATIONS)
     _rate(self.dropout_rate, "dropout_rate")

@@ -22,8 +22,6 @@ class Bert(nn.Module):
   block: BlockSettings                # post-norm, gelu_exact, dropout 0.1: see FAMILY
   max_len: int = 512
   type_vocab_size: int = 2
-  scan_layers: bool = False
-  remat_policy: str = "none"
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -35,8 +33,7 @@ class Bert(nn.Module):
     self.pos_embed = LearnedPositionEmbedding(self.max_len, self.d_model, name="pos_embed", **kw)
     self.type_embed = Embed(self.type_vocab_size, self.d_model, name="type_embed", **kw)
     self.embed_norm = LayerNorm(eps, name="embed_norm", **kw)
-    self.encoder = BlockStack(self.num_layers, self.block, kw, scan=self.scan_layers,
-                              remat_policy=self.remat_policy, name="encoder")
+    self.encoder = BlockStack(self.num_layers, self.block, kw, name="encoder")
     self.pooler = dense(self.d_model, ("embed", "mlp"), use_bias=True, name="pooler", **kw)
     self.mlm_transform = dense(self.d_model, ("embed", "mlp"), use_bias=True,
                                name="mlm_transform", **kw)

@@ -33,8 +33,6 @@ class DecoderLM(nn.Module):
   positions: str = "learned"          # "learned" | "rope" | "alibi" | "sinusoidal" | "none"
   rope_theta: float = 10_000.0
   tie_embeddings: bool = True
-  scan_layers: bool = False
-  remat_policy: str = "none"
   decode: bool = False
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -60,8 +58,7 @@ class DecoderLM(nn.Module):
     wiring = dict(causal=True, positions=self.positions if self.positions in ("rope", "alibi")
                   else "none", rope_theta=self.rope_theta, decode=self.decode,
                   dtype=self.dtype, param_dtype=self.param_dtype)
-    x = BlockStack(self.num_layers, self.block, wiring, scan=self.scan_layers,
-                   remat_policy=self.remat_policy, name="decoder")(
+    x = BlockStack(self.num_layers, self.block, wiring, name="decoder")(
         x, segment_ids=segment_ids, positions=positions, deterministic=deterministic)
     x = make_norm(self.block.norm, epsilon=self.block.norm_eps, dtype=self.dtype,
                   param_dtype=self.param_dtype, name="final_norm")(x)

@@ -12,7 +12,6 @@ import jax.numpy as jnp
 
 from jaxformer.layers import settings as settings_lib
 from jaxformer.models.family import Family, module_fields
-from jaxformer.models.stack import REMAT_POLICIES
 
 _FAMILIES: dict[str, Family] = {}
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -117,7 +116,7 @@ def build(model_config: Any) -> nn.Module:
 
 
 def _check_module_fields(entry: Family, c: dict):
-  """Checks every family shares: ints > 0, rates, dtypes, remat policies."""
+  """Checks every family shares: ints > 0, dtypes."""
   types = {k: f.type for k, f in module_fields(entry.module).items()}
   for key, value in c.items():
     kind = str(types.get(key, ""))
@@ -127,9 +126,6 @@ def _check_module_fields(entry: Family, c: dict):
                          + (" (or None for the default)" if "None" in kind else ""))
     if key in ("dtype", "param_dtype") and _dtype_name(value) not in _DTYPES:
       raise ValueError(f"model.{key}={value!r} is not one of {_DTYPES}")
-  if "remat_policy" in c and c["remat_policy"] not in REMAT_POLICIES:
-    raise ValueError(f"model.remat_policy={c['remat_policy']!r} is not one of "
-                     f"{sorted(REMAT_POLICIES)}")
 
 
 def _dtype_name(value) -> str:

@@ -26,8 +26,6 @@ class EncoderDecoder(nn.Module):
   num_encoder_layers: int
   num_decoder_layers: int
   block: BlockSettings                # post-norm (pre_norm=True adds final norms), relu
-  scan_layers: bool = False
-  remat_policy: str = "none"
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -35,13 +33,11 @@ class EncoderDecoder(nn.Module):
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     b = self.block
     self.dropout = nn.Dropout(b.dropout_rate)
-    stack = dict(scan=self.scan_layers, remat_policy=self.remat_policy)
     self.embed = Embed(self.vocab_size, self.d_model, name="embed",
                        embedding_init=nn.initializers.normal(self.d_model ** -0.5), **kw)
-    self.encoder = BlockStack(self.num_encoder_layers, b, kw, name="encoder", **stack)
+    self.encoder = BlockStack(self.num_encoder_layers, b, kw, name="encoder")
     self.decoder = BlockStack(self.num_decoder_layers, b,
-                              dict(kw, causal=True, cross_attention=True), name="decoder",
-                              **stack)
+                              dict(kw, causal=True, cross_attention=True), name="decoder")
     if b.pre_norm:
       self.encoder_norm = make_norm(b.norm, epsilon=b.norm_eps, name="encoder_norm", **kw)
       self.decoder_norm = make_norm(b.norm, epsilon=b.norm_eps, name="decoder_norm", **kw)

@@ -16,14 +16,8 @@ import jax.numpy as jnp
 from flax.core import FrozenDict
 
 from jaxformer.layers import TransformerBlock
-from jaxformer.layers.settings import BlockSettings
+from jaxformer.layers.settings import REMAT_POLICIES, BlockSettings
 
-REMAT_POLICIES = {
-    "none": None,                                        # no rematerialisation
-    "full": jax.checkpoint_policies.nothing_saveable,   # recompute the whole block
-    "dots": jax.checkpoint_policies.checkpoint_dots,    # keep matmul outputs
-    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
-}
 
 
 class _Layer(nn.Module):
@@ -41,28 +35,24 @@ class _Layer(nn.Module):
 
 
 class BlockStack(nn.Module):
-  """`num_layers` TransformerBlocks of the same `settings`; `wiring` holds the block's other
-  fields (causal, cross_attention, positions, rope_theta, decode, dtype, param_dtype)."""
+  """`num_layers` TransformerBlocks of the same `settings` (which also say whether to scan
+  and rematerialise); `wiring` holds the block's other fields (causal, cross_attention,
+  positions, rope_theta, decode, dtype, param_dtype)."""
   num_layers: int
   settings: BlockSettings
   wiring: Any = None                           # dict of TransformerBlock wiring fields
-  scan: bool = False
-  remat_policy: str = "none"
 
   @nn.compact
   def __call__(self, x, context=None, *, mask=None, context_mask=None, segment_ids=None,
                positions=None, deterministic: bool = True):
-    if self.remat_policy not in REMAT_POLICIES:
-      raise ValueError(f"remat_policy={self.remat_policy!r} is not one of "
-                       f"{sorted(REMAT_POLICIES)}")
+    scan, remat_policy = self.settings.scan_layers, self.settings.remat_policy
     layer = _Layer
-    if self.remat_policy != "none":
-      layer = nn.remat(layer, policy=REMAT_POLICIES[self.remat_policy],
-                       prevent_cse=not self.scan)
+    if remat_policy != "none":
+      layer = nn.remat(layer, policy=REMAT_POLICIES[remat_policy], prevent_cse=not scan)
     kw = dict(settings=self.settings, wiring=FrozenDict(self.wiring or {}),
               deterministic=deterministic)
     inputs = (context, mask, context_mask, segment_ids, positions)
-    if self.scan:
+    if scan:
       layer = nn.scan(layer, variable_axes={"params": 0, "cache": 0, "intermediates": 0,
                                                   "attention_weights": 0},
                       split_rngs={"params": True, "dropout": True},

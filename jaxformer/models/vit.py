@@ -27,8 +27,6 @@ class ViT(nn.Module):
   block: BlockSettings                # pre-norm, gelu_exact, eps 1e-6: see FAMILY
   channels: int = 3
   pool: str = "cls"                   # "cls" token or "gap" (global average pooling)
-  scan_layers: bool = False
-  remat_policy: str = "none"
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -54,8 +52,8 @@ class ViT(nn.Module):
     x = x + LearnedPositionEmbedding(x.shape[1], self.d_model, name="pos_embed", **kw)(
         jnp.arange(x.shape[1])[None])
     x = nn.Dropout(self.block.dropout_rate)(x, deterministic=deterministic)
-    x = BlockStack(self.num_layers, self.block, kw, scan=self.scan_layers,
-                   remat_policy=self.remat_policy, name="encoder")(x, deterministic=deterministic)
+    x = BlockStack(self.num_layers, self.block, kw, name="encoder")(
+        x, deterministic=deterministic)
     x = make_norm(self.block.norm, epsilon=self.block.norm_eps, name="final_norm", **kw)(x)
     x = x[:, 0] if self.pool == "cls" else x.mean(axis=1)
     return dense(self.num_classes, ("embed", None), use_bias=True, name="head",
