@@ -10,7 +10,7 @@ import pytest
 from configs import get_config
 from jaxformer import inference, optim
 from jaxformer.inference import load_run, sample_text
-from jaxformer.train import evaluation, loop
+from jaxformer.train import config_checks, evaluation, loop
 from jaxformer.train.metrics import read
 
 DETERMINISTIC = ("step", "loss", "lr", "grad_norm", "skipped", "eval_loss", "eval_accuracy")
@@ -219,6 +219,20 @@ def test_bfloat16_pallas_run_then_a_changed_model_is_refused_unless_fresh(tmp_pa
     loop.train(cfg, workdir)
   loop.train(cfg, workdir, fresh=True)
   assert json.load(open(os.path.join(workdir, "config.json")))["model"]["d_model"] == 48
+
+
+def test_resume_check_treats_keys_a_saved_run_lacks_as_their_defaults(tmp_path):
+  """A run saved before a config key existed (or with a partial model section) resumes when
+  the key is at its default, and is refused when it is not."""
+  cfg = tiny_config(steps=2)
+  saved = json.loads(cfg.to_json())
+  for key in ("moe_grouped_matmul", "pre_norm", "param_dtype", "window"):
+    del saved["model"][key]
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  config_checks.check_workdir_config(cfg, str(tmp_path), fresh=False)
+  cfg.model.pre_norm = False
+  with pytest.raises(ValueError, match=r"different model \(fields \['pre_norm'\]\)"):
+    config_checks.check_workdir_config(cfg, str(tmp_path), fresh=False)
 
 
 def test_tensor_parallel_run_with_a_padded_vocabulary_samples(tmp_path):

@@ -7,10 +7,12 @@ produces; `check_workdir_config` refuses to resume a workdir holding a different
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import jax
+import jax.numpy as jnp
 
 from jaxformer import models, state
 from jaxformer.train import profiling, tasks
@@ -107,7 +109,20 @@ def check_model_matches_data(config, info: dict):
 
 # Model fields that change how the model is computed, not its parameters or function: a run
 # may resume with them changed (e.g. attention_impl="pallas" on a GPU, "xla" on a laptop).
-EXECUTION_FIELDS = ("attention_impl", "attention_block_sizes", "remat_policy", "dtype")
+EXECUTION_FIELDS = ("attention_impl", "attention_block_sizes", "remat_policy", "dtype",
+                    "moe_grouped_matmul")
+
+
+def _with_defaults(model: dict) -> dict:
+  """The model section with every config key, absent ones at the family's default as JSON
+  gives it back, so a run saved before a key existed compares equal at that default."""
+  try:
+    fields = models.config_fields(model.get("family"))
+  except ValueError:
+    return model
+  defaults = {k: f.default for k, f in fields.items() if f.default is not dataclasses.MISSING}
+  defaults = json.loads(json.dumps(defaults, default=lambda v: jnp.dtype(v).name))
+  return {**defaults, **model}
 
 
 def check_workdir_config(config, workdir: str, fresh: bool):
@@ -115,7 +130,8 @@ def check_workdir_config(config, workdir: str, fresh: bool):
   saved = None if fresh else state.read_config(workdir)
   if saved is None:
     return
-  model, current = saved.get("model", {}), json.loads(config.model.to_json())
+  model = _with_defaults(saved.get("model", {}))
+  current = _with_defaults(json.loads(config.model.to_json()))
   changed = sorted(k for k in set(model) | set(current)
                    if model.get(k) != current.get(k) and k not in EXECUTION_FIELDS)
   if changed:
