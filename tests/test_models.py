@@ -259,6 +259,11 @@ def test_bfloat16_decoder_keeps_float32_params_and_logits():
     (dict(BERT, type_vocab_size=0), "model.type_vocab_size=0"),
     (dict(VIT, channels=0), "model.channels=0"),
     (dict(LLAMA, head_dim=-8), "model.head_dim=-8"),
+    (dict(MIXTRAL, moe_grouped_matmul="fast"), "model.moe_grouped_matmul='fast'"),
+    (dict(GPT, ffn="moe"), "model.ffn='moe' is not one of"),     # experts: num_experts > 0
+    (dict(GPT, num_experts=-1), "model.num_experts=-1 must be an int >= 0"),
+    (dict(BERT, norm_eps=0.0), "model.norm_eps=0.0 must be > 0"),
+    (dict(VIT, window=(2, -1)), r"model.window sides must be ints >= 0"),
 ])
 def test_build_rejects_bad_config_naming_the_field(cfg, match):
   with pytest.raises(ValueError, match=match):

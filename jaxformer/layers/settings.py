@@ -156,9 +156,6 @@ class BlockSettings:
   def qkv_bias_or_default(self) -> bool:
     return self.use_bias if self.qkv_bias is None else self.qkv_bias
 
-  def head_size(self, d_model: int) -> int:
-    return self.head_dim or d_model // self.num_heads
-
   def check_width(self, d_model: int):
     """Errors that need the model width (the settings alone cannot know it)."""
     if self.head_dim is None and d_model % self.num_heads:
@@ -166,40 +163,42 @@ class BlockSettings:
             "model.head_dim, or pick a divisor)")
 
 
-# Flat `model.*` config key -> (where, field): where is "block" or "moe".
+# The flat `model.*` config key of each MoESettings field.
 _MOE_KEYS = {"num_experts": "num_experts", "experts_per_token": "experts_per_token",
              **{f"moe_{f.name}": f.name for f in dataclasses.fields(MoESettings)
                 if f.name not in ("num_experts", "experts_per_token")}}
-BLOCK_KEYS = tuple(f.name for f in dataclasses.fields(BlockSettings) if f.name != "moe")
-MOE_KEYS = tuple(_MOE_KEYS)
-CONFIG_KEYS = BLOCK_KEYS + MOE_KEYS
+# Every block config key: the BlockSettings fields, then the MoE keys.
+CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(BlockSettings) if f.name != "moe") + (
+    tuple(_MOE_KEYS))
 
 
-def config_defaults(overrides: dict | None = None) -> dict[str, Any]:
-  """Every block config key with its default (`dataclasses.MISSING` when required), after a
-  family's `overrides`; `num_experts` = 0 means a dense FFN."""
-  out = {}
-  for f in dataclasses.fields(BlockSettings):
-    if f.name != "moe":
-      out[f.name] = f.default
-  moe_defaults = {f.name: f.default for f in dataclasses.fields(MoESettings)}
+def config_fields(overrides: dict | None = None) -> dict[str, tuple[Any, Any]]:
+  """Every block config key -> (default, type annotation), after a family's `overrides` of the
+  defaults; the default is `dataclasses.MISSING` when required, and `num_experts` = 0 means a
+  dense FFN."""
+  out = {f.name: (f.default, f.type) for f in dataclasses.fields(BlockSettings)
+         if f.name != "moe"}
+  moe = {f.name: f for f in dataclasses.fields(MoESettings)}
   for key, name in _MOE_KEYS.items():
-    out[key] = 0 if name == "num_experts" else moe_defaults[name]
-  out.update(overrides or {})
+    out[key] = (0, "int") if name == "num_experts" else (moe[name].default, moe[name].type)
+  for key, value in (overrides or {}).items():
+    out[key] = (value, out[key][1])
   return out
 
 
 def from_config(values: dict, overrides: dict | None = None) -> BlockSettings:
   """BlockSettings from flat config keys (`CONFIG_KEYS`; others are an error for the caller
   to have removed) over the family's `overrides` of the defaults."""
-  cfg = {k: v for k, v in config_defaults(overrides).items() if v is not dataclasses.MISSING}
+  cfg = {k: default for k, (default, _) in config_fields(overrides).items()
+         if default is not dataclasses.MISSING}
   cfg.update(values)
   for key in ("num_heads", "mlp_dim"):
     if key not in cfg:
       _fail(f"model.{key} is required")
   moe = {name: cfg.pop(key) for key, name in _MOE_KEYS.items()}
-  if moe["num_experts"]:
+  experts = moe["num_experts"]
+  if isinstance(experts, bool) or not isinstance(experts, int) or experts < 0:
+    _fail(f"model.num_experts={experts!r} must be an int >= 0 (0: a dense FFN)")
+  if experts:
     cfg["moe"] = MoESettings(**moe)
-  elif not isinstance(moe["num_experts"], int) or moe["num_experts"] < 0:
-    _fail(f"model.num_experts={moe['num_experts']!r} must be an int >= 0 (0: a dense FFN)")
   return BlockSettings(**cfg)

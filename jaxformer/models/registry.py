@@ -60,16 +60,9 @@ def config_fields(family: str) -> dict[str, ConfigField]:
   out = {k: ConfigField(f.default, f.type) for k, f in module_fields(entry.module).items()
          if k not in _NOT_CONFIG}
   if entry.has_blocks:
-    types = {f.name: f.type for f in dataclasses.fields(settings_lib.BlockSettings)}
-    types.update({key: f.type for key, f in zip(settings_lib.MOE_KEYS, _moe_fields())})
-    for key, default in settings_lib.config_defaults(entry.block_defaults).items():
-      out[key] = ConfigField(default, "int" if key == "num_experts" else types[key])
+    for key, (default, kind) in settings_lib.config_fields(entry.block_defaults).items():
+      out[key] = ConfigField(default, kind)
   return out
-
-
-def _moe_fields():
-  by_name = {f.name: f for f in dataclasses.fields(settings_lib.MoESettings)}
-  return [by_name[k if k in by_name else k[len("moe_"):]] for k in settings_lib.MOE_KEYS]
 
 
 def config_as_dict(model_config: Any) -> dict:
