@@ -2,9 +2,12 @@
 
 import os
 
-_FLAG = "--xla_force_host_platform_device_count=8"
-if _FLAG not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+# 8 fake devices; LLVM at -O0: the test programs are tiny, so XLA:CPU's compile time dominates
+# them, and -O0 halves the cold suite (test_models 3m00 -> 1m43, test_train 2m41 -> 1m55)
+# with the same math (no fast-math either way; tolerances unchanged).
+for _flag in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0"):
+  if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # A persistent XLA compilation cache shared by the xdist workers and the subprocesses tests
