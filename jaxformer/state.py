@@ -7,13 +7,13 @@ both sides build them here and cannot disagree on the layout.
 
 from __future__ import annotations
 
-import json
 import os
 
 import jax
 import jax.numpy as jnp
 
 from jaxformer import models, optim
+from jaxformer.jsonfile import read_json
 
 CONFIG_FILE = "config.json"
 
@@ -23,12 +23,8 @@ def read_config(workdir: str) -> dict | None:
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(path):
     return None
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{path} is not valid JSON ({e}); it is written by training: restore "
-                     "it or retrain in a new --workdir") from e
+  return read_json(path, fix="it is written by training: restore it or retrain in a new "
+                   "--workdir")
 
 
 def init_inputs(model_config) -> tuple:

@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 
+from jaxformer.jsonfile import read_json
 from jaxformer.optional import require
 
 SAFE, SAFE_INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -24,12 +25,7 @@ def read_config(path: str) -> dict:
   if not os.path.exists(config_file):
     raise ValueError(f"{path} has no config.json (expected a transformers checkpoint "
                      "directory)")
-  try:
-    with open(config_file) as f:
-      return json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{config_file} is not valid JSON ({e}); restore the checkpoint's "
-                     "config.json") from e
+  return read_json(config_file, fix="restore the checkpoint's config.json")
 
 
 def _to_float32(x: np.ndarray) -> np.ndarray:
