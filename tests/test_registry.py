@@ -18,12 +18,12 @@ from jaxformer.train import step as step_lib
 from jaxformer.train import tasks
 
 SMALL = {
-    "decoder": dict(vocab_size=37, d_model=16, num_layers=2, num_heads=2, mlp_dim=32, max_len=16,
+    "decoder": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=16,
                     tie_embeddings=False),
-    "bert": dict(vocab_size=37, d_model=16, num_layers=2, num_heads=2, mlp_dim=32, max_len=16),
+    "bert": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=16),
     "seq2seq": dict(vocab_size=37, d_model=16, num_encoder_layers=1, num_decoder_layers=1,
                     num_heads=2, mlp_dim=32),
-    "vit": dict(num_classes=5, patch_size=4, image_size=8, d_model=16, num_layers=2,
+    "vit": dict(num_classes=5, patch_size=4, image_size=8, d_model=16, num_layers=1,
                 num_heads=2, mlp_dim=32),
     "rnn_seq2seq": dict(vocab_size=37, embed_dim=8, hidden_dim=16),
 }
