@@ -45,8 +45,8 @@ import numpy as np
 import optax
 
 from configs import shakespeare_char
-from jaxformer import optim as optim_lib
-from jaxformer import state as state_lib
+from jaxformer.train import optim as optim_lib
+from jaxformer.train import state as state_lib
 from jaxformer.data.pipeline import make_pipeline
 from jaxformer.train import step as step_lib
 from jaxformer.train import tasks, train

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jaxformer import optim as optim_lib
+from jaxformer.train import optim as optim_lib
 
 
 class _LayerNorm(nn.Module):

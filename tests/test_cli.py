@@ -13,7 +13,7 @@ import time
 import pytest
 
 from jaxformer import cli
-from jaxformer import checkpoint
+from jaxformer.train import checkpoint
 from jaxformer.train import metrics, workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,7 +12,8 @@ import pytest
 from ml_collections import ConfigDict
 
 from configs import common
-from jaxformer import models, scaling, state
+from jaxformer import models, scaling
+from jaxformer.train import state
 from jaxformer.models.family import TASKS
 from jaxformer.train import step as step_lib
 from jaxformer.train import tasks

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from configs import get_config
-from jaxformer import inference, optim
+from jaxformer import inference
+from jaxformer.train import optim
 from jaxformer.inference import load_run, sample_text
 from jaxformer.train import config_checks, evaluation, loop
 from jaxformer.train.metrics import read

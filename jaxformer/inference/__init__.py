@@ -5,8 +5,9 @@
     inference.sample_text(config, params, tokenizer, prompt="ROMEO:", max_new_tokens=200)
     inference.generate(config.model, params, tokens, max_new_tokens=20)   # decode.py (ids)
 
-Nothing here imports the training package (tests/test_structure.py checks it): the train
-state's layout comes from `jaxformer.state`, which training builds its state with too.
+From the training package this imports only the train state's layout, its optimizer and
+checkpoints (`jaxformer.train.state`, `.optim`, `.checkpoint`: the state training builds
+too), never the loop (tests/test_structure.py checks it).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A trained run restored from its workdir for inference: config, params and tokenizer.
 
 The params come from the latest checkpoint (the whole train state, restored with the layout
-`jaxformer.state` gives training too) or from the best eval's params; nothing is written.
+`jaxformer.train.state` gives training too) or from the best eval's params; nothing is written.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 from ml_collections import ConfigDict
 
-from jaxformer import checkpoint, state
+from jaxformer.train import checkpoint, state
 from jaxformer.data.tokenizers import load_tokenizer
 
 

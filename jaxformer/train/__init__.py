@@ -1,6 +1,6 @@
 """Training: config checks, setup, steps, evaluation, metrics and the loop (`python -m
-jaxformer.train`). The optimizer, checkpoints and train state live in `jaxformer.optim`,
-`.checkpoint` and `.state`, shared with inference.
+jaxformer.train`). The optimizer, checkpoints and train state (`optim`, `checkpoint`,
+`state`) are shared with inference, which imports them and nothing else from here.
 
 `train` is loaded on first use, so light modules (`jaxformer.train.metrics`, `.workdir`) can be
 imported without loading JAX and the whole loop (the sweep driver reads metrics that way).

@@ -14,7 +14,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxformer import models, state
+from jaxformer import models
+from jaxformer.train import state
 from jaxformer.train import profiling, tasks
 
 

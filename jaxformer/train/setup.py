@@ -18,9 +18,11 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxformer import checkpoint, optim, parallel, scaling, state as state_lib
+from jaxformer import parallel, scaling
 from jaxformer.data.pipeline import make_pipeline
-from jaxformer.train import config_checks, profiling, progress, step as step_lib, tasks
+from jaxformer.train import checkpoint, config_checks, optim, profiling, progress, tasks
+from jaxformer.train import state as state_lib
+from jaxformer.train import step as step_lib
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import MetricsWriter
 from jaxformer.train.tensorboard import SummaryWriter

@@ -12,7 +12,8 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jaxformer import models, optim
+from jaxformer import models
+from jaxformer.train import optim
 from jaxformer.jsonfile import read_json
 
 CONFIG_FILE = "config.json"
