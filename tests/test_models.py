@@ -75,7 +75,9 @@ def test_scanned_layers_give_identical_outputs(cfg):
 
 @pytest.mark.parametrize("cfg", [GPT, MIXTRAL], ids=["gpt", "mixtral"])
 def test_rematerialised_layers_give_identical_gradients(cfg):
-  """Every remat policy (BlockStack wraps each block the same way for every family)."""
+  """Every remat policy (BlockStack wraps each block the same way for every family); two
+  layers are enough to cross a block boundary and compile a third faster."""
+  cfg = dict(cfg, num_layers=2)
   args = inputs(cfg)
   module, params = init(cfg, *args)
   ct = jax.random.normal(jax.random.key(3), module.apply({"params": params}, *args).shape)
