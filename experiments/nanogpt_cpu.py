@@ -45,9 +45,9 @@ import numpy as np
 import optax
 
 from configs import shakespeare_char
+from jaxformer.data.pipeline import make_pipeline
 from jaxformer.train import optim as optim_lib
 from jaxformer.train import state as state_lib
-from jaxformer.data.pipeline import make_pipeline
 from jaxformer.train import step as step_lib
 from jaxformer.train import tasks, train
 from jaxformer.train.metrics import read

@@ -1,8 +1,7 @@
 """`make_pipeline(config)`: the data pipeline a training config asks for.
 
 The model family's registry entry fixes the task (`jaxformer.models.get(family).task`, see
-`jaxformer.train.tasks`); `data.source` picks where the
-examples come from:
+`jaxformer.train.tasks`); `data.source` picks where the examples come from:
 - text (tasks lm, mlm): "tinyshakespeare" (bundled), a path to a .txt file, or "tfds:<name>"
   with a text feature (e.g. "tfds:lm1b");
 - images (classification): "digits" (scikit-learn's bundled 8x8 digits), "mnist:<dir>" (IDX

@@ -8,13 +8,10 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxformer.layers.attention import MultiHeadAttention
-from jaxformer.layers.mlp import Mlp, SwiGLU
+from jaxformer.layers.mlp import FFNS
 from jaxformer.layers.moe import MoE
 from jaxformer.layers.norms import make_norm
 from jaxformer.layers.settings import BlockSettings
-
-FFNS = {"mlp": Mlp, "swiglu": SwiGLU}     # settings.moe replaces them with MoE
-
 
 class TransformerBlock(nn.Module):
   """One Transformer layer on [B, T, E], configured by `settings` (layers/settings.py).

@@ -59,3 +59,6 @@ class SwiGLU(Mlp):
   activation: str = "silu"
   use_bias: bool = False
   gated: bool = True
+
+
+FFNS = {"mlp": Mlp, "swiglu": SwiGLU}     # the `model.ffn` kinds (experts replace them: moe.py)

@@ -18,12 +18,11 @@ from typing import Any
 
 import jax
 
-from jaxformer.layers.mlp import ACTIVATIONS
+from jaxformer.layers.mlp import ACTIVATIONS, FFNS
 from jaxformer.layers.norms import NORMS
 from jaxformer.ops import masks
 from jaxformer.ops.attention import IMPLS, check_block_sizes
 
-FFN_KINDS = ("mlp", "swiglu")
 REMAT_POLICIES = {
     "none": None,                                        # no rematerialisation
     "full": jax.checkpoint_policies.nothing_saveable,   # recompute the whole block
@@ -38,7 +37,8 @@ def _fail(message: str):
   raise ValueError(message)
 
 
-def _positive_int(value, key: str, *, optional: bool = False):
+def check_positive_int(value, key: str, *, optional: bool = False):
+  """A ValueError naming `model.<key>` unless value is an int > 0 (or None if optional)."""
   if optional and value is None:
     return
   if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -72,7 +72,7 @@ class MoESettings:
   z_loss_weight: float = 0.001
 
   def __post_init__(self):
-    _positive_int(self.num_experts, "num_experts")
+    check_positive_int(self.num_experts, "num_experts")
     if not 0 < self.experts_per_token <= self.num_experts:
       _fail(f"model.experts_per_token={self.experts_per_token} must be in "
             f"[1, model.num_experts={self.num_experts}]: lower the top-k or add experts")
@@ -116,15 +116,15 @@ class BlockSettings:
   remat_policy: str = "none"          # a key of REMAT_POLICIES
 
   def __post_init__(self):
-    _positive_int(self.num_heads, "num_heads")
-    _positive_int(self.mlp_dim, "mlp_dim")
-    _positive_int(self.num_kv_heads, "num_kv_heads", optional=True)
-    _positive_int(self.head_dim, "head_dim", optional=True)
+    check_positive_int(self.num_heads, "num_heads")
+    check_positive_int(self.mlp_dim, "mlp_dim")
+    check_positive_int(self.num_kv_heads, "num_kv_heads", optional=True)
+    check_positive_int(self.head_dim, "head_dim", optional=True)
     if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
       _fail(f"model.num_kv_heads={self.num_kv_heads} must divide model.num_heads="
             f"{self.num_heads}")
     _choice(self.attention_impl, "attention_impl", IMPLS)
-    _choice(self.ffn, "ffn", FFN_KINDS)
+    _choice(self.ffn, "ffn", FFNS)
     _choice(self.norm, "norm", NORMS)
     _choice(self.remat_policy, "remat_policy", REMAT_POLICIES)
     if self.activation is not None:

@@ -15,7 +15,7 @@ from jaxformer.models.bert import Bert
 from jaxformer.models.family import Family, image_inputs, token_inputs
 from jaxformer.models.gpt import DecoderLM
 from jaxformer.models.registry import (ConfigField, build, config_as_dict, config_fields, get,
-                                       names, register, unregister)
+                                       names, register, unregister, with_defaults)
 from jaxformer.models.rnn_seq2seq import RnnSeq2Seq
 from jaxformer.models.seq2seq import EncoderDecoder
 from jaxformer.models.vit import ViT
@@ -23,6 +23,7 @@ from jaxformer.models.vit import ViT
 for _module in (gpt, bert, seq2seq, vit, rnn_seq2seq):
   register(_module.FAMILY)
 
-__all__ = ["build", "config_as_dict", "config_fields", "get", "names", "register", "unregister",
+__all__ = ["build", "config_as_dict", "config_fields", "with_defaults", "get", "names",
+           "register", "unregister",
            "Family", "ConfigField", "token_inputs", "image_inputs", "BlockSettings",
            "MoESettings", "DecoderLM", "Bert", "EncoderDecoder", "ViT", "RnnSeq2Seq"]

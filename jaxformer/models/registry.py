@@ -74,6 +74,16 @@ def config_as_dict(model_config: Any) -> dict:
   return dict(model_config)
 
 
+def with_defaults(model_config: Any) -> dict:
+  """The model config as a dict with every config key of its family, absent ones at the
+  family's default (dtypes by name, so the result is JSON data like a saved config.json)."""
+  cfg = config_as_dict(model_config)
+  defaults = {k: _dtype_name(f.default) if k in ("dtype", "param_dtype") else f.default
+              for k, f in config_fields(get(cfg.get("family")).name).items()
+              if f.default is not dataclasses.MISSING}
+  return {**defaults, **cfg}
+
+
 def build(model_config: Any) -> nn.Module:
   """The linen Module described by `model_config` (a ConfigDict or dict with `family`),
   validated before anything is traced: errors name the `model.*` key and the fix."""
@@ -89,8 +99,8 @@ def build(model_config: Any) -> nn.Module:
   missing = [k for k, f in fields.items() if k not in cfg and f.default is dataclasses.MISSING]
   if missing:
     raise ValueError(f"model.{missing[0]} is required for model.family={entry.name!r}")
-  full = {k: f.default for k, f in fields.items() if f.default is not dataclasses.MISSING}
-  full.update(cfg)
+  full = with_defaults(dict(cfg, family=entry.name))
+  del full["family"]
   own = {k: v for k, v in full.items() if k not in settings_lib.CONFIG_KEYS}
   _check_module_fields(entry, own)
   if entry.has_blocks:
@@ -113,10 +123,8 @@ def _check_module_fields(entry: Family, c: dict):
   types = {k: f.type for k, f in module_fields(entry.module).items()}
   for key, value in c.items():
     kind = str(types.get(key, ""))
-    if kind in ("int", "int | None") and not (kind == "int | None" and value is None):
-      if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"model.{key}={value!r} must be an int > 0"
-                         + (" (or None for the default)" if "None" in kind else ""))
+    if kind in ("int", "int | None"):
+      settings_lib.check_positive_int(value, key, optional=kind == "int | None")
     if key in ("dtype", "param_dtype") and _dtype_name(value) not in _DTYPES:
       raise ValueError(f"model.{key}={value!r} is not one of {_DTYPES}")
 

@@ -62,8 +62,7 @@ def count_params(model_config: Any) -> dict[str, int]:
     (`lm_head`); see each family's `embeddings` (Kaplan et al., 2020 count N without them).
   - 'backbone': total minus task heads (ViT `head`, BERT's MLM head `mlm_transform`,
     `mlm_norm`, `mlm_bias`, an untied decoder `lm_head`); see each family's `heads`. BERT's
-    backbone keeps
-    the pooler (Hugging Face `BertModel`).
+    backbone keeps the pooler (Hugging Face `BertModel`).
   - 'non_embedding_active': non_embedding minus the inactive expert weights (the N of
     `flops_per_token`).
 

@@ -7,16 +7,13 @@ produces; `check_workdir_config` refuses to resume a workdir holding a different
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
 import jax
-import jax.numpy as jnp
 
 from jaxformer import models
-from jaxformer.train import state
-from jaxformer.train import profiling, tasks
+from jaxformer.train import profiling, state, tasks
 
 
 def _is_int(v) -> bool:
@@ -115,15 +112,12 @@ EXECUTION_FIELDS = ("attention_impl", "attention_block_sizes", "remat_policy", "
 
 
 def _with_defaults(model: dict) -> dict:
-  """The model section with every config key, absent ones at the family's default as JSON
-  gives it back, so a run saved before a key existed compares equal at that default."""
+  """The model section with every config key, so a run saved before a key existed compares
+  equal at that key's default (an unknown family is compared as it is)."""
   try:
-    fields = models.config_fields(model.get("family"))
+    return models.with_defaults(model)
   except ValueError:
     return model
-  defaults = {k: f.default for k, f in fields.items() if f.default is not dataclasses.MISSING}
-  defaults = json.loads(json.dumps(defaults, default=lambda v: jnp.dtype(v).name))
-  return {**defaults, **model}
 
 
 def check_workdir_config(config, workdir: str, fresh: bool):

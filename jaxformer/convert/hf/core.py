@@ -227,10 +227,7 @@ def _config_dict(model_config) -> dict:
   if cfg.get("family") not in families:
     raise ValueError(f"model.family={cfg.get('family')!r}: Hugging Face conversion supports "
                      f"{sorted(families)}")
-  for name, field in models.config_fields(cfg["family"]).items():
-    if (name not in cfg and field.default is not dataclasses.MISSING
-        and name not in ("dtype", "param_dtype")):
-      cfg[name] = field.default
+  cfg = models.with_defaults(cfg)
   for key, want in families[cfg["family"]].FIXED.items():
     if cfg[key] != want:
       raise ValueError(f"model.{key}={cfg[key]!r}: the Hugging Face {cfg['family']} "
