@@ -153,3 +153,15 @@ class ArgumentParser(argparse.ArgumentParser):
 
   def error(self, message: str) -> NoReturn:
     fail(f"{message} (see {self.prog} --help)")
+
+
+def define_compilation_cache_flag() -> None:
+  """`--compilation_cache=DIR` for a command that compiles (see `jaxformer.compilation`);
+  the command calls `compilation.enable_cache(FLAGS.compilation_cache)` first thing."""
+  from absl import flags
+
+  from jaxformer import compilation
+  flags.DEFINE_string(
+      "compilation_cache", compilation.default_cache_dir(),
+      "Persistent XLA compilation cache: a rerun of the same job loads its compiled steps "
+      "instead of compiling them. Empty: off.")

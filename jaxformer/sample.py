@@ -6,7 +6,7 @@ cache (`jaxformer.inference`); seeded and reproducible (greedy with --temperatur
 
 from absl import flags, logging
 
-from jaxformer import cli
+from jaxformer import cli, compilation
 from jaxformer.inference import load_run, sample_text
 
 flags.DEFINE_string("workdir", None, "Training run directory.")
@@ -18,6 +18,7 @@ flags.DEFINE_float("top_p", None, "Nucleus sampling mass.")
 flags.DEFINE_integer("seed", 0, "Sampling seed.")
 flags.DEFINE_enum("checkpoint", "latest", ["latest", "best"],
                   "The latest checkpoint, or the params of the best eval.")
+cli.define_compilation_cache_flag()
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -25,6 +26,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  compilation.enable_cache(FLAGS.compilation_cache)
   config, params, tokenizer = load_run(FLAGS.workdir, which=FLAGS.checkpoint)
   print(sample_text(config, params, tokenizer, prompt=FLAGS.prompt,
                     max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,

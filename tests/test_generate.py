@@ -247,3 +247,38 @@ def test_vocab_limit_never_produces_padded_ids(model_params, temperature, top_k,
   assert limited.min() >= 0 and limited.max() < 4
   with pytest.raises(ValueError, match="vocab_limit=38 must be an int in"):
     generate(GPT, params, PROMPT, vocab_limit=38, **kw)
+
+
+class _Chars:
+  """A tokenizer stub: ids are the text's code points minus 'a' (vocabulary 26)."""
+  vocab_size = 26
+
+  def encode(self, text):
+    return np.array([ord(c) - ord("a") for c in text], np.int32)
+
+  def decode(self, ids):
+    return "".join(chr(ord("a") + int(i)) for i in ids)
+
+
+def test_long_sample_compiles_twice_and_equals_chunk_by_chunk_generation():
+  """Past a learned-position model's max_len, sample_text continues in windows of max_len // 2
+  tokens: the chunks after the first share one compilation (the last one is a full window,
+  cut), and the text equals generating each chunk with exactly the tokens it needs."""
+  from jaxformer.inference import sample_text
+  cfg = dict(GPT, vocab_size=26, max_len=16)
+  model = models.build(cfg)
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0, impl="rbg"),
+                                        jnp.zeros((1, 8), jnp.int32)))["params"]
+  config = ml_collections.ConfigDict(dict(model=cfg))
+  before = gen_lib._generate._cache_size()
+  text = sample_text(config, params, _Chars(), prompt="abc", max_new_tokens=43, seed=3,
+                     temperature=1.0)
+  assert gen_lib._generate._cache_size() - before <= 2
+  out, chunk, ids = [0, 1, 2], 0, np.array([0, 1, 2])
+  while len(out) < 3 + 43:                   # 13, then 8 per window, the last one 6
+    n = min(3 + 43 - len(out), 16 - len(ids))
+    seed = int(np.random.SeedSequence([3, chunk]).generate_state(1)[0])
+    out += generate(cfg, params, ids, max_new_tokens=n, temperature=1.0, seed=seed,
+                    vocab_limit=26)[len(ids):].tolist()
+    chunk, ids = chunk + 1, np.array(out[-8:])
+  assert text == _Chars().decode(out)

@@ -26,6 +26,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxformer import compilation
 from jaxformer.parallel.mesh import describe_devices, make_mesh, mesh_field
 from jaxformer.parallel.rules import Rules, batch_axes, logical_axis_rules, mesh_axes_tuple
 
@@ -176,7 +177,8 @@ class ShardingPlan:
     e.g. optimizer state from boxed params) directly into its shardings, unboxed."""
     shardings = self.state_shardings(jax.eval_shape(init_boxed))
     with self.scope():
-      state = jax.jit(lambda: _strip_boxes(init_boxed()), out_shardings=shardings)()
+      state = jax.jit(lambda: _strip_boxes(init_boxed()), out_shardings=shardings,
+                      compiler_options=compilation.run_once_options())()
     return state, shardings
 
   # --- batches -----------------------------------------------------------------------------

@@ -3,18 +3,20 @@
 from absl import flags, logging
 from ml_collections import config_flags
 
-from jaxformer import cli, parallel
+from jaxformer import cli, compilation, parallel
 from jaxformer.train.loop import train
 
 config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics); reruns resume.")
 flags.DEFINE_bool("fresh", False, "Discard the workdir's checkpoints and metrics first.")
+cli.define_compilation_cache_flag()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  compilation.enable_cache(flags.FLAGS.compilation_cache)
   parallel.initialize()      # multi-host (TPU pod, Slurm, JAXFORMER_* env); no-op otherwise
   train(flags.FLAGS.config, flags.FLAGS.workdir, fresh=flags.FLAGS.fresh)
 

@@ -11,10 +11,25 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 
 import numpy as np
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _import_tensorboardx():
+  """tensorboardX, imported without torch: it imports torch whenever torch is installed only
+  to accept torch tensors (we pass numpy), which costs ~2 s of every run's start-up."""
+  if "torch" in sys.modules:
+    import tensorboardX
+    return tensorboardX
+  sys.modules["torch"] = None        # `import torch` raises ImportError, which it handles
+  try:
+    import tensorboardX
+  finally:
+    del sys.modules["torch"]
+  return tensorboardX
 
 
 def _as_array(image) -> np.ndarray:
@@ -40,7 +55,7 @@ class SummaryWriter:
                flush_secs: float = 10.0):
     if purge_step is not None and purge_step < 0:
       raise ValueError(f"purge_step={purge_step} must be >= 0 (the step the run resumes at)")
-    import tensorboardX
+    tensorboardX = _import_tensorboardx()
     self.logdir = os.fspath(logdir)
     self._writer = tensorboardX.SummaryWriter(self.logdir, purge_step=purge_step,
                                               flush_secs=flush_secs)
