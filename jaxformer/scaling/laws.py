@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from scipy import optimize
 
 from jaxformer.scaling import stats
 
@@ -77,6 +76,7 @@ def fit_kaplan_d(d: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
 def _least_squares(residual: Callable[[np.ndarray], np.ndarray], starts: Sequence[Sequence],
                    bounds: tuple[Sequence[float], Sequence[float]]) -> np.ndarray:
   """The best of `scipy.optimize.least_squares` runs from each start (within bounds)."""
+  from scipy import optimize        # here, not at import: training imports scaling (~0.4 s)
   best = None
   low, high = np.asarray(bounds[0], np.float64), np.asarray(bounds[1], np.float64)
   # Start strictly inside the finite bounds (an infinite bound needs no margin: inf - inf
