@@ -79,11 +79,19 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
     loss = objective / total_weight
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    updates, opt_state = tx.update(grads, state["opt_state"], params)
-    new_params = optax.apply_updates(params, updates)
-    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-    new_state = {"step": state["step"] + 1, "params": keep(new_params, params),
-                 "opt_state": keep(opt_state, state["opt_state"]),
+    def update(grads, opt_state, params):
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state
+
+    def skip(grads, opt_state, params):
+      return params, opt_state
+
+    # A branch, not a select of new vs old: `where(finite, new, old)` over every leaf made
+    # XLA copy each parameter and moment out of its donated buffer (~12% of a CPU step for
+    # the README model) and always paid for the update.
+    new_params, opt_state = jax.lax.cond(finite, update, skip, grads, state["opt_state"],
+                                         params)
+    new_state = {"step": state["step"] + 1, "params": new_params, "opt_state": opt_state,
                  "skipped": jnp.where(finite, 0, state["skipped"] + 1)}
     return new_state, {"loss": nll / total_weight, "train_objective": loss,
                        "accuracy": correct / total_weight, "grad_norm": grad_norm,
