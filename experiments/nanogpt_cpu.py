@@ -2,27 +2,31 @@
 
     python -m experiments.nanogpt_cpu [--steps=2000] [--nanogpt=PATH/TO/nanoGPT] [--only=...]
 
-Same model (4 layers, 4 heads, width 128, context 64, no biases, tied embeddings), batch
-(12 x 64), optimizer (AdamW 0.9/0.99, weight decay 0.1 on matrices, lr 1e-3, 100 warmup steps,
-cosine to 1e-4, clip 1.0) and data (jaxformer's tiny-Shakespeare split: every implementation
-trains on the same batches of the same steps and evaluates on the same 20 batches every 250
-steps). Rows:
+Same model architecture (4 layers, 4 heads, width 128, context 64, no biases, tied
+embeddings), batch (12 x 64), optimizer (AdamW 0.9/0.99, weight decay 0.1 on matrices, lr 1e-3,
+100 warmup steps, cosine to 1e-4, clip 1.0) and data (jaxformer's tiny-Shakespeare split: every
+implementation trains on the same batches of the same steps and evaluates on the same 20
+batches every 250 steps). The initialisations differ: jaxformer's kernels are LeCun-normal,
+the plain-JAX and PyTorch rows use nanoGPT's N(0, 0.02), which ends ~0.12 nats higher at 2000
+steps; the speed of a step does not depend on it.
 
-- `jaxformer` - the README job itself (`jaxformer.train`): checkpoints, metrics, evals,
-  attention maps, no end sample (nanoGPT prints none either).
-- `jaxformer step` - jaxformer's jitted train step alone in a tight loop (the loop's share is
-  the difference with the row above).
-- `plain JAX` - the fastest hand-written step we have for the same model: no Flax, no framework
-  (`--embed=gather|onehot` picks the embedding lookup): the bound that separates framework
-  overhead from XLA:CPU.
-- `PyTorch eager` - the same model written in PyTorch (nanoGPT's architecture, written here
-  independently; torch is in the [test] extra), eager, like `--compile=False`.
-- `nanoGPT` (with `--nanogpt=PATH`) - nanoGPT's own `train.py` run from that checkout on its
-  own Shakespeare-char data (`data/shakespeare_char/prepare.py` must have been run): its
-  reported ms/iter.
+Two tables:
 
-tokens/s is the median over windows of steady-state steps (compile and evals excluded); wall
-is the whole job: setup, compile, `--steps` steps and the evaluations.
+1. Whole jobs (wall time: setup, compiles, `--steps` steps and 9 evaluations):
+   - `jaxformer (README job)`: `jaxformer.train` itself in this process (checkpoints, metrics,
+     evals with attention maps; no end sample, as nanoGPT prints none), with JAX's persistent
+     compilation cache off: what a first run costs.
+   - `plain JAX`: the fastest hand-written step we have for the same model, no Flax, no
+     framework (`--embed=gather|onehot` picks the embedding lookup): the bound that separates
+     framework overhead from XLA:CPU.
+   - `PyTorch eager`: the same model in PyTorch (nanoGPT's architecture, written here
+     independently; torch is in the [test] extra), eager, like nanoGPT's `--compile=False`.
+   - `nanoGPT train.py` (with `--nanogpt=PATH`): nanoGPT's own script from that checkout on
+     its own Shakespeare-char data (`data/shakespeare_char/prepare.py` must have been run).
+   tokens/s there is the median over WINDOW-step windows, compile and evals excluded.
+2. Steady state (`--rounds`): jaxformer's jitted train step alone, the plain-JAX step and
+   PyTorch, measured in alternating WINDOW-step windows in one process, so a shared machine
+   whose speed drifts by 10-20% over minutes slows each alike; the ratios are per window.
 """
 
 from __future__ import annotations
@@ -171,8 +175,9 @@ def run_jaxformer(cfg, steps: int) -> dict:
   return {"tokens_per_sec": speed, "wall": wall, "eval_loss": last["eval_loss"]}
 
 
-def run_jaxformer_step(cfg, pipeline, steps: int) -> dict:
-  """jaxformer's own train step (model, loss, optimizer, skip-on-non-finite), no loop."""
+def jaxformer_step(cfg, pipeline):
+  """jaxformer's own train step (model, loss, optimizer, skip-on-non-finite), no loop:
+  (step(s), sync(), evaluate=None)."""
   module, tx, init_boxed = state_lib.train_state_fns(cfg)
   fn = jax.jit(step_lib.make_train_step(module, tx, tasks.task_for(cfg.model)),
                donate_argnums=(0,))
@@ -182,11 +187,10 @@ def run_jaxformer_step(cfg, pipeline, steps: int) -> dict:
   def step(s):
     carry["state"], carry["m"] = fn(carry["state"], pipeline.train_batch(s), key)
 
-  result = timed_job(cfg, steps, step, lambda: jax.block_until_ready(carry["m"]))
-  return {"tokens_per_sec": result["tokens_per_sec"]}
+  return step, lambda: jax.block_until_ready(carry["m"]), None
 
 
-def run_plain(cfg, pipeline, steps: int, embed: str) -> dict:
+def plain_step(cfg, pipeline, embed: str):
   init, step_fn, eval_fn = plain_functions(cfg, embed)
   carry = {"state": init(), "loss": None}
   eval_batches = list(pipeline.eval_batches())
@@ -199,10 +203,10 @@ def run_plain(cfg, pipeline, steps: int, embed: str) -> dict:
     sums = [eval_fn(carry["state"][0], b) for b in eval_batches]
     return float(sum(x for x, _ in sums) / sum(n for _, n in sums))
 
-  return timed_job(cfg, steps, step, lambda: jax.block_until_ready(carry["loss"]), evaluate)
+  return step, lambda: jax.block_until_ready(carry["loss"]), evaluate
 
 
-def run_torch(cfg, pipeline, steps: int, threads: int) -> dict:
+def torch_step(cfg, pipeline, steps: int, threads: int):
   import torch
 
   from experiments import nanogpt_torch
@@ -214,11 +218,30 @@ def run_torch(cfg, pipeline, steps: int, threads: int) -> dict:
 
   def step(s):
     batch = pipeline.train_batch(s)
-    nanogpt_torch.train_step(model, opt, float(lrs[s]), torch.from_numpy(batch["inputs"]),
+    nanogpt_torch.train_step(model, opt, float(lrs[min(s, steps - 1)]),
+                             torch.from_numpy(batch["inputs"]),
                              torch.from_numpy(batch["targets"]), clip=float(cfg.optim.clip))
 
-  return timed_job(cfg, steps, step, lambda: None,
-                   lambda: nanogpt_torch.evaluate(model, eval_batches))
+  return step, lambda: None, lambda: nanogpt_torch.evaluate(model, eval_batches)
+
+
+def alternating(cfg, runners: dict, rounds: int) -> dict:
+  """Steady-state tokens/s of several implementations measured in alternating WINDOW-step
+  windows (after one warm-up window each, which compiles), so a machine whose speed drifts
+  (a shared host) slows every implementation alike: {name: [tokens/s per window]}."""
+  tokens = cfg.train.batch_size * cfg.data.seq_len
+  done = {name: 0 for name in runners}
+  rates = {name: [] for name in runners}
+  for r in range(rounds + 1):
+    for name, (step, sync, _) in runners.items():
+      start = time.perf_counter()
+      for _ in range(WINDOW):
+        step(done[name])
+        done[name] += 1
+      sync()
+      if r:
+        rates[name].append(WINDOW * tokens / (time.perf_counter() - start))
+  return rates
 
 
 def run_nanogpt(path: str, cfg, steps: int) -> dict:
@@ -244,6 +267,8 @@ def run_nanogpt(path: str, cfg, steps: int) -> dict:
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=2000)
+  parser.add_argument("--rounds", type=int, default=8,
+                      help=f"alternating {WINDOW}-step windows per implementation (0: none)")
   parser.add_argument("--embed", choices=("gather", "onehot"), default="gather")
   parser.add_argument("--nanogpt", default=None, help="a nanoGPT checkout to run as well")
   parser.add_argument("--threads", type=int, default=os.cpu_count(),
@@ -254,27 +279,45 @@ def main():
   cfg = config(args.steps)
   pipeline = make_pipeline(cfg, workdir=tempfile.mkdtemp(prefix="nanogpt_data_"))
   want = set(args.only or ("jaxformer", "step", "plain", "torch", "nanogpt"))
-  rows = []
+  plain_name = f"plain JAX ({args.embed})"
+  make = {"jaxformer step alone": lambda: jaxformer_step(cfg, pipeline),
+          plain_name: lambda: plain_step(cfg, pipeline, args.embed),
+          "PyTorch eager": lambda: torch_step(cfg, pipeline, args.steps, args.threads)}
+  chosen = {name: fn for name, fn, key in zip(make, make.values(), ("step", "plain", "torch"))
+            if key in want}
+
+  jobs = []                          # whole jobs: steps + evaluations, wall time
   if "jaxformer" in want:
-    rows.append(("jaxformer (README job)", run_jaxformer(cfg, args.steps)))
-  if "step" in want:
-    rows.append(("jaxformer step alone", run_jaxformer_step(cfg, pipeline, args.steps)))
-  if "plain" in want:
-    rows.append((f"plain JAX ({args.embed})", run_plain(cfg, pipeline, args.steps, args.embed)))
-  if "torch" in want:
-    rows.append(("PyTorch eager", run_torch(cfg, pipeline, args.steps, args.threads)))
+    jobs.append(("jaxformer (README job)", run_jaxformer(cfg, args.steps)))
+  for name, fn in chosen.items():
+    step, sync, evaluate = fn()
+    if evaluate is not None:
+      jobs.append((name, timed_job(cfg, args.steps, step, sync, evaluate)))
   if "nanogpt" in want and args.nanogpt:
-    rows.append(("nanoGPT train.py", run_nanogpt(args.nanogpt, cfg, args.steps)))
-  base = next((r["tokens_per_sec"] for n, r in rows if n.startswith("PyTorch")), None)
+    jobs.append(("nanoGPT train.py", run_nanogpt(args.nanogpt, cfg, args.steps)))
+  rates = alternating(cfg, {name: fn() for name, fn in chosen.items()}, args.rounds
+                      ) if args.rounds and chosen else {}
+
   print(f"\n{args.steps} steps of {cfg.train.batch_size} x {cfg.data.seq_len} tokens, "
         f"jax {jax.__version__}, {os.cpu_count()} CPUs\n")
-  print("| implementation | tokens/s | vs PyTorch | wall (s) | final eval loss |")
+  base = next((r["tokens_per_sec"] for n, r in jobs if n.startswith("PyTorch")), None)
+  print("| whole job | tokens/s | vs PyTorch | wall (s) | final eval loss |")
   print("|---|---:|---:|---:|---:|")
-  for name, r in rows:
+  for name, r in jobs:
     ratio = f"{r['tokens_per_sec'] / base:.2f}x" if base else "-"
-    wall = f"{r['wall']:.0f}" if "wall" in r else "-"
     loss = f"{r['eval_loss']:.4f}" if r.get("eval_loss") is not None else "-"
-    print(f"| {name} | {r['tokens_per_sec']:,.0f} | {ratio} | {wall} | {loss} |")
+    print(f"| {name} | {r['tokens_per_sec']:,.0f} | {ratio} | {r['wall']:.0f} | {loss} |")
+  if rates:
+    ref = rates.get("PyTorch eager")
+    print(f"\nSteady state, {args.rounds} alternating windows of {WINDOW} steps each "
+          "(ratios per window, then the median):\n")
+    print("| step | tokens/s (median) | vs PyTorch | vs plain JAX |")
+    print("|---|---:|---:|---:|")
+    for name, r in rates.items():
+      per = lambda other: (f"{statistics.median(a / b for a, b in zip(r, other)):.2f}x"
+                           if other else "-")
+      print(f"| {name} | {statistics.median(r):,.0f} | {per(ref)} | "
+            f"{per(rates.get(plain_name))} |")
 
 
 if __name__ == "__main__":
