@@ -51,8 +51,8 @@ def enable_cache(path: str | None) -> str | None:
 def run_once_options() -> dict | None:
   """XLA compiler options for a function that runs once: LLVM optimisation off on the CPU
   (the train-state init compiles in ~1.3 s instead of ~4 s for the README model; values
-  agree to the last bit of float rounding). None elsewhere: GPU and TPU compilers take
-  their own options, and their compiles of such functions are cheap already."""
+  agree to a few ulps of float rounding). None elsewhere: GPU and TPU compilers take their
+  own options, and their compiles of such functions are cheap already."""
   if jax.default_backend() != "cpu":
     return None
   return {"xla_backend_optimization_level": 0}
