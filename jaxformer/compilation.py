@@ -2,7 +2,7 @@
 
 XLA:CPU spends most of a small model's compile time in LLVM's optimisation passes, which pay
 off only for code that runs many times. Functions that run once per job (the train-state
-init) are compiled without them (`RUN_ONCE`); the steps are compiled at full optimisation.
+init) are compiled without them (`run_once_options`); the steps get full optimisation.
 
 The persistent compilation cache (`enable_cache`) keeps compiled executables on disk keyed by
 the program, the backend and the flags, so a second run of the same job (a rerun with
