@@ -96,6 +96,40 @@ def test_grad_accumulation_equals_full_batch_gradient(lm_setup):
                    jax.random.key(0))
 
 
+def test_a_non_finite_step_leaves_params_and_optimizer_untouched(lm_setup):
+  """A good step applies AdamW (equal to optax's own update); a step whose loss is not
+  finite returns the donated params and moments bit for bit, counts as skipped, and the
+  next good step resets the count."""
+  module, params, batch = lm_setup
+  params = jax.tree.map(jnp.array, params)          # our own buffers: the step donates them
+  # eps well above float noise: the key bias has an exactly-zero true gradient, and Adam
+  # would blow its rounding-level gradient up to +-lr either way
+  tx = optax.adamw(1e-2, eps=1e-3)
+  step = jax.jit(make_train_step(module, tx, tasks.TASKS["lm"]), donate_argnums=(0,))
+  state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+           "skipped": jnp.zeros((), jnp.int32)}
+  copy = lambda tree: jax.tree.map(lambda x: np.array(x, copy=True), tree)
+  before = copy(state)
+  state, m = step(state, batch, jax.random.key(0))
+  assert bool(m["finite"]) and int(state["skipped"]) == 0 and int(state["step"]) == 1
+  grads = jax.grad(lambda p: jnp.sum(tasks.cross_entropy(
+      module.apply({"params": p}, batch["inputs"]), batch["targets"])[0] * batch["weights"])
+      / jnp.sum(batch["weights"]))(before["params"])
+  updates, _ = tx.update(grads, before["opt_state"], before["params"])
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+               state["params"], optax.apply_updates(before["params"], updates))
+
+  good = copy(state)
+  bad = dict(batch, weights=np.full_like(batch["weights"], np.nan))
+  for n in (1, 2):
+    state, m = step(state, bad, jax.random.key(0))
+    assert not bool(m["finite"]) and int(state["skipped"]) == n and int(state["step"]) == 1 + n
+    jax.tree.map(np.testing.assert_array_equal, copy(state["params"]), good["params"])
+    jax.tree.map(np.testing.assert_array_equal, copy(state["opt_state"]), good["opt_state"])
+  state, m = step(state, batch, jax.random.key(0))
+  assert bool(m["finite"]) and int(state["skipped"]) == 0
+
+
 def test_best_checkpoints_keep_the_best_and_forget_redone_steps(tmp_path):
   params = {"w": np.zeros(3, np.float32)}
   best = checkpoint.BestCheckpoints(tmp_path / "best", metric="eval_loss", keep=2)
