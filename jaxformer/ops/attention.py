@@ -101,21 +101,21 @@ def _weights(q, k, a):
   """Grouped probabilities [B, Hkv, G, Tq, Tk] for validated inputs."""
   hkv = k.shape[2]
   b, tq, h, d = q.shape
-  visible = _full_mask(a, tq, k.shape[1])
-  if h == hkv:
+  bias, visible = a["bias"], _full_mask(a, tq, k.shape[1])
+  mha = h == hkv
+  if mha:
     # MHA in 4-D, the unit group axis added at the end: with it inside, XLA:CPU lays the
     # batched dots out with extra transposes (attention forward + backward ~20% slower).
     logits = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
-    logits = logits * a["scale"]
-    if a["bias"] is not None:
-      logits = logits + a["bias"].astype(jnp.float32)
-    return masks.masked_softmax(logits, visible)[:, :, None]
-  qg = q.reshape(b, tq, hkv, h // hkv, d)
-  logits = jnp.einsum('bqhgd,bkhd->bhgqk', qg, k, preferred_element_type=jnp.float32)
+  else:
+    qg = q.reshape(b, tq, hkv, h // hkv, d)
+    logits = jnp.einsum('bqhgd,bkhd->bhgqk', qg, k, preferred_element_type=jnp.float32)
+    bias, visible = masks.split_heads(bias, hkv), masks.split_heads(visible, hkv)
   logits = logits * a["scale"]
-  if a["bias"] is not None:
-    logits = logits + masks.split_heads(a["bias"], hkv).astype(jnp.float32)
-  return masks.masked_softmax(logits, masks.split_heads(visible, hkv))
+  if bias is not None:
+    logits = logits + bias.astype(jnp.float32)
+  probs = masks.masked_softmax(logits, visible)
+  return probs[:, :, None] if mha else probs
 
 
 def _full_mask(a, tq, tk):
