@@ -280,22 +280,22 @@ def main():
   pipeline = make_pipeline(cfg, workdir=tempfile.mkdtemp(prefix="nanogpt_data_"))
   want = set(args.only or ("jaxformer", "step", "plain", "torch", "nanogpt"))
   plain_name = f"plain JAX ({args.embed})"
-  make = {"jaxformer step alone": lambda: jaxformer_step(cfg, pipeline),
-          plain_name: lambda: plain_step(cfg, pipeline, args.embed),
-          "PyTorch eager": lambda: torch_step(cfg, pipeline, args.steps, args.threads)}
-  chosen = {name: fn for name, fn, key in zip(make, make.values(), ("step", "plain", "torch"))
-            if key in want}
+  runners = {"step": ("jaxformer step alone", lambda: jaxformer_step(cfg, pipeline)),
+             "plain": (plain_name, lambda: plain_step(cfg, pipeline, args.embed)),
+             "torch": ("PyTorch eager",
+                       lambda: torch_step(cfg, pipeline, args.steps, args.threads))}
+  chosen = {name: make for key, (name, make) in runners.items() if key in want}
 
   jobs = []                          # whole jobs: steps + evaluations, wall time
   if "jaxformer" in want:
     jobs.append(("jaxformer (README job)", run_jaxformer(cfg, args.steps)))
-  for name, fn in chosen.items():
-    step, sync, evaluate = fn()
-    if evaluate is not None:
-      jobs.append((name, timed_job(cfg, args.steps, step, sync, evaluate)))
+  for key in ("plain", "torch"):     # jaxformer's whole job is the README-job row
+    if key in want:
+      name, make = runners[key]
+      jobs.append((name, timed_job(cfg, args.steps, *make())))
   if "nanogpt" in want and args.nanogpt:
     jobs.append(("nanoGPT train.py", run_nanogpt(args.nanogpt, cfg, args.steps)))
-  rates = alternating(cfg, {name: fn() for name, fn in chosen.items()}, args.rounds
+  rates = alternating(cfg, {name: make() for name, make in chosen.items()}, args.rounds
                       ) if args.rounds and chosen else {}
 
   print(f"\n{args.steps} steps of {cfg.train.batch_size} x {cfg.data.seq_len} tokens, "
