@@ -110,6 +110,7 @@ class MultiHeadAttention(nn.Module):
   dropout_rate: float = 0.0           # on the attention probabilities
   impl: str = "auto"
   block_sizes: tuple[int, int] | None = None    # (block_q, block_k) for impl pallas/blocked
+  scale: float | None = None          # logit multiplier; None: 1/sqrt(head_dim)
   decode: bool = False
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -190,7 +191,8 @@ class MultiHeadAttention(nn.Module):
     bias = (pos_ops.alibi_bias(h, positions, k_positions) if self.positions == "alibi"
             else None)
 
-    attn = dict(bias=bias, mask=mask, causal=causal, window=window, segment_ids=segment_ids)
+    attn = dict(bias=bias, mask=mask, causal=causal, window=window, segment_ids=segment_ids,
+                scale=self.scale)
     use_dropout = self.dropout_rate > 0 and not deterministic
     record = self.is_mutable_collection(WEIGHTS_COLLECTION) and not self.is_initializing()
     if record or use_dropout:

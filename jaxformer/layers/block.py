@@ -11,6 +11,7 @@ from jaxformer.layers.attention import MultiHeadAttention
 from jaxformer.layers.mlp import FFNS
 from jaxformer.layers.moe import MoE
 from jaxformer.layers.norms import make_norm
+from jaxformer.layers import parametrization
 from jaxformer.layers.settings import BlockSettings
 
 class TransformerBlock(nn.Module):
@@ -37,7 +38,7 @@ class TransformerBlock(nn.Module):
     return make_norm(s.norm, epsilon=s.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype,
                      name=name, **kwargs)
 
-  def _attention(self, name, *, cross):
+  def _attention(self, name, *, cross, width):
     s = self.settings
     return MultiHeadAttention(
         num_heads=s.num_heads, head_dim=s.head_dim, num_kv_heads=s.num_kv_heads,
@@ -45,14 +46,15 @@ class TransformerBlock(nn.Module):
         window=None if cross else s.window, positions="none" if cross else self.positions,
         rope_theta=self.rope_theta, dropout_rate=s.attention_dropout_rate,
         impl=s.attention_impl, block_sizes=s.attention_block_sizes,
-        decode=self.decode and not cross, dtype=self.dtype, param_dtype=self.param_dtype,
+        scale=parametrization.attention_scale(s, width), decode=self.decode and not cross, dtype=self.dtype, param_dtype=self.param_dtype,
         name=name)
 
-  def _ffn(self):
+  def _ffn(self, width):
     s = self.settings
     kwargs = {} if s.activation is None else {"activation": s.activation}
     if s.moe is not None:
       ffn, kwargs["settings"] = MoE, s.moe
+      kwargs["router_multiplier"] = parametrization.output_multiplier(s, width)
     else:
       ffn = FFNS[s.ffn]
     return ffn(hidden_dim=s.mlp_dim, use_bias=s.use_bias, dtype=self.dtype,
@@ -69,14 +71,16 @@ class TransformerBlock(nn.Module):
                        f"{context is not None})")
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     drop = nn.Dropout(self.settings.dropout_rate)
-    sublayers = [("self_attention", lambda h: self._attention("self_attention", cross=False)(
-        h, mask=mask, segment_ids=segment_ids, positions=positions,
-        deterministic=deterministic))]
+    width = x.shape[-1]
+    sublayers = [("self_attention", lambda h: self._attention(
+        "self_attention", cross=False, width=width)(
+            h, mask=mask, segment_ids=segment_ids, positions=positions,
+            deterministic=deterministic))]
     if self.cross_attention:
-      sublayers.append(("cross_attention", lambda h: self._attention("cross_attention",
-                                                                     cross=True)(
-          h, context, mask=context_mask, deterministic=deterministic)))
-    sublayers.append(("ffn", lambda h: self._ffn()(h, deterministic=deterministic)))
+      sublayers.append(("cross_attention", lambda h: self._attention(
+          "cross_attention", cross=True, width=width)(
+              h, context, mask=context_mask, deterministic=deterministic)))
+    sublayers.append(("ffn", lambda h: self._ffn(width)(h, deterministic=deterministic)))
     for name, sublayer in sublayers:
       if self.settings.pre_norm:
         x = x + drop(sublayer(self._norm(f"{name}_norm")(x)), deterministic=deterministic)

@@ -253,6 +253,7 @@ class MoE(nn.Module):
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   kernel_init: Callable = default_kernel_init   # (in_axis, out_axis, batch_axis) -> init
+  router_multiplier: float | None = None   # μP's output multiplier (layers/parametrization.py)
 
   def _expert_weights(self, name, shape, axes):
     """Stacked expert kernels [experts, in, out], initialised per expert."""
@@ -272,8 +273,9 @@ class MoE(nn.Module):
     if jitter and not deterministic:
       r = r * jax.random.uniform(self.make_rng("dropout"), r.shape, jnp.float32, 1 - jitter,
                                  1 + jitter)
-    return dense(self.settings.num_experts, ("embed", None), name="router", dtype=jnp.float32,
-                 param_dtype=self.param_dtype)(r)
+    logits = dense(self.settings.num_experts, ("embed", None), name="router",
+                   dtype=jnp.float32, param_dtype=self.param_dtype)(r)
+    return logits if self.router_multiplier is None else logits * self.router_multiplier
 
   def _grouped_matmul_impl(self) -> str:
     if self.settings.grouped_matmul != "auto":

@@ -20,6 +20,7 @@ import jax
 
 from jaxformer.layers.mlp import ACTIVATIONS, FFNS
 from jaxformer.layers.norms import NORMS
+from jaxformer.layers.parametrization import PARAMETRIZATIONS
 from jaxformer.ops import masks
 from jaxformer.ops.attention import IMPLS, check_block_sizes
 
@@ -114,6 +115,9 @@ class BlockSettings:
   moe: MoESettings | None = None
   scan_layers: bool = False           # nn.scan over layers: one compiled body (models/stack.py)
   remat_policy: str = "none"          # a key of REMAT_POLICIES
+  # "standard" | "mup" (layers/parametrization.py): how init, LRs and multipliers follow width
+  parametrization: str = "standard"
+  mup_base_width: int | None = None   # μP: the d_model whose tuned hyperparameters transfer
 
   def __post_init__(self):
     check_positive_int(self.num_heads, "num_heads")
@@ -127,6 +131,11 @@ class BlockSettings:
     _choice(self.ffn, "ffn", FFNS)
     _choice(self.norm, "norm", NORMS)
     _choice(self.remat_policy, "remat_policy", REMAT_POLICIES)
+    _choice(self.parametrization, "parametrization", PARAMETRIZATIONS)
+    check_positive_int(self.mup_base_width, "mup_base_width", optional=True)
+    if self.parametrization == "mup" and self.mup_base_width is None:
+      _fail("model.parametrization='mup' needs model.mup_base_width: the d_model of the "
+            "narrow proxy whose learning rate you tuned (e.g. 64)")
     if self.activation is not None:
       _choice(self.activation, "activation", ACTIVATIONS)
     _rate(self.dropout_rate, "dropout_rate")
@@ -161,6 +170,11 @@ class BlockSettings:
     if self.head_dim is None and d_model % self.num_heads:
       _fail(f"model.num_heads={self.num_heads} does not divide model.d_model={d_model} (set "
             "model.head_dim, or pick a divisor)")
+    if (self.parametrization == "mup" and self.head_dim is None
+        and self.mup_base_width % self.num_heads):
+      _fail(f"model.mup_base_width={self.mup_base_width} is not divisible by model.num_heads="
+            f"{self.num_heads}: the base model needs a whole head dim (pick a multiple, or set "
+            "model.head_dim to grow the number of heads instead)")
 
 
 # The flat `model.*` config key of each MoESettings field.

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jaxformer.layers import Embed, LayerNorm, LearnedPositionEmbedding
 from jaxformer.layers.dense import dense
 from jaxformer.layers.mlp import activation_fn
+from jaxformer.layers.parametrization import scale_output
 from jaxformer.layers.settings import BlockSettings
 from jaxformer.models.family import Family, token_inputs
 from jaxformer.models.stack import BlockStack
@@ -62,7 +63,7 @@ class Bert(nn.Module):
                             attention_mask=attention_mask, deterministic=deterministic)
     self.sow("intermediates", "pooled", pooled)
     h = self.mlm_norm(activation_fn(self.block.activation or "gelu_exact")(self.mlm_transform(x)))
-    logits = self.embed.attend(h) + self.mlm_bias
+    logits = scale_output(self.embed.attend(h), self.block, self.d_model) + self.mlm_bias
     return logits.astype(jnp.float32)
 
 

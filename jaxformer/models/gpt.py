@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from jaxformer.layers import Embed, LearnedPositionEmbedding, make_norm
 from jaxformer.layers.dense import dense
+from jaxformer.layers.parametrization import scale_output
 from jaxformer.layers.settings import BlockSettings
 from jaxformer.models.family import Family, head_dim, token_inputs
 from jaxformer.models.stack import BlockStack
@@ -67,6 +68,7 @@ class DecoderLM(nn.Module):
     else:
       logits = dense(self.vocab_size, ("embed", "vocab"), name="lm_head", dtype=self.dtype,
                      param_dtype=self.param_dtype)(x)
+    logits = scale_output(logits, self.block, self.d_model)     # μP's readout multiplier
     return nn.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 
 

@@ -76,9 +76,18 @@ def _attention_flops(cfg: dict, seq_len: int) -> tuple[int, int, int]:
   return cfg["num_encoder_layers"] + 2 * cfg["num_decoder_layers"], seq_len, width
 
 
+def _validate(c: dict):
+  if c["parametrization"] != "standard":
+    raise ValueError(f"model.parametrization={c['parametrization']!r} is not available for the "
+                     "encoder-decoder family: its one embedding is initialised with std "
+                     "d_model^-1/2, scaled by sqrt(d_model) as input and shared with the "
+                     "readout, which μP's width rules do not cover; use 'standard' (μP: the "
+                     "decoder, bert and vit families)")
+
+
 FAMILY = Family(
     name="seq2seq", module=EncoderDecoder, task="seq2seq", example_inputs=token_inputs(2),
     embeddings=("embed",), heads=(),           # the output head is tied to `embed`
     block_defaults=dict(pre_norm=False, qkv_bias=True, norm_eps=1e-6, activation="relu",
                         dropout_rate=0.1),
-    embedding_lookups=2, attention_flops=_attention_flops)
+    embedding_lookups=2, attention_flops=_attention_flops, validate=_validate)

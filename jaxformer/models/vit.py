@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from jaxformer.layers import LearnedPositionEmbedding, PatchEmbed, make_norm
 from jaxformer.layers.dense import dense
+from jaxformer.layers.parametrization import scale_output
 from jaxformer.layers.settings import BlockSettings
 from jaxformer.models.family import Family, image_inputs
 from jaxformer.models.stack import BlockStack
@@ -56,8 +57,9 @@ class ViT(nn.Module):
         x, deterministic=deterministic)
     x = make_norm(self.block.norm, epsilon=self.block.norm_eps, name="final_norm", **kw)(x)
     x = x[:, 0] if self.pool == "cls" else x.mean(axis=1)
-    return dense(self.num_classes, ("embed", None), use_bias=True, name="head",
-                 kernel_init=lambda *_, **__: nn.initializers.zeros, **kw)(x).astype(jnp.float32)
+    logits = dense(self.num_classes, ("embed", None), use_bias=True, name="head",
+                   kernel_init=lambda *_, **__: nn.initializers.zeros, **kw)(x)
+    return scale_output(logits, self.block, self.d_model).astype(jnp.float32)
 
 
 def resize_pos_embed(table: jax.Array, new_grid: int, *, has_cls: bool = True) -> jax.Array:

@@ -1,5 +1,5 @@
-"""Optax optimizer from `config.optim`: AdamW with a decay mask, warmup + decay schedules and
-global-norm clipping. (Gradient accumulation lives in the train step: `optim.grad_accum`
+"""Optax optimizer from `config.optim`: AdamW with a decay mask, warmup + decay schedules,
+global-norm clipping and, under μP, per-parameter learning-rate multipliers. (Gradient accumulation lives in the train step: `optim.grad_accum`
 micro-batches per optimizer step, so `train.steps` always counts optimizer updates.)"""
 
 from __future__ import annotations
@@ -47,11 +47,27 @@ def decay_mask(params):
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def make_optimizer(optim, total_steps: int) -> optax.GradientTransformation:
+def scale_by_multipliers(multipliers) -> optax.GradientTransformation:
+  """Each update times its parameter's float in `multipliers` (a tree shaped like the
+  params). After AdamW this is a per-parameter learning rate, weight decay included (which
+  AdamW multiplies by the LR), as the `mup` package's MuAdamW groups give it."""
+  def update(updates, state, params=None):
+    del params
+    return jax.tree.map(lambda u, m: u if m == 1.0 else u * m, updates, multipliers), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def make_optimizer(optim, total_steps: int, lr_multipliers=None
+                   ) -> optax.GradientTransformation:
+  """AdamW from `config.optim`; `lr_multipliers` (a tree of floats shaped like the params,
+  `layers.parametrization.learning_rate_multipliers`) scales each parameter's LR."""
   if optim.get("name", "adamw") != "adamw":
     raise ValueError(f"optim.name={optim.name!r}: only 'adamw' is available")
-  return optax.chain(
+  parts = [
       optax.clip_by_global_norm(float(optim.clip)) if optim.clip else optax.identity(),
       optax.adamw(learning_rate_schedule(optim, total_steps), b1=float(optim.b1),
                   b2=float(optim.b2), eps=float(optim.get("eps", 1e-8)),
-                  weight_decay=float(optim.weight_decay), mask=decay_mask))
+                  weight_decay=float(optim.weight_decay), mask=decay_mask)]
+  if lr_multipliers is not None:
+    parts.append(scale_by_multipliers(lr_multipliers))
+  return optax.chain(*parts)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer import models
+from jaxformer.layers import parametrization
 from jaxformer.train import optim
 from jaxformer.jsonfile import read_json
 
@@ -36,17 +37,29 @@ def init_inputs(model_config) -> tuple:
                for x in models.get(cfg.get("family")).example_inputs(cfg, 1, 2))
 
 
+def lr_multipliers(module, init_params):
+  """The per-parameter LR multipliers of the model's parametrization (None: all 1), read off
+  the logical axis names of the abstract params (`init_params` is traced, not run)."""
+  block = getattr(module, "block", None)
+  if block is None or parametrization.width_multiplier(block, module.d_model) == 1.0:
+    return None
+  return parametrization.learning_rate_multipliers(jax.eval_shape(init_params), block,
+                                                   module.d_model)
+
+
 def train_state_fns(config):
   """(module, optimizer, init_boxed): init_boxed() builds the train state pytree
   {'step', 'params', 'opt_state', 'skipped'} with parameters (and their optimizer moments)
   still in their `nn.Partitioned` boxes, which name the logical axes the sharding plan maps
   to the mesh; `nn.unbox` of it is the state itself."""
   module = models.build(config.model)
-  tx = optim.make_optimizer(config.optim, config.train.steps)
   init_key = jax.random.split(jax.random.key(config.train.seed))[0]
+  init_params = lambda: module.init(init_key, *init_inputs(config.model))["params"]
+  tx = optim.make_optimizer(config.optim, config.train.steps,
+                            lr_multipliers=lr_multipliers(module, init_params))
 
   def init_boxed():
-    params = module.init(init_key, *init_inputs(config.model))["params"]
+    params = init_params()
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
             "skipped": jnp.zeros((), jnp.int32)}
 
