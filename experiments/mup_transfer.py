@@ -8,9 +8,9 @@ The README's character GPT (learned positions, LayerNorm, no biases, tied embedd
 layers and 4 heads (head dim = width / 4, mlp 4x) at each width, trained for the same steps
 on the same batches under `standard` and `mup` (base width = the narrowest), at 7 peak
 learning rates a factor 2 apart. Per width and parametrization the optimum is the vertex of
-the parabola in log LR through the best grid LR and its neighbours (`scaling.mup.lr_optimum`);
+the parabola in log LR through the best grid LR and its neighbours (`scaling.lr_optimum`);
 across widths, the slope s of log lr* against log width, with a 95% t-interval
-(`scaling.mup.transfer_slope`), says how far the optimum moves: s = 0 under perfect
+(`scaling.lr_width_rule`), says how far the optimum moves: s = 0 under perfect
 transfer, s ~ -1 when it halves each time the width doubles.
 
 Every run is a `jaxformer.sweep` point (a `python -m jaxformer.train` process), so an
@@ -33,8 +33,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 import numpy as np  # noqa: E402
 
 from configs.sweeps import isoflop  # noqa: E402
-from jaxformer import sweep as sweep_lib  # noqa: E402
-from jaxformer.scaling import mup  # noqa: E402
+from jaxformer import scaling, sweep as sweep_lib  # noqa: E402
 
 LEARNING_RATES = tuple(float(f"{5e-4 * 2 ** i:.3g}") for i in range(7))   # 5e-4 .. 3.2e-2
 PARAMETRIZATIONS = ("standard", "mup")
@@ -105,13 +104,13 @@ def analyse(rows: list[dict], widths: list[int]) -> dict:
       if o["model.parametrization"] == kind:
         loss = row["eval_loss"] if row["status"] == "done" else None
         grid[o["model.d_model"]][o["optim.lr"]] = float("nan") if loss is None else loss
-    optima = {w: mup.lr_optimum(list(g), list(g.values())) for w, g in grid.items()}
+    optima = {w: scaling.lr_optimum(list(g), list(g.values())) for w, g in grid.items()}
     rates = sorted(next(iter(grid.values())))
     steps = [rates.index(o["best_grid_lr"]) for o in optima.values()]
     out[kind] = {"losses": {str(w): {f"{r:g}": g[r] for r in sorted(g)} for w, g in grid.items()},
                  "optima": {str(w): o for w, o in optima.items()},
                  "grid_steps_moved": max(steps) - min(steps),
-                 "slope": mup.transfer_slope(widths, [optima[w]["lr"] for w in widths])}
+                 "slope": scaling.lr_width_rule(widths, [optima[w]["lr"] for w in widths])}
   return out
 
 

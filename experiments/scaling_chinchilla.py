@@ -88,28 +88,22 @@ def lr_stage(args, plan: list) -> tuple[dict, list[dict]]:
 
 
 def width_rule(rows: list[dict]) -> dict:
-  """Per width: the LR at the vertex of the parabola (in log LR) through the best LR of the
-  grid and its neighbours (the grid edge, flagged, when the best is at an edge); then
-  log lr* = log k - p log d by least squares."""
+  """Per width the optimum of the LR grid (`scaling.lr_optimum`: the parabola vertex in log
+  LR, or the grid edge, flagged); then lr* = k d^-p (`scaling.lr_width_rule`, 95% CI on p)."""
   by_width: dict[int, dict[float, float]] = {}
   for row in rows:
     by_width.setdefault(row["overrides"]["model.d_model"], {})[
         row["overrides"]["optim.lr"]] = row["eval_loss"]
   optima, findings = {}, []
   for width, losses in sorted(by_width.items()):
-    rates = sorted(losses)
-    i = int(np.argmin([losses[r] for r in rates]))
-    if i in (0, len(rates) - 1):
-      findings.append(f"d_model={width}: the best LR {rates[i]:g} is at the edge of the grid")
-      optima[width] = rates[i]
-      continue
-    x = np.log(rates[i - 1:i + 2])
-    c2, c1, _ = np.polyfit(x, [losses[r] for r in rates[i - 1:i + 2]], 2)
-    optima[width] = float(np.exp(-c1 / (2 * c2)))
-  widths = np.array(sorted(optima), np.float64)
-  slope, intercept = np.polyfit(np.log(widths), np.log([optima[w] for w in sorted(optima)]), 1)
-  return {"k": float(np.exp(intercept)), "p": float(-slope),
-          "optima": {int(w): optima[w] for w in sorted(optima)}, "findings": findings,
+    best = scaling.lr_optimum(list(losses), list(losses.values()))
+    if best["edge"]:
+      findings.append(f"d_model={width}: the best LR {best['lr']:g} is at the edge of the grid")
+    optima[width] = best["lr"]
+  widths = sorted(optima)
+  rule = scaling.lr_width_rule(widths, [optima[w] for w in widths])
+  return {"k": rule["k"], "p": -rule["slope"], "p_ci": [-rule["ci"][1], -rule["ci"][0]],
+          "optima": {int(w): optima[w] for w in widths}, "findings": findings,
           "losses": {int(w): {str(r): v for r, v in sorted(l.items())}
                      for w, l in sorted(by_width.items())}}
 
@@ -324,7 +318,8 @@ def write_report(args, rule: dict, points: list[dict], fits: dict, arr: dict, cu
       f"({args.sizes} sizes each, N = total parameters incl. embeddings, FLOPs by Hoffmann et "
       "al.'s appendix F count), each with warmup 5% and a cosine to 10% ending at its last "
       "step, batch 16 x 64 tokens, final eval loss on the same 40 validation batches. "
-      f"Learning rate by width: lr = {rule['k']:.4g} x d_model^-{rule['p']:.3f}, fitted to the "
+      f"Learning rate by width: lr = {rule['k']:.4g} x d_model^-{rule['p']:.3f} (95% t-interval "
+      f"on p: [{rule['p_ci'][0]:.2f}, {rule['p_ci'][1]:.2f}]), fitted to the "
       f"best LR of 5 (1e-3 .. 1.6e-2) at d_model {', '.join(map(str, rule['optima']))} at the "
       f"smallest budget (optima {', '.join(f'{v:.2e}' for v in rule['optima'].values())}). "
       f"Intervals: 95% bootstrap ({args.bootstrap} resamples: approach 1 over runs, 2 over "

@@ -203,6 +203,13 @@ def test_isoflop_sweep_file_end_to_end(tmp_path, monkeypatch):
   for budget in (1e11, 3e11):
     sizes = [r.candidate.params for r in runs if r.budget == budget]
     assert len(set(sizes)) == 5 and min(sizes) < math.sqrt(budget / 120) < max(sizes)
+  # μP: one LR for every size; heads of 16 grow in number, so head_dim is set
+  mup = isoflop.get_sweep(f"source={source},budgets=1e11/3e11,lr=2e-3,mup_base_width=32")
+  assert {k: mup["overrides"][k] for k in ("model.parametrization", "model.mup_base_width",
+                                           "model.head_dim", "optim.lr")} == {
+      "model.parametrization": "mup", "model.mup_base_width": 32, "model.head_dim": 16,
+      "optim.lr": 2e-3}
+  assert "model.parametrization" not in spec["overrides"]       # standard unless asked
 
 
 def test_isoflop_sweep_file_argument_errors(tmp_path):
@@ -219,3 +226,5 @@ def test_isoflop_sweep_file_argument_errors(tmp_path):
     isoflop.get_sweep("source=/nonexistent.txt")
   with pytest.raises(ValueError, match=r"budgets are '/'-separated numbers"):
     isoflop.get_sweep(f"source={tmp_path / 'x.txt'},budgets=1e11;3e11")
+  with pytest.raises(ValueError, match=r"sizes and mup_base_width ints"):
+    isoflop.get_sweep(f"source={tmp_path / 'x.txt'},mup_base_width=wide")

@@ -9,6 +9,10 @@ Arguments (comma-separated key=value; `source` is required):
   lr        peak learning rate of every run (default 3e-3: see experiments/scaling_chinchilla.py,
             which picks it by a sweep at the smallest budget)
   sizes     model sizes per budget (default 5), spacing: ratio of neighbouring sizes (default 2)
+  mup_base_width  train every size under μP (`model.parametrization=mup`) with this base
+            width: `lr` is then the LR tuned on a narrow proxy of that width, and it holds for
+            every width (experiments/mup_transfer.py measures how well). μP transfers over
+            width only; this family also changes depth (1-8 layers), which it does not cover.
 
 Model family (`gpt_candidates`): the README's nanoGPT-style char GPT (learned positions,
 LayerNorm, no biases, tied embeddings, no dropout), head_dim 16, mlp 4x, widths 16..320 in
@@ -35,7 +39,7 @@ BATCH_SIZE, SEQ_LEN = 16, 64
 TOKENS_PER_STEP = BATCH_SIZE * SEQ_LEN
 TRAIN_FRACTION = 0.9
 MAX_EPOCHS = 2
-DEFAULTS = dict(budgets="6e11/2e12/6e12", lr="3e-3", sizes="5", spacing="2")
+DEFAULTS = dict(budgets="6e11/2e12/6e12", lr="3e-3", sizes="5", spacing="2", mup_base_width="")
 WIDTHS = tuple(range(16, 321, 16))
 HEAD_DIM = 16
 
@@ -113,11 +117,17 @@ def get_sweep(arg=None):
   try:
     budgets = [float(b) for b in values["budgets"].split("/")]
     lr, sizes, spacing = float(values["lr"]), int(values["sizes"]), float(values["spacing"])
+    base_width = int(values["mup_base_width"]) if values["mup_base_width"] else None
   except ValueError as e:
     raise ValueError(f"isoflop sweep arg {arg!r}: {e}; budgets are '/'-separated numbers "
-                     "(6e11/2e12/6e12), lr and spacing numbers, sizes an int") from e
+                     "(6e11/2e12/6e12), lr and spacing numbers, sizes and mup_base_width "
+                     "ints") from e
   runs = plan(values["source"], budgets, sizes=sizes, spacing=spacing)
   vocab_size, _ = corpus_info(values["source"])
-  return scaling.to_sweep(runs, BASE, lr=lr,
-                          overrides=common_overrides(values["source"], vocab_size),
+  overrides = common_overrides(values["source"], vocab_size)
+  if base_width is not None:
+    # heads of HEAD_DIM grow in number with the width: head_dim set says so to μP
+    overrides.update({"model.parametrization": "mup", "model.mup_base_width": base_width,
+                      "model.head_dim": HEAD_DIM})
+  return scaling.to_sweep(runs, BASE, lr=lr, overrides=overrides,
                           name="L{model.num_layers}_d{model.d_model}_s{train.steps}")

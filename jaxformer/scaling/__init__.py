@@ -8,6 +8,8 @@
     scaling.isoflop_optimum(...), scaling.envelope_optimum(...)   # approaches 2 and 1
     scaling.fit_kaplan_n(n, loss), fit_kaplan_joint(n, d, loss)   # Kaplan et al. 2020 (laws.py)
     scaling.plan_isoflop(budgets, candidates, tokens_per_step=...)  # planning.py
+    scaling.lr_optimum(rates, losses), scaling.lr_width_rule(widths, optima)  # LR sweeps
+    from jaxformer.scaling import mup             # μP width tools, coordinate check (JAX)
 
 Fits and plans (laws, chinchilla, planning, stats) use NumPy and SciPy only: importing them,
 or this package, does not import JAX; `count_params`, `flops_per_token` and the other counting
@@ -23,7 +25,8 @@ from jaxformer.scaling.chinchilla import (HOFFMANN_2022, Curve, OptimumFit, Para
                                           isoflop_optimum)
 from jaxformer.scaling.laws import (fit_kaplan_d, fit_kaplan_joint, fit_kaplan_n,
                                     fit_saturating, fit_zhai)
-from jaxformer.scaling.planning import Candidate, PlannedRun, plan_isoflop, plan_run, to_sweep
+from jaxformer.scaling.planning import (Candidate, PlannedRun, lr_optimum, lr_width_rule,
+                                        plan_isoflop, plan_run, to_sweep)
 from jaxformer.scaling.stats import Fit
 
 _COUNTING = ("count_params", "flops_per_token", "param_shapes", "dummy_inputs",
@@ -33,7 +36,7 @@ __all__ = ["HOFFMANN_2022", "Curve", "OptimumFit", "ParametricFit", "chinchilla_
            "envelope_optimum",
            "fit_parametric", "isoflop_optimum", "fit_kaplan_d", "fit_kaplan_joint",
            "fit_kaplan_n", "fit_saturating", "fit_zhai", "Candidate", "PlannedRun",
-           "plan_isoflop", "plan_run", "to_sweep", "Fit", *_COUNTING]
+           "lr_optimum", "lr_width_rule", "plan_isoflop", "plan_run", "to_sweep", "Fit", *_COUNTING]
 
 
 def __getattr__(name: str):

@@ -103,6 +103,7 @@ def coordinate_check(config: Any, widths: Sequence[int], *, steps: int = 4,
   import jax.numpy as jnp
   from flax import linen as nn
 
+  from jaxformer import compilation
   from jaxformer.train import state as state_lib, step as step_lib, tasks
 
   if sorted(set(widths)) != list(widths) or len(widths) < 2:
@@ -129,19 +130,17 @@ def coordinate_check(config: Any, widths: Sequence[int], *, steps: int = 4,
                                 capture_intermediates=True, mutable=["intermediates"])
       return _coordinate_sizes(mutated["intermediates"])
 
-    @jax.jit
-    def step_and_measure(state):
-      sizes = measure(state["params"])
-      state, _ = train_step(state, batch, jax.random.key(seed))
-      return state, sizes
+    def run():
+      def body(state, _):
+        sizes = measure(state["params"])
+        return train_step(state, batch, jax.random.key(seed))[0], sizes
+      state, sizes = jax.lax.scan(body, nn.unbox(init_boxed()), length=steps)
+      return jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), sizes,
+                          measure(state["params"]))
 
-    state = nn.unbox(jax.jit(init_boxed)())
-    per_step = []
-    for _ in range(steps):
-      state, measured = step_and_measure(state)
-      per_step.append(measured)
-    per_step.append(jax.jit(measure)(state["params"]))
-    sizes[width] = {name: [float(s[name]) for s in per_step] for name in per_step[0]}
+    # one program per width, run once: compiled without LLVM's optimisation on the CPU
+    measured = jax.jit(run, compiler_options=compilation.run_once_options())()
+    sizes[width] = {name: np.asarray(v, np.float64).tolist() for name, v in measured.items()}
   return CoordCheck(tuple(widths), steps, config.model.get("parametrization", "standard"),
                     sizes)
 
@@ -158,45 +157,9 @@ def _coordinate_sizes(intermediates) -> dict:
     # one [B, T, F] array (a scanned-layer body returns (x, None): its block has x)
     if "__call__" not in names or names[names.index("__call__"):] != ["__call__", "0"]:
       continue
-    if value.ndim != 3:
-      continue
+    if value.ndim != 3 or names[names.index("__call__") - 1].startswith("Dropout"):
+      continue                      # dropout repeats its input (and is off here)
     module_path = "/".join(names[:names.index("__call__")])
     out[module_path or "logits"] = jnp.mean(jnp.abs(value.astype(jnp.float32)))
   return out
 
-
-def lr_optimum(rates: Sequence[float], losses: Sequence[float]) -> dict:
-  """The optimum of a learning-rate grid: the best grid LR, and the vertex of the parabola
-  in log LR through it and its two neighbours (the best grid LR, flagged `edge`, when it is
-  at the end of the grid: the optimum may lie outside). Non-finite losses (diverged runs)
-  count as worse than any finite one."""
-  order = np.argsort(rates)
-  rates = np.asarray(rates, np.float64)[order]
-  losses = np.asarray(losses, np.float64)[order]
-  if rates.size < 3 or not np.isfinite(losses).any():
-    raise ValueError(f"an LR grid needs >= 3 rates and a finite loss; got {rates.size} rates, "
-                     f"losses {losses.tolist()}")
-  finite = np.where(np.isfinite(losses), losses, np.inf)
-  i = int(np.argmin(finite))
-  out = {"best_grid_lr": float(rates[i]), "best_loss": float(losses[i]), "index": i,
-         "edge": i in (0, rates.size - 1), "lr": float(rates[i])}
-  if not out["edge"] and np.isfinite(finite[i - 1:i + 2]).all():
-    c2, c1, _ = np.polyfit(np.log(rates[i - 1:i + 2]), finite[i - 1:i + 2], 2)
-    if c2 > 0:
-      out["lr"] = float(np.exp(-c1 / (2 * c2)))
-  return out
-
-
-def transfer_slope(widths: Sequence[int], optimal_lrs: Sequence[float],
-                   level: float = 0.95) -> dict:
-  """log lr* = a + s log width by least squares, with a `level` t-interval on s: s = 0 is
-  perfect transfer, s = -1 an optimum that halves when the width doubles."""
-  from scipy import stats as scipy_stats
-
-  x, y = np.log(np.asarray(widths, np.float64)), np.log(np.asarray(optimal_lrs, np.float64))
-  if x.size < 3:
-    raise ValueError(f"transfer_slope needs >= 3 widths for an interval; got {x.size}")
-  fit = scipy_stats.linregress(x, y)
-  half = scipy_stats.t.ppf(0.5 + level / 2, x.size - 2) * fit.stderr
-  return {"slope": float(fit.slope), "ci": [float(fit.slope - half), float(fit.slope + half)],
-          "level": level, "shift_factor": float(np.exp(y.max() - y.min()))}

@@ -22,9 +22,16 @@ exact FLOPs per token): `configs/sweeps/isoflop.py` builds it for GPT shapes wit
 `jaxformer.scaling.count_params`, and `to_sweep` turns a plan into a `jaxformer.sweep` spec.
 
 Learning rate: `to_sweep(lr=...)` gives every run one peak LR, or an LR per run from a rule
-(a function of the run, e.g. of its width). Fit the rule with a small LR sweep at the smallest
-budget (what `experiments/scaling_chinchilla.py` does: lr ~ width^-p), or, under a
-width-transferable parametrization, use the one LR tuned on a narrow proxy.
+(a function of the run, e.g. of its width). Under the standard parametrization the optimal LR
+falls with width, so one LR for all sizes biases the fit (wide models overshoot, narrow ones
+crawl): fit a rule with a small LR sweep at the smallest budget (what
+`experiments/scaling_chinchilla.py` does: lr ~ width^-p). Under μP
+(`model.parametrization="mup"`, `model.mup_base_width`; layers/parametrization.py) the optimal
+LR does not move with width, so the LR tuned once on a narrow proxy of the base width is the
+one `lr` for every run: put the two μP keys in `to_sweep(overrides=...)` (the IsoFLOP sweep
+file's `mup_base_width=` argument does). μP covers width, not depth: keep the candidates'
+depth fixed, or check the transfer across depths with a probe sweep
+(`experiments/mup_transfer.py` measures it across widths).
 """
 
 from __future__ import annotations
@@ -232,3 +239,42 @@ def to_sweep(runs: Sequence[PlannedRun], base: str, *,
     raise ValueError(f"to_sweep: overrides {clash} are set by the plan; drop them")
   default = "_".join(f"{k.rsplit('.', 1)[-1]}{{{k}}}" for k in fields) + "_s{train.steps}"
   return dict(base=base, zip=zipped, overrides=fixed, name=name or default)
+
+
+def lr_optimum(rates: Sequence[float], losses: Sequence[float]) -> dict:
+  """The optimum of a learning-rate grid: the best grid LR, and the vertex of the parabola
+  in log LR through it and its two neighbours (the best grid LR, flagged `edge`, when it is
+  at the end of the grid: the optimum may lie outside). Non-finite losses (diverged runs)
+  count as worse than any finite one."""
+  order = np.argsort(rates)
+  rates = np.asarray(rates, np.float64)[order]
+  losses = np.asarray(losses, np.float64)[order]
+  if rates.size < 3 or not np.isfinite(losses).any():
+    raise ValueError(f"an LR grid needs >= 3 rates and a finite loss; got {rates.size} rates, "
+                     f"losses {losses.tolist()}")
+  finite = np.where(np.isfinite(losses), losses, np.inf)
+  i = int(np.argmin(finite))
+  out = {"best_grid_lr": float(rates[i]), "best_loss": float(losses[i]), "index": i,
+         "edge": i in (0, rates.size - 1), "lr": float(rates[i])}
+  if not out["edge"] and np.isfinite(finite[i - 1:i + 2]).all():
+    c2, c1, _ = np.polyfit(np.log(rates[i - 1:i + 2]), finite[i - 1:i + 2], 2)
+    if c2 > 0:
+      out["lr"] = float(np.exp(-c1 / (2 * c2)))
+  return out
+
+
+def lr_width_rule(widths: Sequence[int], optimal_lrs: Sequence[float],
+                  level: float = 0.95) -> dict:
+  """lr* = k width^slope by least squares in log-log, with a `level` t-interval on the slope
+  (>= 3 widths): slope = 0 is perfect transfer across widths (μP's promise), -1 an optimum
+  that halves each time the width doubles. `shift_factor`: largest / smallest optimum."""
+  from scipy import stats as scipy_stats
+
+  x, y = np.log(np.asarray(widths, np.float64)), np.log(np.asarray(optimal_lrs, np.float64))
+  if x.size < 3:
+    raise ValueError(f"an LR width rule needs >= 3 widths for an interval; got {x.size}")
+  fit = scipy_stats.linregress(x, y)
+  half = scipy_stats.t.ppf(0.5 + level / 2, x.size - 2) * fit.stderr
+  return {"k": float(np.exp(fit.intercept)), "slope": float(fit.slope),
+          "ci": [float(fit.slope - half), float(fit.slope + half)], "level": level,
+          "shift_factor": float(np.exp(y.max() - y.min()))}
