@@ -13,6 +13,11 @@ across widths, the slope s of log lr* against log width, with a 95% t-interval
 (`scaling.lr_width_rule`), says how far the optimum moves: s = 0 under perfect
 transfer, s ~ -1 when it halves each time the width doubles.
 
+Prediction first: μP at its base width is the standard model bit for bit, so the standard
+arm's sweep at the base width is μP's too. Its optimum is written to `prediction.json` in the
+workdir after the standard arm and before any μP run, and never recomputed; the report gives
+each width's error against it.
+
 Every run is a `jaxformer.sweep` point (a `python -m jaxformer.train` process), so an
 interrupted study resumes where it stopped and a re-run only re-analyses. Each run: batch 16
 x 64 characters, warmup 10%, cosine to 10% of the peak, AdamW (0.9, 0.99), weight decay 0.1,
@@ -94,10 +99,10 @@ def diverged(workdir: str, name: str) -> bool:
   return log.is_file() and DIVERGED in log.read_text(errors="replace")[-4000:]
 
 
-def analyse(rows: list[dict], widths: list[int]) -> dict:
+def analyse(rows: list[dict], widths: list[int], kinds=PARAMETRIZATIONS) -> dict:
   """Per parametrization: the loss grid, each width's optimum and the transfer slope."""
   out = {}
-  for kind in PARAMETRIZATIONS:
+  for kind in kinds:
     grid = {w: {} for w in widths}
     for row in rows:
       o = row["overrides"]
@@ -109,8 +114,23 @@ def analyse(rows: list[dict], widths: list[int]) -> dict:
     steps = [rates.index(o["best_grid_lr"]) for o in optima.values()]
     out[kind] = {"losses": {str(w): {f"{r:g}": g[r] for r in sorted(g)} for w, g in grid.items()},
                  "optima": {str(w): o for w, o in optima.items()},
-                 "grid_steps_moved": max(steps) - min(steps),
-                 "slope": scaling.lr_width_rule(widths, [optima[w]["lr"] for w in widths])}
+                 "grid_steps_moved": max(steps) - min(steps)}
+    if len(widths) >= 3 and len(kinds) > 1:
+      out[kind]["slope"] = scaling.lr_width_rule(widths, [optima[w]["lr"] for w in widths])
+  return out
+
+
+def prediction_errors(prediction: dict, result: dict, widths: list[int]) -> list[dict]:
+  """Per width: μP's measured optimum against the prediction (ratio, and grid steps between
+  the best grid LRs)."""
+  rates = sorted(float(r) for r in prediction["from_runs"])
+  out = []
+  for w in widths[1:]:
+    opt = result["mup"]["optima"][str(w)]
+    out.append({"width": w, "measured_lr": opt["lr"], "ratio": opt["lr"] / prediction["predicted_lr"],
+                "grid_steps": rates.index(opt["best_grid_lr"]) -
+                              rates.index(prediction["predicted_best_grid_lr"]),
+                "edge": opt["edge"]})
   return out
 
 
@@ -173,12 +193,27 @@ def plot(path: pathlib.Path, result: dict, widths: list[int], rates: list[float]
   plt.close(fig)
 
 
-def write_report(args, result: dict, rows: list[dict], wall_s: float):
+def prediction_table(prediction: dict, errors: list[dict]) -> str:
+  lines = ["| width | predicted lr* | measured lr* (μP) | measured / predicted | grid steps off |",
+           "|---:|---:|---:|---:|---:|"]
+  for e in errors:
+    edge = " (grid edge)" if e["edge"] else ""
+    lines.append(f"| {e['width']} | {prediction['predicted_lr']:.3g} | {e['measured_lr']:.3g}"
+                 f"{edge} | {e['ratio']:.2f} | {e['grid_steps']:+d} |")
+  return "\n".join(lines)
+
+
+def write_report(args, result: dict, rows: list[dict], prediction: dict, wall_s: float):
   out = pathlib.Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   rates = sorted(args.lrs)
   run_wall = sum(r["wall_time_s"] or 0 for r in rows)
+  errors = prediction_errors(prediction, result, args.widths)
+  base = str(args.widths[0])
+  same_at_base = result["standard"]["losses"][base] == result["mup"]["losses"][base]
   data = {"data": os.path.basename(args.data), "widths": args.widths, "lrs": rates,
+          "prediction": prediction, "prediction_errors": errors,
+          "mup_equals_standard_at_base_width": same_at_base,
           "steps": args.steps, "layers": LAYERS, "heads": HEADS, "mup_base_width": args.widths[0],
           "tokens_per_step": isoflop.TOKENS_PER_STEP, "result": result,
           "runs": [{"name": r["name"], "eval_loss": r["eval_loss"],
@@ -201,9 +236,48 @@ def write_report(args, result: dict, rows: list[dict], wall_s: float):
       f" (finished runs are reused). Wall time: {run_wall / 60:.1f} min of training processes "
       f"({args.parallel} at a time, {args.threads_per_run} XLA thread each).", "",
       "## Where the optimum sits", "", summary_table(result, args.widths), "",
+      "## Prediction", "",
+      f"Written {prediction['predicted_at']}, after the standard arm and before any μP run "
+      f"finished: μP's optimum at every width = the base width's, lr* = "
+      f"{prediction['predicted_lr']:.3g} (best grid LR {prediction['predicted_best_grid_lr']:g})."
+      f" At the base width μP reproduced the standard runs' losses "
+      f"{'exactly (all 7 equal)' if same_at_base else 'NOT exactly: see the grid'}.", "",
+      prediction_table(prediction, errors), "",
       f"![transfer]({out.name}.png)", "", "## Every run", "", grid_table(result, rates), ""]
   out.with_suffix(".md").write_text("\n".join(text))
   print("\n".join(text))
+
+
+def run_arm(args, kind: str) -> list[dict] | None:
+  """Train the arm's runs not finished yet; None (after saying which) if some did not finish
+  for another reason than a diverged loss."""
+  rows = sweep_lib.run(sweep_spec(args), args.workdir, parallel=args.parallel,
+                       only=f"{kind}_*")
+  failed = [r["name"] for r in rows
+            if r["status"] != "done" and not diverged(args.workdir, r["name"])]
+  if failed:
+    print(f"error: runs {failed} did not finish; see their train.log in {args.workdir} and "
+          "re-run to resume", file=sys.stderr)
+    return None
+  return rows
+
+
+def predict(args, standard_rows: list[dict]) -> dict:
+  """μP's optimal LR at every width = the base width's optimum under standard (the same
+  model there). Written once, before the μP arm trains, and read back on re-runs."""
+  path = pathlib.Path(args.workdir) / "prediction.json"
+  if path.exists():
+    return json.loads(path.read_text())
+  base = analyse(standard_rows, args.widths, kinds=("standard",))["standard"]
+  best = base["optima"][str(args.widths[0])]
+  out = {"what": f"μP's optimal peak LR at widths {args.widths[1:]}, predicted from the base "
+                 f"width ({args.widths[0]}) alone: μP at its base width is the standard model "
+                 f"bit for bit, so the standard d{args.widths[0]} sweep is μP's",
+         "predicted_lr": best["lr"], "predicted_best_grid_lr": best["best_grid_lr"],
+         "base_width": args.widths[0], "from_runs": base["losses"][str(args.widths[0])],
+         "predicted_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+  path.write_text(json.dumps(out, indent=2) + "\n")
+  return out
 
 
 def main(argv=None) -> int:
@@ -211,15 +285,16 @@ def main(argv=None) -> int:
   if args.threads_per_run:
     sweep_lib.limit_xla_threads(args.threads_per_run)
   start = time.perf_counter()
-  rows = sweep_lib.run(sweep_spec(args), args.workdir, parallel=args.parallel)
-  failed = [r["name"] for r in rows
-            if r["status"] != "done" and not diverged(args.workdir, r["name"])]
-  if failed:
-    print(f"error: runs {failed} did not finish; see their train.log in {args.workdir} and "
-          "re-run to resume", file=sys.stderr)
+  standard = run_arm(args, "standard")
+  if standard is None:
     return 1
+  prediction = predict(args, standard)
+  mup_rows = run_arm(args, "mup")
+  if mup_rows is None:
+    return 1
+  rows = standard + mup_rows
   result = analyse(rows, args.widths)
-  write_report(args, result, rows, time.perf_counter() - start)
+  write_report(args, result, rows, prediction, time.perf_counter() - start)
   return 0
 
 

@@ -78,3 +78,37 @@ def test_vit_script_requires_a_data_path(vit, tmp_path, capsys):
   spec = vit.sweep_spec("tfds:mnist", 3000, 10)
   assert spec["overrides"]["train.eval_every"] == 300
   assert len(spec["zip"]["model.d_model"]) == len(vit.SIZES)
+
+
+def test_mup_transfer_analysis_prediction_and_report(tmp_path):
+  """experiments/mup_transfer.py's bookkeeping on made-up losses: standard's optimum halves per
+  doubling of width, μP's stays; a diverged run counts as the worst; the report is written."""
+  import math
+  mt = _script("mup_transfer")
+  widths, rates = [32, 64, 128, 256], list(mt.LEARNING_RATES)
+  rows = []
+  for kind in mt.PARAMETRIZATIONS:
+    for w in widths:
+      center = 8e-3 * (32 / w if kind == "standard" else 1.0)
+      for r in rates:
+        loss = 2 + (math.log(r / center)) ** 2 / 10
+        status = "failed" if (w, r, kind) == (256, 3.2e-2, "standard") else "done"
+        rows.append({"name": f"{kind}_d{w}_lr{r:g}", "status": status, "eval_loss": loss,
+                     "wall_time_s": 1.0, "overrides": {"model.parametrization": kind,
+                                                       "model.d_model": w, "optim.lr": r}})
+  result = mt.analyse(rows, widths)
+  assert result["standard"]["slope"]["slope"] == pytest.approx(-1, abs=1e-6)
+  assert result["mup"]["slope"]["slope"] == pytest.approx(0, abs=1e-6)
+  assert result["standard"]["grid_steps_moved"] == 3 and result["mup"]["grid_steps_moved"] == 0
+  assert math.isnan(result["standard"]["losses"]["256"]["0.032"])
+  args = mt.parse_args([f"--data={__file__}", f"--workdir={tmp_path}",
+                        f"--out={tmp_path / 'report'}"])
+  prediction = mt.predict(args, [r for r in rows if r["name"].startswith("standard")])
+  assert prediction["predicted_lr"] == pytest.approx(8e-3)
+  assert mt.predict(args, []) == prediction                # written once, read back
+  errors = mt.prediction_errors(prediction, result, widths)
+  assert [e["grid_steps"] for e in errors] == [0, 0, 0]
+  mt.write_report(args, result, rows, prediction, wall_s=1.0)
+  text = (tmp_path / "report.md").read_text()
+  assert "exactly (all 7 equal)" in text and "diverged" in text
+  assert (tmp_path / "report.png").stat().st_size > 0

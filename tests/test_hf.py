@@ -330,6 +330,9 @@ def test_unsupported_options(tmp_path):
   with pytest.raises(ValueError, match="no Hugging Face equivalent"):
     hf.save(dict(family="decoder", vocab_size=VOCAB, d_model=32, num_layers=1, num_heads=4,
                  mlp_dim=64, positions="alibi"), {}, tmp_path / "alibi")
+  with pytest.raises(ValueError, match=r"model.parametrization='mup' at d_model=32 \(base 16\)"):
+    hf.save(dict(family="decoder", vocab_size=VOCAB, d_model=32, num_layers=1, num_heads=4,
+                 mlp_dim=64, parametrization="mup", mup_base_width=16), {}, tmp_path / "mup")
 
 
 @pytest.mark.parametrize("family, key, value", [

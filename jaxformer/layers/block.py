@@ -7,11 +7,11 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from jaxformer.layers import parametrization
 from jaxformer.layers.attention import MultiHeadAttention
 from jaxformer.layers.mlp import FFNS
 from jaxformer.layers.moe import MoE
 from jaxformer.layers.norms import make_norm
-from jaxformer.layers import parametrization
 from jaxformer.layers.settings import BlockSettings
 
 class TransformerBlock(nn.Module):
@@ -46,8 +46,8 @@ class TransformerBlock(nn.Module):
         window=None if cross else s.window, positions="none" if cross else self.positions,
         rope_theta=self.rope_theta, dropout_rate=s.attention_dropout_rate,
         impl=s.attention_impl, block_sizes=s.attention_block_sizes,
-        scale=parametrization.attention_scale(s, width), decode=self.decode and not cross, dtype=self.dtype, param_dtype=self.param_dtype,
-        name=name)
+        scale=parametrization.attention_scale(s, width), decode=self.decode and not cross,
+        dtype=self.dtype, param_dtype=self.param_dtype, name=name)
 
   def _ffn(self, width):
     s = self.settings

@@ -233,6 +233,11 @@ def _config_dict(model_config) -> dict:
       raise ValueError(f"model.{key}={cfg[key]!r}: the Hugging Face {cfg['family']} "
                        f"architecture has {key}={want!r} only, so this model cannot be saved "
                        "in its format")
+  if cfg.get("parametrization") == "mup" and cfg["d_model"] != cfg["mup_base_width"]:
+    raise ValueError(f"model.parametrization='mup' at d_model={cfg['d_model']} (base "
+                     f"{cfg['mup_base_width']}) multiplies its logits and attention scores in "
+                     "ways Hugging Face architectures do not, so the saved model would compute "
+                     "something else; convert standard models (or μP at its base width)")
   return cfg
 
 
