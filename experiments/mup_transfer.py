@@ -183,7 +183,7 @@ def plot(path: pathlib.Path, result: dict, widths: list[int], rates: list[float]
     s = r["slope"]
     ax.set_title(f"{'μP' if kind == 'mup' else 'standard'}: lr* ~ width^{s['slope']:+.2f} "
                  f"[{s['ci'][0]:+.2f}, {s['ci'][1]:+.2f}]")
-    ax.set_xlabel("log2 peak learning rate")
+    ax.set_xlabel("log2 peak learning rate (star: the vertex, at the best grid loss)")
     ax.grid(alpha=0.3)
   axes[0].set_ylabel("final validation loss (nats/char)")
   axes[0].set_ylim(top=top)
@@ -191,6 +191,16 @@ def plot(path: pathlib.Path, result: dict, widths: list[int], rates: list[float]
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
+
+
+def best_loss_table(result: dict, widths: list[int]) -> str:
+  """The best run of each arm per width: does transfer cost (or buy) loss?"""
+  lines = ["| width | best standard (lr) | best μP (lr) | μP - standard |", "|---:|---|---|---:|"]
+  for w in widths:
+    s, m = (result[k]["optima"][str(w)] for k in PARAMETRIZATIONS)
+    lines.append(f"| {w} | {s['best_loss']:.4f} ({s['best_grid_lr']:g}) | {m['best_loss']:.4f} "
+                 f"({m['best_grid_lr']:g}) | {m['best_loss'] - s['best_loss']:+.4f} |")
+  return "\n".join(lines)
 
 
 def prediction_table(prediction: dict, errors: list[dict]) -> str:
@@ -233,8 +243,10 @@ def write_report(args, result: dict, rows: list[dict], prediction: dict, wall_s:
       "log LR through the best grid LR and its neighbours; slope: least squares of log "
       "optimum vs log width with a 95% t-interval (2 degrees of freedom for 4 widths).", "",
       f"Reproduce: `python -m experiments.mup_transfer --data=PATH/{os.path.basename(args.data)}`"
-      f" (finished runs are reused). Wall time: {run_wall / 60:.1f} min of training processes "
-      f"({args.parallel} at a time, {args.threads_per_run} XLA thread each).", "",
+      f" (finished runs are reused). Training: {run_wall / 60:.1f} min summed over the "
+      f"{len(rows)} processes, {args.parallel} at a time with {args.threads_per_run} XLA "
+      f"thread each (about {run_wall / 60 / args.parallel:.0f} min of wall clock on a 2-core "
+      f"CPU); this invocation {wall_s / 60:.1f} min.", "",
       "## Where the optimum sits", "", summary_table(result, args.widths), "",
       "## Prediction", "",
       f"Written {prediction['predicted_at']}, after the standard arm and before any μP run "
@@ -243,6 +255,10 @@ def write_report(args, result: dict, rows: list[dict], prediction: dict, wall_s:
       f" At the base width μP reproduced the standard runs' losses "
       f"{'exactly (all 7 equal)' if same_at_base else 'NOT exactly: see the grid'}.", "",
       prediction_table(prediction, errors), "",
+      "## Best loss per width", "",
+      "Only the LR is tuned; μP's other base hyperparameters (output and attention "
+      "multipliers, init scales) are the standard model's.", "",
+      best_loss_table(result, args.widths), "",
       f"![transfer]({out.name}.png)", "", "## Every run", "", grid_table(result, rates), ""]
   out.with_suffix(".md").write_text("\n".join(text))
   print("\n".join(text))

@@ -106,23 +106,36 @@ def test_rejected_first_attempt_does_not_block_the_corrected_rerun(tmp_path, cap
   cfg.data.eval_batches = 1
   assert loop.train(cfg, str(run))["step"] == 1
   assert f"{run}: starting fresh" in capsys.readouterr().out
-  cfg.train.steps = 2
-  loop.train(cfg, str(run))
-  assert f"{run}: resumed from step 1" in capsys.readouterr().out
+  assert (run / "config.json").exists()
 
 
-def test_bad_workdirs_and_data_files(tmp_path):
+def test_bad_workdirs_and_data_files(tmp_path, capsys):
+  """One through the command line (the one-line contract end to end), the others through the
+  same wrapper in-process (each subprocess costs a JAX import)."""
   (tmp_path / "afile").write_text("x")
   _assert_user_error(_train(tmp_path / "afile"), "is a file, not a directory")
-  _assert_user_error(_train("/proc/jaxformer_run"), "is not a writable directory")
+  from configs import shakespeare_char
+  from jaxformer.train import loop
+
+  def user_error(workdir, source=None):
+    cfg = shakespeare_char.get_config("tiny")
+    if source is not None:
+      cfg.data.source = str(source)
+    with pytest.raises(SystemExit) as exit_info:
+      cli.user_errors(loop.train)(cfg, str(workdir))
+    assert exit_info.value.code == cli.EXIT_USER_ERROR
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ")
+    return err
+
+  assert "is not a writable directory" in user_error("/proc/jaxformer_run")
   latin = tmp_path / "latin.txt"
   latin.write_bytes(("hello\n" * 50).encode() + "caf\xe9".encode("latin-1"))
-  _assert_user_error(_train(tmp_path / "r1", f"--config.data.source={latin}"),
-                     "is not UTF-8 text (byte offset 303", "latin.txt")
+  err = user_error(tmp_path / "r1", latin)
+  assert "is not UTF-8 text (byte offset 303" in err and "latin.txt" in err
   binary = tmp_path / "data.bin"
   binary.write_bytes(b"abc" * 9 + b"\0\1\2")
-  _assert_user_error(_train(tmp_path / "r2", f"--config.data.source={binary}"),
-                     "is a binary file (a NUL byte at byte offset 27)")
+  assert "is a binary file (a NUL byte at byte offset 27)" in user_error(tmp_path / "r2", binary)
 
 
 def test_sample_and_launcher_mistakes(tmp_path):
