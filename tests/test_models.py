@@ -55,8 +55,10 @@ def _stack_all(params, cfg):
   return out
 
 
-@pytest.mark.parametrize("cfg", [GPT, LLAMA, MIXTRAL, BERT, SEQ2SEQ, VIT],
-                         ids=["gpt", "llama", "mixtral", "bert", "seq2seq", "vit"])
+# GPT and Llama differ only inside the blocks, which the scan does not look into: Llama
+# stands for both (the suite's time budget).
+@pytest.mark.parametrize("cfg", [LLAMA, MIXTRAL, BERT, SEQ2SEQ, VIT],
+                         ids=["llama", "mixtral", "bert", "seq2seq", "vit"])
 def test_scanned_layers_give_identical_outputs(cfg):
   args = inputs(cfg)
   module, params = init(cfg, *args)

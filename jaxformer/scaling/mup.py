@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,25 +32,25 @@ def with_width(model_config: Any, d_model: int) -> Any:
   heads) grow in number. Depth, vocabulary and everything else are kept (μP's width
   scaling; `mup_base_width` stays the base). ValueError if a size does not scale evenly."""
   cfg = copy.deepcopy(model_config)
-  get = cfg.get if hasattr(cfg, "get") else cfg.__getitem__
-  old = get("d_model")
+  old = cfg["d_model"]
   if not isinstance(d_model, int) or d_model <= 0:
     raise ValueError(f"width {d_model!r} must be an int > 0")
 
   def scaled(key):
-    value = get(key)
+    value = cfg[key]
     if (value * d_model) % old:
       raise ValueError(f"model.{key}={value} does not scale evenly from d_model={old} to "
-                       f"{d_model}: pick widths that are multiples of d_model / gcd")
+                       f"{d_model}: pick a width that is a multiple of "
+                       f"{old // math.gcd(old, value)}")
     return value * d_model // old
 
   updates = {"d_model": d_model, "mlp_dim": scaled("mlp_dim")}
-  if get("head_dim") if "head_dim" in cfg else None:
+  if cfg.get("head_dim"):
     updates["num_heads"] = scaled("num_heads")
-    if ("num_kv_heads" in cfg) and get("num_kv_heads"):
+    if cfg.get("num_kv_heads"):
       updates["num_kv_heads"] = scaled("num_kv_heads")
-  elif d_model % get("num_heads"):
-    raise ValueError(f"width {d_model} is not divisible by model.num_heads={get('num_heads')}")
+  elif d_model % cfg["num_heads"]:
+    raise ValueError(f"width {d_model} is not divisible by model.num_heads={cfg['num_heads']}")
   for key, value in updates.items():
     cfg[key] = value
   return cfg
@@ -121,7 +122,7 @@ def coordinate_check(config: Any, widths: Sequence[int], *, steps: int = 4,
   for width in widths:
     cfg = copy.deepcopy(config)
     cfg.model = with_width(config.model, width)
-    cfg.train.steps = max(steps, 1)
+    cfg.train.steps = steps + 1
     module, tx, init_boxed = state_lib.train_state_fns(cfg)
     train_step = step_lib.make_train_step(module, tx, tasks.task_for(cfg.model))
 
@@ -134,9 +135,9 @@ def coordinate_check(config: Any, widths: Sequence[int], *, steps: int = 4,
       def body(state, _):
         sizes = measure(state["params"])
         return train_step(state, batch, jax.random.key(seed))[0], sizes
-      state, sizes = jax.lax.scan(body, nn.unbox(init_boxed()), length=steps)
-      return jax.tree.map(lambda a, b: jnp.concatenate([a, b[None]]), sizes,
-                          measure(state["params"]))
+      # steps + 1 measurements; the last iteration's update is thrown away (cheaper to run
+      # than a second forward graph is to compile)
+      return jax.lax.scan(body, nn.unbox(init_boxed()), length=steps + 1)[1]
 
     # one program per width, run once: compiled without LLVM's optimisation on the CPU
     measured = jax.jit(run, compiler_options=compilation.run_once_options())()
