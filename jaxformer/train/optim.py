@@ -1,6 +1,7 @@
 """Optax optimizer from `config.optim`: AdamW with a decay mask, warmup + decay schedules,
-global-norm clipping and, under μP, per-parameter learning-rate multipliers. (Gradient accumulation lives in the train step: `optim.grad_accum`
-micro-batches per optimizer step, so `train.steps` always counts optimizer updates.)"""
+global-norm clipping and, under μP, per-parameter learning-rate multipliers. (Gradient
+accumulation lives in the train step: `optim.grad_accum` micro-batches per optimizer step,
+so `train.steps` always counts optimizer updates.)"""
 
 from __future__ import annotations
 
