@@ -82,7 +82,7 @@ def shown_layers(check: mup.CoordCheck) -> list[str]:
 
 def table(checks: dict, steps: int) -> str:
   widths = checks["mup"].widths
-  lines = [f"| layer | parametrization | " + " | ".join(f"width {w}" for w in widths) +
+  lines = ["| layer | parametrization | " + " | ".join(f"width {w}" for w in widths) +
            f" | slope at step {steps} | steepest slope, steps 1-{steps} |",
            "|---|---|" + "---:|" * (len(widths) + 2)]
   for name in shown_layers(checks["mup"]):

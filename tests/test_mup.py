@@ -1,7 +1,6 @@
 """μP (`model.parametrization="mup"`): init, learning-rate groups against a float64 AdamW,
 multipliers, the coordinate check, sharding, and the width tools."""
 
-import copy
 import math
 
 import flax.linen as nn
@@ -14,7 +13,7 @@ from configs import shakespeare_char
 from jaxformer import models, parallel, scaling
 from jaxformer.layers import parametrization
 from jaxformer.scaling import mup
-from jaxformer.train import optim, state as state_lib, step as step_lib, tasks
+from jaxformer.train import state as state_lib, step as step_lib, tasks
 
 
 def tiny(parametrization="mup", base=16, **model):
@@ -22,11 +21,6 @@ def tiny(parametrization="mup", base=16, **model):
   cfg = shakespeare_char.get_config("tiny")
   cfg.model.update(parametrization=parametrization, mup_base_width=base, **model)
   return cfg
-
-
-def init_params(cfg):
-  module, tx, init_boxed = state_lib.train_state_fns(cfg)
-  return module, tx, nn.unbox(jax.jit(init_boxed)())
 
 
 def multipliers(cfg):
