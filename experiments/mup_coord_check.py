@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 
 from configs import shakespeare_char  # noqa: E402
 from jaxformer.data import text_builder  # noqa: E402
+from jaxformer.data.tokenizers import CharTokenizer  # noqa: E402
 from jaxformer.scaling import mup  # noqa: E402
 
 PARAMETRIZATIONS = ("standard", "mup")
@@ -52,10 +53,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def shakespeare_batch(seed: int = 0) -> tuple[np.ndarray, int]:
   """[BATCH, SEQ_LEN + 1] character ids of random windows of the bundled corpus, vocab."""
   text = text_builder.BUNDLED["tinyshakespeare"].read_text(encoding="utf-8")
-  chars = sorted(set(text))
-  ids = np.array([chars.index(c) for c in text[:200_000]], np.int32)
+  tokenizer = CharTokenizer(text)
+  ids = tokenizer.encode(text[:200_000])
   starts = np.random.default_rng(seed).integers(0, ids.size - SEQ_LEN - 1, BATCH)
-  return np.stack([ids[s:s + SEQ_LEN + 1] for s in starts]), len(chars)
+  return np.stack([ids[s:s + SEQ_LEN + 1] for s in starts]), tokenizer.vocab_size
 
 
 def run(args) -> dict:

@@ -110,13 +110,11 @@ def analyse(rows: list[dict], widths: list[int], kinds=PARAMETRIZATIONS) -> dict
         loss = row["eval_loss"] if row["status"] == "done" else None
         grid[o["model.d_model"]][o["optim.lr"]] = float("nan") if loss is None else loss
     optima = {w: scaling.lr_optimum(list(g), list(g.values())) for w, g in grid.items()}
-    rates = sorted(next(iter(grid.values())))
-    steps = [rates.index(o["best_grid_lr"]) for o in optima.values()]
+    steps = [o["index"] for o in optima.values()]          # of the best LR in the sorted grid
     out[kind] = {"losses": {str(w): {f"{r:g}": g[r] for r in sorted(g)} for w, g in grid.items()},
                  "optima": {str(w): o for w, o in optima.items()},
-                 "grid_steps_moved": max(steps) - min(steps)}
-    if len(widths) >= 3 and len(kinds) > 1:
-      out[kind]["slope"] = scaling.lr_width_rule(widths, [optima[w]["lr"] for w in widths])
+                 "grid_steps_moved": max(steps) - min(steps),
+                 "slope": scaling.lr_width_rule(widths, [optima[w]["lr"] for w in widths])}
   return out
 
 
@@ -128,8 +126,7 @@ def prediction_errors(prediction: dict, result: dict, widths: list[int]) -> list
   for w in widths[1:]:
     opt = result["mup"]["optima"][str(w)]
     out.append({"width": w, "measured_lr": opt["lr"], "ratio": opt["lr"] / prediction["predicted_lr"],
-                "grid_steps": rates.index(opt["best_grid_lr"]) -
-                              rates.index(prediction["predicted_best_grid_lr"]),
+                "grid_steps": opt["index"] - rates.index(prediction["predicted_best_grid_lr"]),
                 "edge": opt["edge"]})
   return out
 

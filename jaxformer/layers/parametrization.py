@@ -88,11 +88,9 @@ def width_axes(names) -> int:
 
 def learning_rate_multipliers(abstract_params, settings, d_model: int):
   """Per-parameter LR multipliers (a pytree of floats shaped like the unboxed params) from
-  the boxed abstract params (their logical axis names), or None under standard / at m = 1:
-  1/m for hidden matrices (>= 2 width axes), 1 for everything else."""
+  the boxed abstract params (their logical axis names): 1/m for hidden matrices (>= 2 width
+  axes), 1 for everything else (all 1 under standard)."""
   m = width_multiplier(settings, d_model)
-  if m == 1.0:
-    return None
   is_box = lambda x: isinstance(x, nn.Partitioned)
 
   def multiplier(leaf):
