@@ -28,8 +28,8 @@ _OWN_CODE = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(_
 
 def fail(message: str) -> NoReturn:
   """Print `error: message` as one line on stderr and exit with EXIT_USER_ERROR."""
-  line = " ".join(str(message).split())
-  print(f"error: {line}", file=sys.stderr, flush=True)
+  from jaxformer import console
+  console.error("error: " + " ".join(str(message).split()))
   sys.exit(EXIT_USER_ERROR)
 
 
@@ -143,9 +143,16 @@ def _config_file(argv: list[str]):
 
 
 def run_absl(main: Callable) -> None:
-  """`absl.app.run(main)` under the one error policy."""
-  from absl import app
-  app.run(user_errors(main), flags_parser=absl_flags_parser)
+  """`absl.app.run(main)` under the one error policy and the one logging policy
+  (`jaxformer.console`: third-party records off unless --verbosity is given)."""
+  from absl import app, flags
+
+  from jaxformer import console
+
+  def logged_main(argv):
+    console.configure_logging(verbosity_given=flags.FLAGS["verbosity"].present)
+    return main(argv)
+  app.run(user_errors(logged_main), flags_parser=absl_flags_parser)
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -4,7 +4,7 @@ Samples text from the latest (or --checkpoint=best) checkpoint of a training run
 cache (`jaxformer.inference`); seeded and reproducible (greedy with --temperature=0).
 """
 
-from absl import flags, logging
+from absl import flags
 
 from jaxformer import cli, compilation
 from jaxformer.inference import load_run, sample_text
@@ -25,7 +25,6 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  logging.set_verbosity(logging.WARNING)
   compilation.enable_cache(FLAGS.compilation_cache)
   config, params, tokenizer = load_run(FLAGS.workdir, which=FLAGS.checkpoint)
   print(sample_text(config, params, tokenizer, prompt=FLAGS.prompt,

@@ -18,7 +18,8 @@ Why subprocesses: each point is exactly `python -m jaxformer.train --config=BASE
 be rerun or debugged by hand, a crash cannot take the sweep down, and resuming needs nothing
 new: rerunning train on an interrupted workdir resumes it, a finished one is skipped.
 Every point is validated in-process first (the same `config_flags` parsing train does, then
-`models.build`), so a typo fails before anything runs.
+train's own `config_checks.validate`: ranges, the task, the model), so every mistake train
+would refuse fails before any point runs.
 
 Files: DIR/<point>/train.log (the run's output), DIR/<point>/sweep.json (status, return code,
 wall time), DIR/summary.csv and DIR/summary.json (one row per point, rewritten atomically after
@@ -290,11 +291,12 @@ def expand(sweep: Sweep | Mapping[str, Any], *, validate: bool = True) -> list[P
 
 
 def _validated(base: str, overrides: Mapping[str, Any], name: str):
-  from jaxformer import models, scaling
+  from jaxformer import scaling
+  from jaxformer.train import config_checks
 
   config = load_config(base, overrides)
   try:
-    models.build(config.model)
+    config_checks.validate(config)           # exactly what train checks before it writes
     params = scaling.count_params(config.model)
   except ValueError as e:
     raise ValueError(f"sweep point {name!r}: {e}") from e

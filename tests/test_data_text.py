@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
 from jaxformer.data import packing, text, text_builder, tokenizers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SMALL_TEXT = (text_builder.BUNDLED["tinyshakespeare"].read_text(encoding="utf-8")[:12000]
               + "\n\n\nJULIET:\nAy me!  ¿Qué?\n\n")
@@ -142,23 +149,44 @@ def test_local_text_builder_splits_by_characters_and_rebuilds_on_change(tmp_path
   assert changed.data_path != builder.data_path
 
 
-def test_killed_build_does_not_look_complete(tmp_path, monkeypatch):
-  source = tmp_path / "t.txt"
-  source.write_text(SMALL_TEXT)
+_KILLED_BUILD = """
+import sys, time
+from jaxformer.data import text_builder
+def stall(self, text):
+  yield 0, {"index": 0, "text": text[:10]}
+  print("writing", file=sys.__stdout__, flush=True)
+  time.sleep(600)
+text_builder.LocalText._generate_examples = stall
+text_builder.build_local_text(sys.argv[1], data_dir=sys.argv[2])
+"""
 
-  def crash(self, text):
-    yield 0, {"index": 0, "text": text[:10]}
-    raise KeyboardInterrupt("killed")
-  monkeypatch.setattr(text_builder.LocalText, "_generate_examples", crash)
-  with pytest.raises(KeyboardInterrupt):
-    text_builder.build_local_text(str(source), data_dir=str(tmp_path / "dd"))
-  monkeypatch.undo()
+
+def test_build_killed_mid_write_leaves_nothing_that_breaks_the_rerun(tmp_path, capsys):
+  source, data_dir = tmp_path / "t.txt", tmp_path / "dd"
+  source.write_text(SMALL_TEXT)
+  proc = subprocess.Popen([sys.executable, "-c", _KILLED_BUILD, str(source), str(data_dir)],
+                          stdout=subprocess.PIPE, text=True, cwd=ROOT)
+  try:
+    assert proc.stdout.readline().endswith("writing\n")     # inside TFDS's write: SIGKILL
+  finally:
+    proc.kill()
+    proc.wait()
   config = text_builder.local_text_config(str(source), 0.9)
-  assert not text_builder.LocalText(config=config, data_dir=str(tmp_path / "dd"),
-                                    file_format="array_record").is_prepared()
-  builder = text_builder.build_local_text(str(source), data_dir=str(tmp_path / "dd"))
+  builder = text_builder.LocalText(config=config, data_dir=str(data_dir),
+                                   file_format="array_record")
+  leftovers = list(pathlib.Path(builder.data_dir).parent.glob("incomplete.*"))
+  assert leftovers and not builder.is_prepared()
+
+  capsys.readouterr()
+  builder = text_builder.build_local_text(str(source), data_dir=str(data_dir))
+  out = capsys.readouterr().out
+  assert re.fullmatch(r"preparing data.source='.*t.txt' \(0.0 MB\) once, into .*dd \.\.\. "
+                      r"done in \d+\.\d s \(1 train \+ 1 validation records\)\n", out), out
+  assert not any(p.exists() for p in leftovers)
   (record,) = builder.as_data_source(split="train")
   assert record["text"].decode() == SMALL_TEXT[:int(len(SMALL_TEXT) * 0.9)]
+  text_builder.build_local_text(str(source), data_dir=str(data_dir))
+  assert capsys.readouterr().out == ""                        # prepared: nothing to say
 
 
 def test_bad_sources_name_data_source(tmp_path, data_dir):

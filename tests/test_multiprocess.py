@@ -1,5 +1,6 @@
 """Two real `python -m jaxformer.train` processes (4 CPU devices each, gloo collectives)
-started by `launch.local` train like one process, and their checkpoint continues on one device."""
+started by `launch.local` train like one process (one console, the data prepared once), and
+their checkpoint continues on one device."""
 
 from __future__ import annotations
 
@@ -48,30 +49,49 @@ def _assert_records_close(got, want):
       np.testing.assert_allclose(g[key], w[key], rtol=2e-5, err_msg=f"{key} at {g['step']}")
 
 
-def _train_cli(workdir, steps, num_processes, devices_per_process, *mesh_flags):
+def _train_cli(workdir, steps, num_processes, devices_per_process, *mesh_flags, home):
   cmd = [sys.executable, "-m", "jaxformer.train",
          "--config=" + os.path.join(ROOT, "configs", "shakespeare_char.py") + ":tiny",
          f"--workdir={workdir}"] + [f.format(steps=steps) for f in TRAIN_FLAGS] + list(mesh_flags)
   try:
-    results = run_local(cmd, num_processes, devices_per_process, env={"PYTHONPATH": ROOT},
-                        timeout=300)
+    results = run_local(cmd, num_processes, devices_per_process,
+                        env={"PYTHONPATH": ROOT, "HOME": str(home)}, timeout=300)
   except subprocess.TimeoutExpired as e:    # show where the processes stopped
     raise AssertionError(f"timed out after 300 s; output:\n{(e.output or '')[-6000:]}") from e
   for i, result in enumerate(results):
     assert result.returncode == 0, f"process {i} failed:\n{result.stdout[-3000:]}"
+  return [r.stdout for r in results]
+
+
+def _assert_one_console(outputs, workdir, steps):
+  """Process 0 alone prints the run, the data is prepared once, TFDS says nothing; process 1
+  shows no progress and writes its full log to the workdir."""
+  zero, one = outputs
+  assert zero.count("preparing data.source='tinyshakespeare'") == 1, zero
+  for noise in ("Using custom data configuration", "dataset_info.json", "Downloading and",
+                "Generating splits", "preparing data.source"):
+    assert noise not in one and (noise.startswith("preparing") or noise not in zero), noise
+  assert f"step {steps}/{steps}" in zero and "eval_loss" in zero
+  assert "step" not in one and "eval_loss" not in one, one
+  with open(os.path.join(workdir, "logs", "process_1.log")) as f:
+    log = f.read()
+  assert log.startswith("=== process 1 of 2") and f"step {steps}/{steps}" in log
+  assert "eval_loss" in log and "preparing" not in log
+  assert not os.path.exists(os.path.join(workdir, "logs", "process_0.log"))
 
 
 def test_two_processes_train_like_one_and_their_checkpoint_continues_on_one_device(tmp_path):
   from jaxformer.train import loop
-  two, one = str(tmp_path / "two"), str(tmp_path / "one")
-  _train_cli(two, 3, 2, 4, "--config.mesh.data=4", "--config.mesh.model=2",
-             "--config.mesh.fsdp=True")                           # 2 processes x 4 devices
+  two, one, home = str(tmp_path / "two"), str(tmp_path / "one"), tmp_path / "home"
+  outputs = _train_cli(two, 3, 2, 4, "--config.mesh.data=4", "--config.mesh.model=2",
+                       "--config.mesh.fsdp=True", home=home)      # 2 processes x 4 devices
+  _assert_one_console(outputs, two, 3)                            # with an empty data cache
   loop.train(_config(3, -1, 1, False), one)                       # 1 process x 8 devices
   _assert_records_close(_records(two), _records(one))
 
   # the 2-process (4 x 2 mesh, FSDP) checkpoint restores in a single process on one device
   # and continues exactly like the 8-device run
-  _train_cli(two, 5, 1, 1, "--config.mesh.data=1")
+  _train_cli(two, 5, 1, 1, "--config.mesh.data=1", home=home)
   loop.train(_config(5, -1, 1, False), one)
   _assert_records_close(_records(two), _records(one))
   assert [r["step"] for r in _records(two) if "loss" in r] == [1, 2, 3, 4, 5]

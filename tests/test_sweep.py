@@ -69,10 +69,22 @@ def test_command_is_the_train_command(tmp_path):
     (dict(product={"optim.lr": [1e-3, 2e-3]}, name="same"), "repeat"),
     (dict(product={"optim.lr": [1e-3]}, name="{optim.beta}"), "template"),
     (dict(product={"optim.lr": [1e-3]}, typo=1), "typo"),
+    # train's own range checks (config_checks.validate), for every point
+    (dict(product={"optim.lr": [1e-3, 0.0]}), r"optim\.lr=0\.0.*finite number > 0"),
+    (dict(zip={"train.batch_size": [8, 0]}), r"train\.batch_size=0"),
+    (dict(product={"optim.b2": [0.99, 1.0]}), r"optim\.b2=1\.0"),
 ])
 def test_invalid_sweeps_raise_before_running(spec, match):
   with pytest.raises(ValueError, match=match):
     sweep_lib.expand(_sweep(**spec))
+
+
+def test_a_point_train_would_refuse_stops_the_sweep_before_any_point_runs(tmp_path):
+  runner = FakeRunner()
+  with pytest.raises(ValueError, match=r"sweep point 'lr0'.*optim\.lr=0\.0"):
+    sweep_lib.run(_sweep(product={"optim.lr": [1e-3, 0.0]}, name="lr{optim.lr:g}"),
+                  str(tmp_path), runner=runner)
+  assert runner.calls == [] and os.listdir(tmp_path) == []
 
 
 class FakeRunner:

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Iterator
 import grain
 import numpy as np
 
+from jaxformer import console
 from jaxformer.data import batching
 from jaxformer.optional import require
 
@@ -179,8 +180,12 @@ def _prepare_cached(name: str, root: pathlib.Path, kind: str, fingerprint: Any,
                     convert: Callable[[], tuple[dict[str, Iterable], tuple, int]]) -> ImageSource:
   directory = _cache_dir(root, kind, fingerprint)
   if not (directory / "meta.json").exists():
-    splits, shape, num_classes = convert()
-    _convert_atomically(directory, splits, image_shape=shape, num_classes=num_classes)
+    with console.announce(f"preparing data.source={name!r} once, into "
+                          f"{console.short_path(directory)}") as note:
+      splits, shape, num_classes = convert()
+      _convert_atomically(directory, splits, image_shape=shape, num_classes=num_classes)
+      sizes = json.loads((directory / "meta.json").read_text())["splits"]
+      note.details = ", ".join(f"{split} {v['size']:,} images" for split, v in sizes.items())
   return _cached_source(name, directory)
 
 
@@ -348,10 +353,13 @@ def _folder_source(root: pathlib.Path, train_split: str, cache_root: pathlib.Pat
 
 def _tfds_builder(name: str, data_dir: str | None):
   import tensorflow_datasets as tfds
+
+  from jaxformer.data.text_builder import quiet_tfds
   build = (f"tfds build {name.split('/')[0].split(':')[0]} --file_format=array_record"
            f"{f' --data_dir={data_dir}' if data_dir else ''}")
   try:
-    builder = tfds.builder(name, data_dir=data_dir)
+    with quiet_tfds():
+      builder = tfds.builder(name, data_dir=data_dir)
   except Exception as e:      # tfds raises several types for unknown names/configs/versions
     raise ValueError(f"data.source='tfds:{name}': {e}") from e
   if not builder.is_prepared():

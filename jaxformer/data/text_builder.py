@@ -17,15 +17,19 @@ A user-prepared catalog dataset is read with `"tfds:<name>[/<config>][:<version>
 from __future__ import annotations
 
 import codecs
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
 import os
 import pathlib
 import re
+import shutil
 
 import numpy as np
 import tensorflow_datasets as tfds
+
+from jaxformer import console
 
 BUNDLED = {"tinyshakespeare": pathlib.Path(__file__).parent / "assets" / "tinyshakespeare.txt"}
 DEFAULT_DATA_DIR = os.path.join("~", ".cache", "jaxformer", "tfds")
@@ -152,23 +156,59 @@ def local_text_config(source: str, train_fraction: float,
 def build_local_text(source: str, *, train_fraction: float = 0.9,
                      data_dir: str | os.PathLike | None = None,
                      record_chars: int = MAX_RECORD_CHARS) -> LocalText:
-  """The prepared `local_text` builder of `source` (built into `data_dir` if not yet)."""
+  """The prepared `local_text` builder of `source` (built into `data_dir` if not yet, with
+  one line saying so). Concurrent builders (sweep points, processes) take a file lock: one
+  builds, the others wait and find it built; a killed build leaves only an `incomplete.*`
+  directory, removed by the next build."""
   config = local_text_config(source, train_fraction, record_chars)
   data_dir = resolve_data_dir(data_dir)
   make = lambda: LocalText(config=config, data_dir=data_dir, file_format="array_record")
-  builder = make()
+  with quiet_tfds():
+    builder = make()
   if not builder.is_prepared():
     os.makedirs(data_dir, exist_ok=True)
     with open(os.path.join(data_dir, f".{config.name}.lock"), "w") as lock:
-      fcntl.flock(lock, fcntl.LOCK_EX)   # concurrent runs (sweeps): one builds, others wait
-      builder = make()
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      with quiet_tfds():
+        builder = make()
       if not builder.is_prepared():
-        builder.download_and_prepare()
+        _prepare(builder, source, pathlib.Path(config.path))
   for name in SPLITS:
     if builder.info.splits[name].num_examples == 0:
       raise ValueError(f"data.train_fraction={train_fraction} leaves the {name} split of "
                        f"data.source={source!r} empty; the file is too short for it")
   return builder
+
+
+def _prepare(builder: LocalText, source: str, path: pathlib.Path):
+  """Build the dataset (the caller holds its lock), removing what killed builds left."""
+  for stale in pathlib.Path(builder.data_dir).parent.glob("incomplete.*"):
+    shutil.rmtree(stale, ignore_errors=True)
+  size = path.stat().st_size
+  where = pathlib.Path(builder.data_dir).parents[2]     # <data_dir>/local_text/<config>/<v>
+  with console.announce(f"preparing data.source={source!r} ({size / 1e6:,.1f} MB) once, "
+                        f"into {console.short_path(where)}") as note:
+    with quiet_tfds():
+      builder.download_and_prepare()
+    splits = builder.info.splits
+    note.details = " + ".join(f"{splits[name].num_examples} {name}" for name in SPLITS) + " records"
+
+
+@contextlib.contextmanager
+def quiet_tfds():
+  """TFDS's own output (its custom-config and variant-folder warnings, the preparation prints
+  and progress bars) off unless the user asked for INFO logs (`jaxformer.console`)."""
+  from tensorflow_datasets.core.utils import tqdm_utils
+  if console.verbose():
+    yield
+    return
+  shown = getattr(tqdm_utils, "_active", True)
+  tfds.display_progress_bar(False)
+  try:
+    with console.third_party_output():
+      yield
+  finally:
+    tfds.display_progress_bar(shown)
 
 
 def parse_tfds_source(source: str) -> str:
@@ -186,7 +226,8 @@ def catalog_builder(source: str, data_dir: str | os.PathLike | None = None):
   prepare = (f"prepare it with `tfds build {name.split(':')[0]} --file_format=array_record "
              f"--data_dir={data_dir}` (or set data.data_dir to where it is prepared)")
   try:
-    builder = tfds.builder(name, data_dir=data_dir)
+    with quiet_tfds():
+      builder = tfds.builder(name, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError as e:
     raise ValueError(f"data.source={source!r}: TFDS has no dataset {name!r} in its catalog "
                      f"or in {data_dir} ({str(e).splitlines()[0]})") from e

@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Protocol
 
 import numpy as np
 
+from jaxformer import console
 from jaxformer.optional import require
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -52,12 +53,18 @@ class Tokenizer(Protocol):
     """A hash of everything that defines the id mapping (keys caches of tokenized data)."""
 
 
-def _write_spec(directory, spec: dict):
+def _write_atomically(directory, name: str, data: bytes):
+  """`directory/name` replaced whole: a kill mid-write leaves the old file or none."""
   os.makedirs(directory, exist_ok=True)
-  tmp = os.path.join(directory, TOKENIZER_FILE + ".tmp")
-  with open(tmp, "w") as f:
-    json.dump(spec, f)
-  os.replace(tmp, os.path.join(directory, TOKENIZER_FILE))
+  tmp = os.path.join(directory, f"{name}.tmp")
+  with open(tmp, "wb") as f:
+    f.write(data)
+  os.replace(tmp, os.path.join(directory, name))
+
+
+def _write_spec(directory, spec: dict):
+  """tokenizer.json last: it names a model file that is already complete."""
+  _write_atomically(directory, TOKENIZER_FILE, json.dumps(spec).encode())
 
 
 def _sha256(data: bytes) -> str:
@@ -159,9 +166,7 @@ class SentencePieceTokenizer:
     return _sha256(self.model_proto)
 
   def save(self, directory: str | os.PathLike):
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, SPM_MODEL_FILE), "wb") as f:
-      f.write(self.model_proto)
+    _write_atomically(directory, SPM_MODEL_FILE, self.model_proto)
     _write_spec(directory, {"kind": self.kind, "spec": self.spec, "model_file": SPM_MODEL_FILE,
                             "sha256": self.fingerprint()})
 
@@ -232,9 +237,7 @@ class HuggingFaceTokenizer:
     return _sha256(self.json_text.encode())
 
   def save(self, directory: str | os.PathLike):
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, HF_MODEL_FILE), "w", encoding="utf-8") as f:
-      f.write(self.json_text)
+    _write_atomically(directory, HF_MODEL_FILE, self.json_text.encode("utf-8"))
     _write_spec(directory, {"kind": self.kind, "spec": self.spec, "model_file": HF_MODEL_FILE,
                             "sha256": self.fingerprint()})
 
@@ -331,7 +334,8 @@ def _build(spec: str, texts: Callable[[], Iterable[str]]) -> Tokenizer:
   if vocab_size < needed:
     raise ValueError(f"data.tokenizer={spec!r}: vocab_size {vocab_size} is too small; this "
                      f"text needs at least {needed} (4 special + 256 byte + one per character)")
-  return SentencePieceTokenizer.train(model_type, vocab_size, texts(), spec)
+  with console.announce(f"training the tokenizer data.tokenizer={spec!r}, once"):
+    return SentencePieceTokenizer.train(model_type, vocab_size, texts(), spec)
 
 
 def make_tokenizer(spec: str, texts: Callable[[], Iterable[str]],

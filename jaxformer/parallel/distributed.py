@@ -16,10 +16,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence, TypeVar
 
 import jax
 
+T = TypeVar("T")
 ENV_COORDINATOR = "JAXFORMER_COORDINATOR"
 ENV_NUM_PROCESSES = "JAXFORMER_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAXFORMER_PROCESS_ID"
@@ -190,3 +191,40 @@ def _orbax_barriers_without_collectives():
   import orbax.checkpoint  # noqa: F401  (defines the flag)
   if ORBAX_BARRIER_FLAG in flags.FLAGS:
     flags.FLAGS[ORBAX_BARRIER_FLAG].value = True
+
+
+# How long the other processes wait for process 0's one-time work (a big corpus can take hours).
+ONE_TIME_WORK_TIMEOUT_S = 24 * 3600
+_one_time_calls = 0
+
+
+def process_zero_first(fn: Callable[[], T], what: str) -> T:
+  """`fn()` on process 0 first, then on the others once it has succeeded.
+
+  Why: one-time work inside `fn` (preparing a dataset, training a tokenizer, writing a packed
+  cache) happens once, by process 0, while the others wait; the others' `fn()` then finds it
+  done and only loads it (or, on a host whose disk process 0 cannot write to, does its own
+  copy). If process 0 fails, every other process stops with a one-line error naming `what`
+  instead of waiting forever. One process: just `fn()`. Every process must make the same
+  sequence of calls (the calls are matched by their order).
+  """
+  global _one_time_calls
+  if jax.process_count() == 1:
+    return fn()
+  from jax._src import distributed as jax_distributed     # the coordination service's store
+  client = jax_distributed.global_state.client
+  _one_time_calls += 1
+  key = f"jaxformer/process_zero_first/{_one_time_calls}"
+  if jax.process_index() == 0:
+    try:
+      result = fn()
+    except BaseException as e:
+      client.key_value_set(key, f"error: {type(e).__name__}: {' '.join(str(e).split())}")
+      raise
+    client.key_value_set(key, "ok")
+    return result
+  status = client.blocking_key_value_get(key, ONE_TIME_WORK_TIMEOUT_S * 1000)
+  if status != "ok":
+    raise ValueError(f"process 0 failed while {what} ({status.removeprefix('error: ')}); "
+                     "see its output")
+  return fn()

@@ -1,9 +1,10 @@
 """python -m jaxformer.train --config=configs/<name>.py[:arg] --workdir=DIR [--config.a.b=v]"""
 
-from absl import flags, logging
+import jax
+from absl import flags
 from ml_collections import config_flags
 
-from jaxformer import cli, compilation, parallel
+from jaxformer import cli, compilation, console, parallel
 from jaxformer.train.loop import train
 
 config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
@@ -15,9 +16,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
-  logging.set_verbosity(logging.WARNING)
   compilation.enable_cache(flags.FLAGS.compilation_cache)
   parallel.initialize()      # multi-host (TPU pod, Slurm, JAXFORMER_* env); no-op otherwise
+  console.route_process_output(jax.process_index(), jax.process_count(), flags.FLAGS.workdir)
   train(flags.FLAGS.config, flags.FLAGS.workdir, fresh=flags.FLAGS.fresh)
 
 

@@ -63,8 +63,10 @@ def open_run(config, workdir: str, *, fresh: bool, shutdown: contextlib.ExitStac
   task = tasks.task_for(config.model)
   plan = parallel.ShardingPlan.from_config(config.mesh)
   plan.check_batch_size(t.batch_size)
-  pipeline = make_pipeline(config, workdir=workdir, process_index=jax.process_index(),
-                           process_count=jax.process_count())
+  pipeline = parallel.process_zero_first(     # dataset and tokenizer made once, by process 0
+      lambda: make_pipeline(config, workdir=workdir, process_index=jax.process_index(),
+                            process_count=jax.process_count()),
+      "preparing the data")
   config_checks.check_model_matches_data(config, pipeline.info)
 
   module, tx, init_boxed = state_lib.train_state_fns(config)
