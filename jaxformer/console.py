@@ -75,6 +75,10 @@ def third_party_output():
     absl_logger.setLevel(level)
 
 
+class _Note:
+  details = ""               # what `announce` appends to its line, set by the caller
+
+
 @contextlib.contextmanager
 def announce(what: str):
   """One line for first-time work the user waits for: `what ...` now, ` done in T` after
@@ -92,14 +96,12 @@ def announce(what: str):
   print(f"{what}: {done}" if lines else f" {done}", flush=True)
 
 
-class _Note:
-  details = ""
-
-
 def short_path(path) -> str:
   """`path` with the home directory written as ~ (lines stay short)."""
   path, home = os.fspath(path), os.path.expanduser("~")
-  return "~" + path[len(home):] if home not in ("", "/") and path.startswith(home + os.sep) else path
+  if home not in ("", "/") and path.startswith(home + os.sep):
+    return "~" + path[len(home):]
+  return path
 
 
 class _LazyFile:
