@@ -48,6 +48,9 @@ def configure_logging(verbosity_given: bool) -> None:
   if verbosity_given:
     return
   absl_logging.set_verbosity(absl_logging.WARNING)   # absl's own default would be INFO
+  # asyncio only reports Orbax's and TensorStore's internal tasks ("Task exception was never
+  # retrieved" for each shard write that failed with the one that the run reports itself)
+  logging.getLogger("asyncio").setLevel(logging.CRITICAL)
   handler = absl_logging.get_absl_handler()
   if not any(isinstance(f, ThirdPartyFilter) for f in handler.filters):
     handler.addFilter(ThirdPartyFilter())

@@ -1,7 +1,7 @@
 """Sweeps: expand a grid of config overrides and train each point in its own workdir.
 
     python -m jaxformer.sweep --config=configs/sweeps/lr_width.py --workdir=DIR
-        [--parallel=N] [--dry_run] [--only=GLOB] [--only_index=I]
+        [--parallel=N] [--dry_run] [--only=GLOB] [--only_index=I] [--if_running=wait|skip]
 
 A sweep file `configs/sweeps/<name>.py` has `get_sweep(arg=None)` returning a `Sweep` or a dict
 with the same fields:
@@ -21,15 +21,28 @@ Every point is validated in-process first (the same `config_flags` parsing train
 train's own `config_checks.validate`: ranges, the task, the model), so every mistake train
 would refuse fails before any point runs.
 
-Files: DIR/<point>/train.log (the run's output), DIR/<point>/sweep.json (status, return code,
-wall time), DIR/summary.csv and DIR/summary.json (one row per point, rewritten atomically after
-every point). Under Slurm or with JAXFORMER_PROCESS_ID (multi-process runs of the same point)
-only process 0 writes the sweep files; process i logs to train.<i>.log.
+The driver owns its trainings. Each runs in its own session, so a terminal's Ctrl-C reaches
+the driver alone; SIGINT, SIGTERM or SIGHUP to the driver is forwarded once to every running
+training (SIGHUP as SIGTERM), which saves a checkpoint and exits; no new point starts; once
+they have exited each is recorded "interrupted" and the sweep exits with 128 + the signal
+(130 for Ctrl-C, 143 for SIGTERM). A second signal while stopping kills them (they resume
+from their last complete checkpoint). A training outliving its driver (the driver alone was
+SIGKILLed) still holds its workdir lock: a rerun finds it there, says so in one line (pid and
+how to stop it), and waits for it (`--if_running=skip`: leaves it), never starting a second
+training on the point and never calling it failed.
+
+Files: DIR/<point>/train.log (the run's output), DIR/<point>/sweep.json (the last finished
+attempt: status, return code, the stop signal, wall time; removed when an attempt starts),
+DIR/summary.csv and DIR/summary.json (one row per point, rewritten atomically after every
+point). Both take the status from `point_status`, so they agree. Under Slurm or with
+JAXFORMER_PROCESS_ID (multi-process runs of the same point) only process 0 writes the sweep
+files and asks the lock; process i logs to train.<i>.log.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import csv
 import dataclasses
 import fnmatch
@@ -38,6 +51,8 @@ import io
 import itertools
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import threading
@@ -50,7 +65,10 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY_FIELDS = ("name", "status", "final_step", "loss", "eval_loss", "eval_accuracy",
                   "params", "params_total", "tokens", "wall_time_s", "log")
 _SWEEP_KEYS = ("base", "product", "zip", "name", "overrides")
+IF_RUNNING = ("wait", "skip")       # what `run` does about a point another process is training
+WAIT_POLL_S = 2.0                   # how often it asks whether that process is done
 
+# (train command, log path) -> exit status; a stop signal reaches `subprocess_runner`'s only.
 Runner = Callable[[Sequence[str], str], int]
 
 
@@ -334,19 +352,174 @@ def read_metrics(point_dir: str) -> list[dict]:
   return metrics.read(path) if os.path.exists(path) else []
 
 
+def _finished(records: Sequence[Mapping[str, Any]], steps: int) -> bool:
+  at_end = [r for r in records if r.get("step") == steps]
+  return any("loss" in r for r in at_end) and any("eval_loss" in r for r in at_end)
+
+
 def is_finished(point_dir: str, steps: int) -> bool:
   """True when metrics.jsonl has a train record and an eval record at step `steps`."""
-  records = [r for r in read_metrics(point_dir) if r.get("step") == steps]
-  return any("loss" in r for r in records) and any("eval_loss" in r for r in records)
+  return _finished(read_metrics(point_dir), steps)
+
+
+def point_status(*, finished: bool, owner: str | None, record: Mapping[str, Any],
+                 trained: bool) -> str:
+  """A point's status from the facts about it. The one place it is decided: sweep.json and
+  the summary files both come from it, so they cannot disagree.
+
+  finished: metrics.jsonl has the last step's train and eval records; owner: who holds the
+  point's workdir lock (a training of this sweep or of another process), else None; record:
+  the facts sweep.json keeps about the last attempt that ended (`returncode`, `signal` when
+  the sweep's stop signal ended it); trained: metrics.jsonl has records.
+
+    done         finished (whatever happened after, e.g. a stop during the final sample)
+    running      a training holds the lock, here or elsewhere (an orphan of a killed sweep)
+    interrupted  the sweep was stopped while it trained: it saved and exited (or was killed
+                 at a second signal); rerunning the sweep resumes it
+    failed       its training exited non-zero on its own
+    incomplete   trained part way otherwise (the training itself was stopped); resumable
+    pending      never started
+  """
+  if finished:
+    return "done"
+  if owner is not None:
+    return "running"
+  if record.get("signal"):
+    return "interrupted"
+  if record.get("returncode") not in (None, 0):
+    return "failed"
+  return "incomplete" if trained or record else "pending"
+
+
+def _lock_holder(point_dir: str) -> str | None:
+  from jaxformer.train import workdir      # light: no JAX
+  return workdir.holder(point_dir) if os.path.isdir(point_dir) else None
+
+
+def _state(point_dir: str, steps: int | None, records: Sequence[Mapping[str, Any]],
+           record: Mapping[str, Any], *, running_here: bool = False) -> tuple[str, str | None]:
+  """(status, lock holder) of a point: `point_status` of the facts on disk. The lock is asked
+  only about an unfinished point that is not this sweep's own running training."""
+  finished = steps is not None and _finished(records, steps)
+  owner = None
+  if not finished:
+    owner = "this sweep" if running_here else _lock_holder(point_dir)
+  return point_status(finished=finished, owner=owner, record=record,
+                      trained=bool(records)), owner
+
+
+class _NotStarted(Exception):
+  """A point's training was not started: the sweep is stopping."""
+
+
+class Interrupted(SystemExit):
+  """The sweep was stopped by SIGINT, SIGTERM or SIGHUP, after its trainings exited. A
+  SystemExit with the shell's code for the signal (128 + signal: 130 for Ctrl-C, 143 for
+  SIGTERM, 129 for SIGHUP), so an uncaught one ends the program with that code and no
+  traceback; `rows` are the selected points' summary rows."""
+
+  def __init__(self, signum: int, rows: list[dict[str, Any]]):
+    super().__init__(128 + signum)
+    self.signum, self.rows = signum, rows
+
+
+def _say(line: str):
+  """Print from a signal handler: never let a closed terminal or an interrupted print of the
+  main thread turn the stop into a crash that would orphan the trainings."""
+  try:
+    print(line, flush=True)
+  except (OSError, RuntimeError):
+    pass
+
+
+class _Stop:
+  """A running sweep's trainings and its stop request.
+
+  Each training runs in its own session, so a terminal's Ctrl-C (sent to the foreground
+  process group) reaches the driver only, and the driver decides what each training gets:
+  the first SIGINT/SIGTERM is forwarded once to every running training (SIGHUP, the terminal
+  going away, as SIGTERM: train saves on SIGTERM/SIGINT), no new point starts, and the driver
+  waits for them; a second signal kills their process groups (each resumes from its last
+  complete checkpoint).
+  """
+
+  def __init__(self):
+    self.signum: int | None = None
+    self.event = threading.Event()           # set at the first signal: wakes waiting points
+    self._lock = threading.Lock()            # taken by pool threads and the handler only
+    self._children: set[subprocess.Popen] = set()
+
+  def spawn(self, command: Sequence[str], log) -> subprocess.Popen:
+    with self._lock:
+      if self.signum is not None:
+        raise _NotStarted
+      proc = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+      self._children.add(proc)
+    return proc
+
+  def wait(self, proc: subprocess.Popen) -> int:
+    try:
+      return proc.wait()
+    finally:
+      with self._lock:
+        self._children.discard(proc)
+
+  def handle(self, signum: int, frame=None):
+    del frame
+    with self._lock:
+      first = self.signum is None
+      if first:
+        self.signum = signum
+      children = [p for p in self._children if p.poll() is None]
+      for proc in children:
+        try:
+          if first:
+            proc.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+          else:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:           # exited meanwhile
+          pass
+    self.event.set()
+    name = signal.Signals(signum).name
+    if first:
+      _say(f"[sweep] {name}: stopping: {len(children)} running training(s) told to save a "
+           f"checkpoint and exit, no new point starts ({name} again kills them)")
+    else:
+      _say(f"[sweep] {name} again: killing {len(children)} training(s); each resumes from "
+           "its last complete checkpoint")
+
+  @contextlib.contextmanager
+  def on_signals(self):
+    """Handle SIGINT/SIGTERM/SIGHUP while the sweep runs (main thread only; a signal the
+    process ignores, e.g. SIGHUP under nohup, stays ignored)."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+      for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+          previous[sig] = signal.signal(sig, self.handle)
+    try:
+      yield self
+    finally:
+      for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+_active: _Stop | None = None     # the running sweep's (signals are process-wide)
 
 
 def subprocess_runner(command: Sequence[str], log_path: str) -> int:
-  """Run `command`, stdout and stderr appended to `log_path`; returns the exit status."""
+  """Run `command`, stdout and stderr appended to `log_path`; returns the exit status. Under
+  `run`, the training runs in its own session and the sweep's stop signal reaches it (see
+  `_Stop`)."""
+  stop = _active
   with open(log_path, "a") as log:
     log.write(f"$ {' '.join(command)}\n")
     log.flush()
-    return subprocess.run(list(command), stdout=log, stderr=subprocess.STDOUT,
-                          check=False).returncode
+    if stop is None:
+      return subprocess.run(list(command), stdout=log, stderr=subprocess.STDOUT,
+                            check=False).returncode
+    return stop.wait(stop.spawn(command, log))
 
 
 def process_index() -> int:
@@ -377,18 +550,20 @@ def _point_record(point_dir: str) -> dict:
     return json.load(f)
 
 
-def summary_row(point: Point, workdir: str) -> dict[str, Any]:
-  """The summary of one point, from its workdir (metrics.jsonl, sweep.json)."""
+def _write_record(point_dir: str, record: Mapping[str, Any]):
+  _atomic_write(os.path.join(point_dir, "sweep.json"), json.dumps(dict(record), indent=2))
+
+
+def summary_row(point: Point, workdir: str, *, running_here: bool = False) -> dict[str, Any]:
+  """The summary of one point, from its workdir (metrics.jsonl, sweep.json, the lock);
+  `running_here`: this process is running its training."""
   point_dir = os.path.join(workdir, point.name)
   records = read_metrics(point_dir)
   train = [r for r in records if "loss" in r]
   evals = [r for r in records if "eval_loss" in r]
   steps = point.config.train.steps if point.config is not None else None
   record = _point_record(point_dir)
-  if steps is not None and is_finished(point_dir, steps):
-    status = "done"
-  else:
-    status = record.get("status") or ("incomplete" if records else "pending")
+  status, _ = _state(point_dir, steps, records, record, running_here=running_here)
   final_step = max((r["step"] for r in train), default=None)
   tokens = None          # sequence tasks only (images have no data.seq_len)
   if point.config is not None and final_step is not None and point.config.data.get("seq_len"):
@@ -419,51 +594,154 @@ def write_summary(workdir: str, rows: Sequence[Mapping[str, Any]]):
   _atomic_write(os.path.join(workdir, "summary.csv"), buffer.getvalue())
 
 
+def _summarize(points: Sequence[Point], workdir: str, running: set[str]):
+  """Rewrite the summary files, and the status of any sweep.json the facts have moved on from
+  (a point finished or resumed by hand since), so the two always agree. A point's own
+  training is never racing this: its sweep.json is removed when it starts and written after
+  it exits."""
+  rows = []
+  for point in points:
+    row = summary_row(point, workdir, running_here=point.name in running)
+    point_dir = os.path.join(workdir, point.name)
+    record = _point_record(point_dir)
+    if record and record.get("status") != row["status"] and point.name not in running:
+      _write_record(point_dir, dict(record, status=row["status"]))
+    rows.append(row)
+  write_summary(workdir, rows)
+
+
+def _held_line(name: str, owner: str, what: str) -> str:
+  """One line about a point another process is training: who, and `what` the sweep does
+  (`{kill}` in it: how to stop that training)."""
+  pid = re.match(r"pid (\d+)", owner)
+  kill = f"`kill {pid.group(1)}` on its host" if pid else "stop it"
+  return (f"[sweep] {name}: trained by another process ({owner}), e.g. one left running by a "
+          "killed sweep; " + what.format(kill=kill))
+
+
 def run(sweep: Sweep | Mapping[str, Any], workdir: str, *, parallel: int = 1,
         runner: Runner = subprocess_runner, only: str | None = None,
-        only_index: int | None = None) -> list[dict[str, Any]]:
+        only_index: int | None = None, if_running: str = "wait") -> list[dict[str, Any]]:
   """Train every (selected) point not finished yet, `parallel` at a time; returns the summary
   rows of the selected points (the summary files list all). A failing point is recorded and
-  the others go on."""
+  the others go on.
+
+  A point whose workdir lock another process holds (a training left running by a killed
+  sweep, or started by hand) is never started twice: with `if_running="wait"` the sweep says
+  so in one line and waits for it to exit (then skips the point if it finished, else resumes
+  it); with "skip" it says so and leaves the point "running". SIGINT/SIGTERM/SIGHUP stop the
+  sweep as `_Stop` says and raise `Interrupted` once every training has exited.
+  """
+  global _active
   if not isinstance(parallel, int) or parallel < 1:
     raise ValueError(f"--parallel={parallel!r} must be an int >= 1")
+  if if_running not in IF_RUNNING:
+    raise ValueError(f"--if_running={if_running!r} must be one of {', '.join(IF_RUNNING)}")
   sweep = as_sweep(sweep)
   points = expand(sweep)
   chosen = select(points, only=only, only_index=only_index)
   primary = process_index() == 0
   os.makedirs(workdir, exist_ok=True)
-  lock = threading.Lock()
+  lock = threading.Lock()                  # sweep.json and summary writes, `running`
+  running: set[str] = set()                # trained by this process right now
+  started: set[str] = set()                # started by this run (for the stop message)
+  stop = _Stop()
 
   def summarize():
     if primary:
       with lock:
-        write_summary(workdir, [summary_row(p, workdir) for p in points])
+        _summarize(points, workdir, running)
+
+  def may_start(point: Point, point_dir: str) -> bool:
+    """False when another process holds the point's lock (after waiting, if asked, for it
+    to finish the point); process 0's training takes the lock, so only process 0 asks."""
+    owner = _lock_holder(point_dir) if primary else None
+    if owner is None:
+      return True
+    if if_running == "skip":
+      print(_held_line(point.name, owner, "not started (--if_running=skip): wait for it to "
+                       "exit, or {kill} (it saves a checkpoint), then rerun the sweep"),
+            flush=True)
+      return False
+    print(_held_line(point.name, owner, "waiting for it to exit (to stop it instead: {kill}; "
+                     "it saves a checkpoint and this sweep resumes the point)"), flush=True)
+    record = {"trained_by": owner}
+    while owner is not None:
+      if stop.event.wait(WAIT_POLL_S):
+        return False
+      owner = _lock_holder(point_dir)
+    steps = point.config.train.steps
+    with lock:
+      status, _ = _state(point_dir, steps, read_metrics(point_dir), record)
+      if status == "done":
+        _write_record(point_dir, dict(status=status, **record))
+        _summarize(points, workdir, running)
+    print(f"[sweep] {point.name}: " + ("finished by the other training, skipped"
+                                       if status == "done" else "the other training exited "
+                                       "before the end; resuming the point here"), flush=True)
+    return status != "done"
 
   def run_point(point: Point):
     point_dir = os.path.join(workdir, point.name)
-    if is_finished(point_dir, point.config.train.steps):
+    steps = point.config.train.steps
+    if stop.signum is not None:
+      return
+    if is_finished(point_dir, steps):
       print(f"[sweep] {point.name}: finished, skipped", flush=True)
+      return
+    if not may_start(point, point_dir) or stop.signum is not None:
       return
     os.makedirs(point_dir, exist_ok=True)
     log = _log_path(point_dir)
+    command = point.command(sweep.base, workdir)
+    with lock:
+      running.add(point.name)
+      started.add(point.name)
+      if primary and os.path.exists(os.path.join(point_dir, "sweep.json")):
+        os.remove(os.path.join(point_dir, "sweep.json"))      # about an earlier attempt
     print(f"[sweep] {point.name}: running, log {log}", flush=True)
     start = time.perf_counter()
-    code = runner(point.command(sweep.base, workdir), log)
+    try:
+      code = runner(command, log)
+    except _NotStarted:
+      with lock:
+        running.discard(point.name)
+      return
     wall = time.perf_counter() - start
-    status = "failed" if code != 0 else (
-        "done" if is_finished(point_dir, point.config.train.steps) else "incomplete")
-    if primary:
-      record = {"status": status, "returncode": code, "wall_time_s": round(wall, 3),
-                "command": point.command(sweep.base, workdir)}
-      _atomic_write(os.path.join(point_dir, "sweep.json"), json.dumps(record, indent=2))
-    print(f"[sweep] {point.name}: {status} (exit {code}, {wall:.1f}s)", flush=True)
-    summarize()
+    record = {"returncode": code, "wall_time_s": round(wall, 3), "command": command}
+    if stop.signum is not None:                # it was running when the sweep was stopped
+      record["signal"] = signal.Signals(stop.signum).name     # returncode -9: killed
+    with lock:
+      running.discard(point.name)
+      status, owner = _state(point_dir, steps, read_metrics(point_dir), record)
+      if primary and status != "running":      # "running": another process holds it
+        _write_record(point_dir, dict(status=status, **record))
+      if primary:
+        _summarize(points, workdir, running)
+    if status == "running" and primary:
+      print(_held_line(point.name, owner, f"the training started here exited ({code}) "
+                       "without training it; wait for the other one or {kill}, then rerun "
+                       "the sweep"), flush=True)
+    else:
+      print(f"[sweep] {point.name}: {status} (exit {code}, {wall:.1f}s)", flush=True)
 
   summarize()
-  with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
-    list(pool.map(run_point, chosen))
+  _active = stop
+  try:
+    with stop.on_signals(), concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+      list(pool.map(run_point, chosen))
+  finally:
+    _active = None
   summarize()
-  return [summary_row(p, workdir) for p in chosen]
+  rows = [summary_row(p, workdir) for p in chosen]
+  if stop.signum is not None:
+    name = signal.Signals(stop.signum).name
+    stopped = sum(r["status"] == "interrupted" for r in rows)
+    unstarted = sum(r["name"] not in started and r["status"] != "done" for r in rows)
+    print(f"[sweep] stopped by {name}: {stopped} point(s) interrupted, {unstarted} not "
+          "started; rerun the same command to resume", flush=True)
+    raise Interrupted(stop.signum, rows)
+  return rows
 
 
 def dry_run_commands(sweep: Sweep | Mapping[str, Any], workdir: str, *,
@@ -486,9 +764,15 @@ def main(argv: Sequence[str]):
     for command in dry_run_commands(sweep, f.workdir, only=f.only, only_index=f.only_index):
       print(shlex.join(command))
     return
-  rows = run(sweep, f.workdir, parallel=f.parallel, only=f.only, only_index=f.only_index)
+  summary = f"[sweep] summary: {os.path.join(f.workdir, 'summary.csv')}"
+  try:
+    rows = run(sweep, f.workdir, parallel=f.parallel, only=f.only, only_index=f.only_index,
+               if_running=f.if_running)
+  except Interrupted:
+    print(summary, flush=True)
+    raise                                  # exits 128 + signal, no traceback
   bad = [r for r in rows if r["status"] != "done"]
-  print(f"[sweep] summary: {os.path.join(f.workdir, 'summary.csv')}")
+  print(summary)
   if bad:
     lines = "\n".join(f"  {r['name']}: {r['status']}, log {r['log']}" for r in bad)
     sys.exit(f"[sweep] {len(bad)} point(s) did not finish:\n{lines}")
@@ -503,6 +787,9 @@ def _define_flags():
   flags.DEFINE_bool("dry_run", False, "Print every point's train command; run and write nothing.")
   flags.DEFINE_string("only", None, "Run only the points whose name matches this glob.")
   flags.DEFINE_integer("only_index", None, "Run only the point at this index (Slurm arrays).")
+  flags.DEFINE_enum("if_running", "wait", IF_RUNNING,
+                    "A point another process is training (e.g. one left running by a killed "
+                    "sweep): wait for it to exit, or skip it; it is never started twice.")
   flags.mark_flags_as_required(["config", "workdir"])
 
 

@@ -3,6 +3,7 @@ traceback, nothing written; the workdir lock, --fresh, strict metrics, data file
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -92,6 +93,55 @@ def test_full_disk_is_one_clear_error(tmp_path, monkeypatch):
   from jaxformer.inference import sample_text
   with pytest.raises(ValueError, match=r"--max_new_tokens=-5 must be an int >= 1"):
     sample_text(None, None, None, prompt="a", max_new_tokens=-5)
+
+
+@contextlib.contextmanager
+def _small_tmpfs(path, size: str):
+  """A real file system of `size` at `path` (root only; the test is skipped elsewhere)."""
+  path.mkdir()
+  if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                                          str(path)], capture_output=True).returncode:
+    pytest.skip("mounting a small tmpfs needs root")
+  try:
+    yield path
+  finally:
+    subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.mark.slow
+def test_a_really_full_disk_is_one_line_and_the_rerun_resumes_identically(tmp_path):
+  """A 1 MB tmpfs as the workdir fills up at a checkpoint: one `error:` line naming the
+  workdir, exit 2, no traceback; with space freed, the rerun resumes and writes the metrics of
+  an uninterrupted run."""
+  from jaxformer.train import loop
+  from jaxformer.train.metrics import read
+  flags = ["--config.train.steps=16", "--config.train.checkpoint_every=2",
+           "--config.train.keep_checkpoints=8", "--config.train.log_every=2",
+           "--config.train.eval_every=8", "--config.data.eval_batches=1",
+           "--config.train.sample_tokens=0", "--config.train.attention_maps=False"]
+  with _small_tmpfs(tmp_path / "disk", "1m") as disk:
+    run = disk / "run"
+    result = _train(run, *flags)
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert lines[-1].startswith(f"error: no space left on the device of --workdir='{run}'")
+    assert sum(l.startswith("error:") for l in lines) == 1
+    subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
+    result = _train(run, *flags)
+    assert result.returncode == 0 and "resumed from step" in result.stdout, result.stderr
+    resumed = read(run / "metrics.jsonl")
+  from configs import shakespeare_char
+  cfg = shakespeare_char.get_config("tiny")
+  for flag in flags:
+    key, value = flag[len("--config."):].split("=")
+    section, name = key.split(".")
+    cfg[section][name] = type(cfg[section][name])(value == "True" if value in ("True", "False")
+                                                  else value)
+  loop.train(cfg, str(tmp_path / "whole"))
+  keep = ("step", "loss", "grad_norm", "eval_loss")
+  whole = read(tmp_path / "whole" / "metrics.jsonl")
+  assert [{k: r[k] for k in keep if k in r} for r in resumed] == [
+      {k: r[k] for k in keep if k in r} for r in whole]
 
 
 def test_rejected_first_attempt_does_not_block_the_corrected_rerun(tmp_path, capsys):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from jaxformer import cli
 from jaxformer.data import batching, images
 
 MNIST_DIR = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
@@ -28,6 +29,18 @@ def _pipeline(source, data_dir, *, batch=8, eval_batch=16, seed=0, process_index
       _config(source, **fields), seed=seed, global_batch_size=batch,
       eval_batch_size=eval_batch, process_index=process_index, process_count=process_count,
       workdir="unused", data_dir=str(data_dir))
+
+
+def _user_error(fn, *parts) -> str:
+  """fn() raises a ValueError that the CLIs print as one line `error: ...` (raised in
+  jaxformer's own code) and whose message holds every one of `parts`."""
+  with pytest.raises(ValueError) as info:
+    fn()
+  message = str(info.value)
+  assert cli.is_user_error(info.value), message
+  for part in parts:
+    assert str(part) in message, (part, message)
+  return message
 
 
 def _all_records(pipeline, split):
@@ -247,6 +260,27 @@ def test_idx_errors(tmp_path, corrupt, match):
   assert not list((tmp_path / "cache").glob("mnist-*")), "no cache entry for bad data"
 
 
+@pytest.mark.parametrize("damage, match", [
+    (lambda good: b"not gzip at all", "not a readable gzip file (Not a gzipped file"),
+    (lambda good: good[:-12], "not a readable gzip file (Compressed file ended"),
+    (lambda good: good[:-8] + bytes(8), "not a readable gzip file (CRC check failed"),
+    (None, "the header gives the shape [5, 0, 4], which holds no images")],
+    ids=["not_gzip", "truncated_gzip", "bad_crc", "zero_size_images"])
+def test_damaged_idx_file_names_the_file(tmp_path, damage, match):
+  """Corrupt or cut-off gzip streams, and an IDX header that describes no data."""
+  source = tmp_path / "mnist"
+  arrays = _fake_mnist(source)
+  if damage is None:
+    path = source / "t10k-images-idx3-ubyte.gz"
+    _write_idx(path, arrays["t10k"][0][:, :0], 0x803, True)
+  else:
+    path = source / "t10k-labels-idx1-ubyte.gz"
+    path.write_bytes(damage(path.read_bytes()))
+  _user_error(lambda: _pipeline(f"mnist:{source}", tmp_path / "cache"), path, match,
+              "download it again")
+  assert not list((tmp_path / "cache").glob("mnist-*")), "no cache entry for bad data"
+
+
 @pytest.mark.skipif(not MNIST_DIR.is_dir(), reason="real MNIST not available")
 def test_real_mnist(cache):
   p = _pipeline(f"mnist:{MNIST_DIR}", cache, batch=4, image_size=28)
@@ -309,6 +343,31 @@ def test_image_folder_errors(tmp_path):
     _pipeline(f"images:{root}", tmp_path / "cache", eval_split="val")
   with pytest.raises(ValueError, match=r"data.image_size=32 .* 3x5"):
     _pipeline(f"images:{root}", tmp_path / "cache", image_size=32)
+
+
+@pytest.mark.parametrize("name, damage, match", [
+    ("test/cat/empty.png", lambda good: b"", "(0 bytes, not an image format PIL recognises)"),
+    ("test/cat/text.jpg", lambda good: b"hello", "not an image format PIL recognises"),
+    ("train/cat/cut.png", lambda good: good[:len(good) - 30], "image file is truncated"),
+    ("train/ant/gone.png", None, "is not a file (a broken link or a directory)"),
+    ("train/ant", "webp", "is a class folder without .png/.jpg/.jpeg images (it holds only "
+     "['.webp'])"),
+    ("test/cat", "webp", "is a class folder without .png/.jpg/.jpeg images")],
+    ids=["zero_bytes", "not_an_image", "truncated", "broken_link", "empty_train_class",
+         "empty_test_class"])
+def test_unreadable_image_or_empty_class_folder_names_it(tmp_path, name, damage, match):
+  root = tmp_path / "root"
+  _folder(root, per_class=1)
+  path = root / name
+  if damage == "webp":                   # a format the folder reader does not read
+    for f in path.iterdir():
+      f.rename(f.with_suffix(".webp"))
+  elif damage is None:
+    path.symlink_to(tmp_path / "nowhere.png")
+  else:
+    path.write_bytes(damage((root / "test" / "cat" / "0.png").read_bytes()))
+  _user_error(lambda: _pipeline(f"images:{root}", tmp_path / "cache", batch=2, eval_batch=2),
+              path, match)
 
 
 # --- TFDS ----------------------------------------------------------------------------------------

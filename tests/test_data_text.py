@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
+from jaxformer import cli
 from jaxformer.data import packing, text, text_builder, tokenizers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,6 +40,18 @@ def small_file(tmp_path_factory):
   path = tmp_path_factory.mktemp("text") / "small.txt"
   path.write_text(SMALL_TEXT, encoding="utf-8")
   return str(path)
+
+
+def user_error(fn, *parts) -> str:
+  """fn() raises a ValueError that the CLIs print as one line `error: ...` (raised in
+  jaxformer's own code) and whose message holds every one of `parts`."""
+  with pytest.raises(ValueError) as info:
+    fn()
+  message = str(info.value)
+  assert cli.is_user_error(info.value), message
+  for part in parts:
+    assert str(part) in message, (part, message)
+  return message
 
 
 def data_config(source, tokenizer="char", seq_len=16, **extra):
@@ -117,6 +130,63 @@ def test_huggingface_tokenizer_file_or_directory(tmp_path):
 def test_bad_tokenizer_specs_name_the_field(tmp_path, spec, match):
   with pytest.raises(ValueError, match=f"data.tokenizer.*{match}"):
     tokenizers.make_tokenizer(spec, lambda: ["some text"], tmp_path)
+
+
+def _saved_spec(kind, blob, **fields):
+  """A saved spm/hf tokenizer.json naming its model file, with the sha256 of `blob`."""
+  import hashlib
+  return json.dumps({
+      "kind": kind, "spec": {"spm": "spm:bpe:400", "hf": "hf:x"}[kind],
+      "model_file": {"spm": tokenizers.SPM_MODEL_FILE, "hf": tokenizers.HF_MODEL_FILE}[kind],
+      "sha256": hashlib.sha256(blob).hexdigest(), **fields})
+
+
+_HF_CUT = b'{"version": "1.0", "truncation": null, "added_tok'      # a cut-off tokenizer.json
+
+
+@pytest.mark.parametrize("saved, files, match", [
+    ("", {}, "tokenizer.json is not a saved tokenizer (not JSON"),
+    ('{"kind": "char", "cha', {}, "tokenizer.json is not a saved tokenizer (not JSON"),
+    ("[1, 2]", {}, "(a JSON list, not an object)"),
+    ('{"kind": "char"}', {}, "needs a non-empty 'chars' (str), found None"),
+    ('{"kind": "char", "chars": 7}', {}, "needs a non-empty 'chars' (str), found 7"),
+    ('{"kind": "char", "chars": ""}', {}, "needs a non-empty 'chars' (str), found ''"),
+    ('{"kind": "word"}', {}, "unknown tokenizer kind 'word'"),
+    (_saved_spec("spm", b""), {}, "tokenizer.spm.model is missing, but"),
+    (_saved_spec("spm", b"junk"), {tokenizers.SPM_MODEL_FILE: b"junk"},
+     "is not a SentencePiece model"),
+    (_saved_spec("spm", b""), {tokenizers.SPM_MODEL_FILE: b""},
+     "holds an empty SentencePiece model"),
+    (_saved_spec("hf", b"{}"), {tokenizers.HF_MODEL_FILE: _HF_CUT},
+     "tokenizer.hf.json does not match its tokenizer.json"),
+    (_saved_spec("hf", _HF_CUT), {tokenizers.HF_MODEL_FILE: _HF_CUT},
+     "is not a Hugging Face tokenizer.json"),
+    (_saved_spec("hf", b""), {}, "tokenizer.hf.json is missing, but"),
+    (_saved_spec("hf", b"", model_file="../x.json"), {}, "must be a file name next to it")],
+    ids=["empty", "truncated", "not_object", "no_chars", "chars_not_str", "chars_empty",
+         "unknown_kind", "spm_missing", "spm_corrupt", "spm_empty", "hf_changed",
+         "hf_truncated", "hf_missing", "model_file_path"])
+def test_damaged_saved_tokenizer_names_the_file_and_the_fix(tmp_path, saved, files, match):
+  """A workdir's tokenizer.json, or the model file it names, damaged as a kill, a copy or a
+  hand edit leaves it: one ValueError naming the file, never a traceback or another
+  vocabulary. A resumed run (make_tokenizer) stops on it the same way."""
+  (tmp_path / "tokenizer.json").write_text(saved)
+  for name, blob in files.items():
+    (tmp_path / name).write_bytes(blob)
+  user_error(lambda: tokenizers.load_tokenizer(tmp_path), tmp_path, match,
+             "delete the tokenizer.* files there")
+  try:
+    spec = json.loads(saved).get("spec", "char")          # the spec it was saved for
+  except (ValueError, AttributeError):
+    spec = "char"
+  user_error(lambda: tokenizers.make_tokenizer(spec, lambda: ["ab"], tmp_path), match)
+
+
+def test_hf_tokenizer_source_that_is_not_text_names_the_file(tmp_path):
+  binary = tmp_path / "binary.json"
+  binary.write_bytes(b"\xff\xfe\x00\x01")
+  user_error(lambda: tokenizers.make_tokenizer(f"hf:{binary}", lambda: [], tmp_path / "r"),
+             binary, "is not a Hugging Face tokenizer.json", f"point data.tokenizer='hf:{binary}'")
 
 
 # ------------------------------------------------------------------------ TFDS builder
@@ -199,6 +269,22 @@ def test_bad_sources_name_data_source(tmp_path, data_dir):
   with pytest.raises(ValueError, match="data.train_fraction=1.5"):
     pipeline(data_config("tinyshakespeare", train_fraction=1.5), workdir=tmp_path,
              data_dir=data_dir)
+
+
+@pytest.mark.parametrize("blob, fraction, match", [
+    (b"  \n\n\t \n", 0.9, "holds only whitespace (7 bytes)"),
+    ("\u00a0\u3000\n".encode(), 0.9, "holds only whitespace"),
+    (b"\xef\xbb\xbf\n", 0.9, "holds only whitespace"),               # a byte-order mark
+    (b"a", 0.9, "holds 1 character, too few to split at data.train_fraction=0.9"),
+    (b"abc", 0.2, "holds 3 characters, too few to split at data.train_fraction=0.2")],
+    ids=["spaces", "unicode_spaces", "bom", "one_char", "empty_train_split"])
+def test_degenerate_text_file_is_refused_before_any_build(tmp_path, blob, fraction, match):
+  """Text that decodes but holds nothing to train on, or too little for both splits (TFDS
+  failed with an AssertionError on the empty split)."""
+  (tmp_path / "t.txt").write_bytes(blob)
+  source = str(tmp_path / "t.txt")
+  user_error(lambda: text_builder.local_text_config(source, fraction),
+             f"data.source={source!r}", match)
 
 
 def test_catalog_source_errors_say_how_to_fix(tmp_path, data_dir, small_file):

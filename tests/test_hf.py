@@ -7,6 +7,8 @@ then `hf.save` writes them back and transformers loads the result. No network ac
 
 import json
 import os
+import pathlib
+import shutil
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -22,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from safetensors.numpy import load_file, save_file
 
-from jaxformer import models
+from jaxformer import cli, models
 from jaxformer.convert import hf
 from jaxformer.convert.hf import io as hf_io
 from jaxformer.models.stack import stack_layers
@@ -114,6 +116,18 @@ def _ours(config, params):
   else:
     fn = lambda p: module.apply({"params": p}, jnp.asarray(TOKENS, jnp.int32))
   return np.asarray(jax.jit(fn)(params))
+
+
+def _user_error(fn, *parts) -> str:
+  """fn() raises a ValueError that the CLIs print as one line `error: ...` (raised in
+  jaxformer's own code) and whose message holds every one of `parts`."""
+  with pytest.raises(ValueError) as info:
+    fn()
+  message = str(info.value)
+  assert cli.is_user_error(info.value), message
+  for part in parts:
+    assert str(part) in message, (part, message)
+  return message
 
 
 def _assert_same_params(a, b):
@@ -377,3 +391,109 @@ def test_unreadable_checkpoint_files_name_the_file(tmp_path):
                                            + bytes(3))
   with pytest.raises(ValueError, match=r"tensor 'w' has dtype F6_E3M2, which jaxformer cannot"):
     hf_io._read_safetensors_raw(str(tmp_path / "x.safetensors"), ["w"])
+
+
+@pytest.fixture(scope="module")
+def gpt2_checkpoints(tmp_path_factory):
+  """A tiny GPT-2 saved whole, sharded, and as pytorch_model.bin; tests damage copies."""
+  root = tmp_path_factory.mktemp("gpt2")
+  model = _make("gpt2")
+  model.save_pretrained(root / "whole")
+  model.save_pretrained(root / "sharded", max_shard_size="20KB")
+  (root / "bin").mkdir()
+  (root / "bin" / "config.json").write_text((root / "whole" / "config.json").read_text())
+  torch.save({k: torch.from_numpy(v) for k, v in
+              load_file(root / "whole" / "model.safetensors").items()},
+             root / "bin" / "pytorch_model.bin")
+  return root
+
+
+def _copy(gpt2_checkpoints, kind, tmp_path):
+  return pathlib.Path(shutil.copytree(gpt2_checkpoints / kind, tmp_path / kind))
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda c: [1], "config.json holds a JSON list, not an object"),
+    (lambda c: dict(c, n_embd="32"), "config.json: n_embd='32' must be an integer > 0"),
+    (lambda c: dict(c, n_head=0), "config.json: n_head=0 must be an integer > 0"),
+    (lambda c: dict(c, n_layer=None), "config.json: n_layer=None must be an integer > 0"),
+    (lambda c: dict(c, resid_pdrop="x"), "config.json: resid_pdrop='x' must be a number"),
+    (lambda c: {k: v for k, v in c.items() if k != "n_layer"},
+     "config.json does not set n_layer, so transformers' default 12 was used"),
+    (lambda c: {k: v for k, v in c.items() if k != "n_embd"},
+     "config.json does not set n_embd, so transformers' default 768 was used")],
+    ids=["not_object", "size_str", "zero_heads", "size_null", "rate_str", "no_n_layer",
+         "no_n_embd"])
+def test_damaged_config_json_names_the_file(gpt2_checkpoints, tmp_path, edit, match):
+  ckpt = _copy(gpt2_checkpoints, "whole", tmp_path)
+  config_file = ckpt / "config.json"
+  config_file.write_text(json.dumps(edit(json.loads(config_file.read_text()))))
+  _user_error(lambda: hf.load(ckpt), config_file, match)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda index, shard: "{oops", "model.safetensors.index.json is not valid JSON"),
+    (lambda index, shard: "{}", "index.json has no 'weight_map'"),
+    (lambda index, shard: dict(index, weight_map=dict(index["weight_map"], extra=shard)),
+     "places tensor 'extra' in {shard}, which does not hold it"),
+    (lambda index, shard: index, "shard {shard} named in model.safetensors.index.json does "
+     "not exist")],
+    ids=["index_not_json", "no_weight_map", "tensor_not_in_its_shard", "missing_shard"])
+def test_damaged_shard_index_names_the_file(gpt2_checkpoints, tmp_path, edit, match):
+  ckpt = _copy(gpt2_checkpoints, "sharded", tmp_path)
+  index_file = ckpt / "model.safetensors.index.json"
+  index = json.loads(index_file.read_text())
+  shard = sorted(set(index["weight_map"].values()))[1]
+  edited = edit(index, shard)
+  index_file.write_text(edited if isinstance(edited, str) else json.dumps(edited))
+  if "does not exist" in match:
+    (ckpt / shard).unlink()
+  _user_error(lambda: hf.load(ckpt), ckpt, match.format(shard=shard), "download")
+
+
+@pytest.mark.parametrize("damage", [lambda b: b"", lambda b: b[:len(b) // 2],
+                                    lambda b: b"garbage" * 20],
+                         ids=["empty", "truncated", "not_a_pickle"])
+def test_damaged_pytorch_bin_names_the_file(gpt2_checkpoints, tmp_path, damage):
+  ckpt = _copy(gpt2_checkpoints, "bin", tmp_path)
+  weights = ckpt / "pytorch_model.bin"
+  weights.write_bytes(damage(weights.read_bytes()))
+  _user_error(lambda: hf.load(ckpt), weights, "is not a readable PyTorch state dict",
+              "download or save it again")
+
+
+def test_weights_path_that_is_a_directory_names_it(gpt2_checkpoints, tmp_path):
+  ckpt = _copy(gpt2_checkpoints, "whole", tmp_path)
+  (ckpt / "model.safetensors").unlink()
+  (ckpt / "model.safetensors").mkdir()
+  _user_error(lambda: hf.load(ckpt), ckpt / "model.safetensors", "is not a file")
+
+
+def test_save_never_overwrites_a_run_and_replaces_a_checkpoint_only_when_asked(
+    gpt2_checkpoints, tmp_path):
+  config, params = hf.load(gpt2_checkpoints / "whole")
+  run = tmp_path / "run"                  # a training workdir (jaxformer/train/workdir.py)
+  (run / "checkpoints").mkdir(parents=True)
+  (run / "config.json").write_text(json.dumps({"model": {}, "data": {}, "train": {}}))
+  before = (run / "config.json").read_text()
+  for overwrite in (False, True):
+    _user_error(lambda: hf.save(config, params, run, overwrite=overwrite),
+                f"{run} holds a training run (checkpoints/, a training config.json)",
+                f"save to another directory, e.g. {run / 'hf'}")
+  (run / "checkpoints").rmdir()           # a run that has not checkpointed yet: still a run
+  _user_error(lambda: hf.save(config, params, run), "holds a training run")
+  assert (run / "config.json").read_text() == before
+  hf.save(config, params, run / "hf")     # the suggested directory works
+
+  out = tmp_path / "out"                  # an earlier, sharded save (of another model) there
+  _make("llama_gqa").save_pretrained(out, max_shard_size="20KB")
+  old_files = sorted(os.listdir(out))
+  assert "model.safetensors.index.json" in old_files
+  _user_error(lambda: hf.save(config, params, out),
+              f"{out} already holds config.json, model-00001-of-", "pass overwrite=True")
+  assert sorted(os.listdir(out)) == old_files
+  hf.save(config, params, out, overwrite=True)
+  assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors"]
+  _assert_same_params(hf.load(out)[1], params)
+  (tmp_path / "afile").write_text("x")
+  _user_error(lambda: hf.save(config, params, tmp_path / "afile"), "is a file, not a directory")

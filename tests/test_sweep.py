@@ -1,13 +1,16 @@
 """Sweeps: expansion and validation, skip/resume/failure handling with a fake runner, summary
-files, the dry-run CLI, the shipped sweep files, and one real 2-point sweep."""
+files, the dry-run CLI, the shipped sweep files, one real 2-point sweep, and the driver's
+ownership of its trainings (signals, orphans, one status) with a fake trainer process."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -255,3 +258,255 @@ def test_end_to_end_two_real_points(tmp_path):
   assert rows[0]["loss"] != rows[1]["loss"]                 # the lr override reached train
   rows = sweep_lib.run(spec, str(tmp_path), runner=FakeRunner(fail={"lr0.001", "lr0.003"}))
   assert [r["status"] for r in rows] == ["done", "done"]   # finished: runner not called
+
+
+# --- The driver owns its trainings: signals, orphans, one status (issue #26) -------------------
+# A stand-in for `python -m jaxformer.train` (a real training costs ~15 s of CPU): the same
+# --workdir= argument and workdir lock, one metrics record at start, then it waits for a `go`
+# file (finishing the run) or a stop signal (exit 0, as train does after saving). Every signal
+# it gets is appended to signals.jsonl; a `stubborn` file in its workdir makes it ignore them
+# (a save that hangs).
+FAKE_TRAINER = r'''
+import json, os, signal, sys, time
+from jaxformer.train import workdir as workdir_lib
+
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+workdir = args["workdir"]
+steps = int(args.get("config.train.steps", 6))
+received = []
+
+def handle(signum, frame):
+  received.append(signum)
+  with open(os.path.join(workdir, "signals.jsonl"), "a") as f:
+    f.write(json.dumps(signum) + "\n")
+
+def write(record):
+  with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+    f.write(json.dumps(record) + "\n")
+
+os.makedirs(workdir, exist_ok=True)
+try:
+  lock = workdir_lib.Lock(workdir).__enter__()
+except ValueError as e:
+  sys.exit(f"error: {e}")
+for sig in (signal.SIGTERM, signal.SIGINT):
+  signal.signal(sig, handle)
+write({"step": 1, "loss": 1.0})
+with open(os.path.join(workdir, "started"), "w") as f:
+  f.write(str(os.getpid()))
+stubborn = os.path.exists(os.path.join(workdir, "stubborn"))
+while not os.path.exists(os.path.join(workdir, "go")) and (stubborn or not received):
+  time.sleep(0.02)
+if not received:
+  for step in range(2, steps + 1):
+    write({"step": step, "loss": 1.0})
+  write({"step": steps, "eval_loss": 1.0})
+'''
+
+# `python -m jaxformer.sweep` itself (absl flags, the error policy, main's exit), with the
+# train command pointed at FAKE_TRAINER; validation, tested above, is stubbed so that this
+# process does not load JAX.
+DRIVER = r'''
+import sys
+from ml_collections import ConfigDict
+from jaxformer import cli, sweep as sweep_lib
+
+fake = sys.argv.pop(1)
+sweep_lib._validated = lambda base, overrides, name: (
+    ConfigDict({"train": {"steps": 6, "batch_size": 8}, "data": {}}), None)
+train_command = sweep_lib.Point.command
+sweep_lib.Point.command = lambda self, base, workdir: [
+    sys.executable, fake, *train_command(self, base, workdir)[3:]]
+sweep_lib._define_flags()
+cli.run_absl(sweep_lib.main)
+'''
+
+
+
+def _seeds_sweep(seeds):
+  return dict(base=BASE, product={"train.seed": seeds}, name="s{train.seed}",
+              overrides={"train.steps": 6})
+
+
+@pytest.fixture
+def fakes(tmp_path):
+  """The folder of the fake trainer and driver scripts; a fake still alive at the end is
+  killed (by the pid in its `started` file) so that a failing test leaves nothing running."""
+  scripts = tmp_path / "scripts"
+  scripts.mkdir()
+  (scripts / "fake_trainer.py").write_text(FAKE_TRAINER)
+  (scripts / "driver.py").write_text(DRIVER)
+  yield scripts
+  for started in tmp_path.glob("**/started"):
+    pid = started.read_text()
+    try:
+      with open(f"/proc/{pid}/cmdline") as f:
+        if "fake_trainer.py" in f.read():
+          os.kill(int(pid), signal.SIGKILL)
+    except (OSError, ValueError):          # exited (or no /proc)
+      pass
+
+
+def _wait_for(condition, what, timeout=30.0):
+  deadline = time.monotonic() + timeout
+  while not condition():
+    assert time.monotonic() < deadline, f"timed out waiting for {what}"
+    time.sleep(0.02)
+
+
+def _start_driver(tmp_path, scripts, seeds, *flags):
+  sweep_file = _write_sweep_file(tmp_path, repr(_seeds_sweep(seeds)))
+  return subprocess.Popen(
+      [sys.executable, str(scripts / "driver.py"), str(scripts / "fake_trainer.py"),
+       f"--config={sweep_file}", f"--workdir={tmp_path / 'out'}", *flags],
+      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)          # its own process group, as a terminal's job has
+
+
+def _finish(driver):
+  try:
+    out, err = driver.communicate(timeout=30)
+  except subprocess.TimeoutExpired:
+    os.killpg(driver.pid, signal.SIGKILL)
+    out, err = driver.communicate()
+    pytest.fail(f"the sweep driver did not exit:\n{out}\n{err}")
+  return driver.returncode, out, err
+
+
+def _statuses(out):
+  """{point: status} from sweep.json, summary.json and summary.csv, which must agree."""
+  summary = {r["name"]: r["status"] for r in json.load(open(out / "summary.json"))}
+  table = {r["name"]: r["status"] for r in csv.DictReader(open(out / "summary.csv"))}
+  assert summary == table
+  for name, status in summary.items():
+    if (out / name / "sweep.json").exists():
+      assert json.load(open(out / name / "sweep.json"))["status"] == status, name
+  return summary
+
+
+def test_ctrl_c_reaches_each_training_once_starts_nothing_and_exits_130(tmp_path, fakes):
+  driver = _start_driver(tmp_path, fakes, [0, 1, 2], "--parallel=2")
+  out = tmp_path / "out"
+  _wait_for(lambda: (out / "s0" / "started").exists() and (out / "s1" / "started").exists(),
+            "two trainings to start")
+  os.killpg(driver.pid, signal.SIGINT)   # a terminal's Ctrl-C: the whole foreground group
+  code, stdout, stderr = _finish(driver)
+  assert code == 130, stdout + stderr
+  assert "Traceback" not in stderr and "stopped by SIGINT: 2 point(s) interrupted, 1 not " \
+      "started" in stdout
+  for name in ("s0", "s1"):          # forwarded by the driver, and only by it
+    assert (out / name / "signals.jsonl").read_text().split() == [str(int(signal.SIGINT))]
+    record = json.load(open(out / name / "sweep.json"))
+    assert (record["signal"], record["returncode"]) == ("SIGINT", 0)
+  assert not (out / "s2").exists()
+  assert _statuses(out) == {"s0": "interrupted", "s1": "interrupted", "s2": "pending"}
+
+
+def test_sigterm_stops_the_sweep_and_a_second_one_kills_a_hung_training(tmp_path, fakes):
+  out = tmp_path / "out"
+  (out / "s1").mkdir(parents=True)
+  (out / "s1" / "stubborn").touch()        # s1 never finishes saving
+  driver = _start_driver(tmp_path, fakes, [0, 1], "--parallel=2")
+  _wait_for(lambda: (out / "s0" / "started").exists() and (out / "s1" / "started").exists(),
+            "two trainings to start")
+  driver.send_signal(signal.SIGTERM)       # the driver alone, as a scheduler stops a job
+  _wait_for(lambda: (out / "s0" / "sweep.json").exists() and
+            (out / "s1" / "signals.jsonl").exists(), "s0 to stop and s1 to get SIGTERM")
+  assert driver.poll() is None             # still waiting for s1
+  driver.send_signal(signal.SIGTERM)
+  code, stdout, stderr = _finish(driver)
+  assert code == 143 and "Traceback" not in stderr, stdout + stderr
+  assert json.load(open(out / "s0" / "sweep.json"))["returncode"] == 0
+  killed = json.load(open(out / "s1" / "sweep.json"))
+  assert (killed["signal"], killed["returncode"]) == ("SIGTERM", -signal.SIGKILL)
+  with pytest.raises(ProcessLookupError):
+    os.kill(int((out / "s1" / "started").read_text()), 0)
+  assert _statuses(out) == {"s0": "interrupted", "s1": "interrupted"}
+
+
+def test_rerun_after_the_driver_was_killed_never_starts_a_second_training(
+    tmp_path, fakes, monkeypatch, capsys):
+  out = tmp_path / "out"
+  driver = _start_driver(tmp_path, fakes, [0, 1], "--parallel=2")
+  _wait_for(lambda: (out / "s0" / "started").exists() and (out / "s1" / "started").exists(),
+            "two trainings to start")
+  driver.kill()                            # SIGKILL the driver alone: its trainings live on
+  driver.communicate()
+  orphans = {name: int((out / name / "started").read_text()) for name in ("s0", "s1")}
+
+  spec = _seeds_sweep([0, 1])
+  train_command = sweep_lib.Point.command
+  monkeypatch.setattr(sweep_lib.Point, "command", lambda self, base, workdir: [
+      sys.executable, str(fakes / "fake_trainer.py"), *train_command(self, base, workdir)[3:]])
+  started = []
+
+  def runner(command, log):
+    started.append(command)
+    return sweep_lib.subprocess_runner(command, log)
+
+  # Waiting (the default): s0's orphan finishes meanwhile; the point is done, never failed.
+  monkeypatch.setattr(sweep_lib, "WAIT_POLL_S", 0.05)
+  ask, held = sweep_lib._lock_holder, []
+
+  def lock_holder(point_dir):              # let s0's orphan finish once the sweep waits on it
+    owner = ask(point_dir)
+    if owner and point_dir.endswith("s0"):
+      held.append(owner)
+      if len(held) == 2:                   # the initial summary asked, then the point did
+        (out / "s0" / "go").touch()
+    return owner
+  monkeypatch.setattr(sweep_lib, "_lock_holder", lock_holder)
+  rows = sweep_lib.run(spec, str(out), runner=runner, only="s0")
+  printed = capsys.readouterr().out
+  assert f"pid {orphans['s0']} on " in printed and "waiting for it to exit" in printed
+  assert "finished by the other training, skipped" in printed
+  assert started == [] and rows[0]["status"] == "done"
+  assert json.load(open(out / "s0" / "sweep.json"))["trained_by"].startswith(
+      f"pid {orphans['s0']} on ")
+  assert _statuses(out) == {"s0": "done", "s1": "running"}
+
+  # --if_running=skip: one line naming the point, the pid and what to do; nothing started.
+  rows = sweep_lib.run(spec, str(out), runner=runner, only="s1", if_running="skip")
+  lines = [l for l in capsys.readouterr().out.splitlines() if "s1:" in l]
+  assert len(lines) == 1 and f"pid {orphans['s1']} on " in lines[0]
+  assert f"kill {orphans['s1']}" in lines[0] and "not started (--if_running=skip)" in lines[0]
+  assert started == [] and rows[0]["status"] == "running"
+  assert _statuses(out) == {"s0": "done", "s1": "running"}
+  os.kill(orphans["s1"], 0)                # left alone
+
+
+@pytest.mark.parametrize("facts, status", [
+    (dict(finished=True, owner="pid 1 on h", record={"returncode": 1}), "done"),
+    (dict(owner="pid 1 on h", record={"returncode": 2}), "running"),   # lost the lock race
+    (dict(record={"returncode": -9, "signal": "SIGTERM"}), "interrupted"),
+    (dict(record={"returncode": 0, "signal": "SIGINT"}), "interrupted"),
+    (dict(record={"returncode": 1}), "failed"),
+    (dict(record={"returncode": 0}, trained=True), "incomplete"),
+    (dict(trained=True), "incomplete"),    # e.g. its driver was killed, then the training
+    (dict(), "pending"),
+])
+def test_point_status_is_decided_in_one_place(facts, status):
+  facts = dict(dict(finished=False, owner=None, record={}, trained=False), **facts)
+  assert sweep_lib.point_status(**facts) == status
+
+
+def test_sweep_json_follows_a_point_finished_by_hand(tmp_path):
+  spec = _sweep(product={"optim.lr": [1e-3, 2e-3]}, name="lr{optim.lr:g}")
+  runner = FakeRunner(stop_at=3)
+  sweep_lib.run(spec, str(tmp_path), runner=runner, only="lr0.001")
+  record = json.load(open(tmp_path / "lr0.001" / "sweep.json"))
+  assert record["status"] == "incomplete"
+  runner.stop_at = None
+  runner(["train", f"--workdir={tmp_path / 'lr0.001'}"], str(tmp_path / "by_hand.log"))
+  sweep_lib.run(spec, str(tmp_path), runner=runner, only="lr0.002")
+  assert _statuses(tmp_path) == {"lr0.001": "done", "lr0.002": "done"}
+  assert json.load(open(tmp_path / "lr0.001" / "sweep.json"))["status"] == "done"
+
+
+def test_cli_rejects_a_bad_if_running_in_one_line(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "jaxformer.sweep", "--config=x.py", f"--workdir={tmp_path}",
+       "--if_running=later"], capture_output=True, text=True, cwd=REPO)
+  assert result.returncode == 2 and result.stdout == ""
+  assert result.stderr.startswith("error: ") and len(result.stderr.splitlines()) == 1
+  assert "if_running" in result.stderr and "wait" in result.stderr

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -45,6 +46,8 @@ def test_short_run_learns_and_resume_reproduces_uninterrupted_run(tmp_path):
   parted = str(tmp_path / "parted")
   loop.train(cfg, parted, stop_after=10)
   assert max(r["step"] for r in read(os.path.join(parted, "metrics.jsonl"))) == 8
+  with open(os.path.join(parted, "metrics.jsonl"), "a") as f:
+    f.write('{"step": 12, "loss": 3.1')        # a torn last line (a kill mid-write)
   loop.train(cfg, parted)
   assert deterministic(read(os.path.join(parted, "metrics.jsonl"))) == deterministic(records)
   # already finished: re-running returns at once
@@ -78,13 +81,111 @@ def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
     for name in files:
       with open(os.path.join(root, name), "wb") as f:
         f.write(b"garbage")
+  before = _listing(workdir)
+  step8 = load_run(workdir)[1]                       # a reader skips it and moves nothing
+  assert "unreadable" in caplog.text and _listing(workdir) == before
   loop.train(cfg, workdir)
-  assert "unreadable" in caplog.text
-  assert os.path.isdir(latest + ".unreadable")       # moved aside, not deleted
+  assert os.path.isdir(latest + ".unreadable")       # the owner moves it aside, not deleted
   records = read(os.path.join(workdir, "metrics.jsonl"))
   assert [r["step"] for r in records if "loss" in r] == [4, 8, 12, 16]   # resumed from 8
   # steps 9-16 again from the step-8 checkpoint: the same records, bit for bit
   assert deterministic(records) == first
+  assert jax.tree.leaves(step8)[0].shape == jax.tree.leaves(load_run(workdir)[1])[0].shape
+  for root, _, files in os.walk(os.path.join(workdir, "best")):      # a corrupt best/
+    for name in files:
+      with open(os.path.join(root, name), "wb") as f:
+        f.write(b"garbage")
+  with pytest.raises(ValueError, match=r"best checkpoint in .*best is unreadable.*latest"):
+    load_run(workdir, which="best")
+
+
+@pytest.mark.parametrize("family, tokenizer_vocab, match", [
+    ("vit", 65, "'vit' model .*language models"),
+    ("seq2seq", 65, "'seq2seq' model .*language models"),
+    ("decoder", None, "no tokenizer .*tokenizer.json is missing"),
+    ("decoder", 70, "tokenizer has 70 ids but model.vocab_size=65"),
+])
+def test_sample_refuses_runs_it_cannot_sample_from(family, tokenizer_vocab, match):
+  from ml_collections import ConfigDict
+  from jaxformer.data.tokenizers import CharTokenizer
+  config = ConfigDict({"model": {"family": family, "vocab_size": 65}})
+  tokenizer = None if tokenizer_vocab is None else CharTokenizer(
+      "".join(chr(0x100 + i) for i in range(tokenizer_vocab)))
+  with pytest.raises(ValueError, match=match):
+    sample_text(config, None, tokenizer, prompt="a", max_new_tokens=3)
+
+
+def _listing(workdir):
+  """Every path under `workdir` with its size and mtime (what a reader must not change)."""
+  out = {}
+  for root, dirs, files in os.walk(workdir):
+    for name in dirs + files:
+      path = os.path.join(root, name)
+      out[path] = (os.path.getsize(path), os.path.getmtime(path))
+  return out
+
+
+def test_sample_reads_a_run_whose_training_deletes_the_checkpoint_it_reads(tmp_path,
+                                                                             monkeypatch):
+  """The training deletes old checkpoints while it runs: a reader that lists step N and finds
+  it gone when it restores takes the next one, and writes nothing."""
+  import orbax.checkpoint as ocp
+  workdir = str(tmp_path / "run")
+  loop.train(tiny_config(steps=16), workdir)
+  restore = ocp.CheckpointManager.restore
+  deleted, before = [], {}
+
+  def deleted_meanwhile(self, step, *args, **kwargs):
+    if not deleted:                                # the training removes it right now
+      deleted.append(step)
+      shutil.rmtree(os.path.join(workdir, "checkpoints", str(step)))
+      before.update(_listing(workdir))
+    return restore(self, step, *args, **kwargs)
+  monkeypatch.setattr(ocp.CheckpointManager, "restore", deleted_meanwhile)
+  config, params, tokenizer = load_run(workdir)
+  assert deleted == [16] and _listing(workdir) == before
+  assert sample_text(config, params, tokenizer, prompt="A", max_new_tokens=3, seed=0)
+
+
+def _saved_run(tmp_path, **train):
+  """A workdir whose config.json is the tiny config's (what a first run writes)."""
+  workdir = tmp_path / "run"
+  workdir.mkdir(parents=True)
+  cfg = tiny_config(**train)
+  (workdir / "config.json").write_text(cfg.to_json())
+  return cfg, str(workdir)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("train.seed", 1), ("train.batch_size", 16), ("data.seq_len", 16),
+    ("data.tokenizer", "spm:bpe:300"), ("data.source", "other.txt"), ("optim.lr", 2e-3),
+    ("optim.schedule", "linear"), ("optim.warmup_steps", 3), ("train.label_smoothing", 0.1),
+])
+def test_resume_refuses_what_changes_the_steps(tmp_path, field, value):
+  cfg, workdir = _saved_run(tmp_path)
+  section, key = field.split(".")
+  cfg[section][key] = value
+  with pytest.raises(ValueError, match=rf"trained with {field}=.*--config\.{field}.*--fresh"):
+    config_checks.check_workdir_config(cfg, workdir, fresh=False)
+  config_checks.check_workdir_config(cfg, workdir, fresh=True)
+
+
+def test_resume_accepts_bookkeeping_changes_and_steps_that_keep_the_schedule(tmp_path):
+  cfg, workdir = _saved_run(tmp_path)
+  cfg.train.update(eval_every=6, log_every=2, keep_checkpoints=5, sample_tokens=40)
+  cfg.data.eval_batches = 4
+  cfg.mesh.data = 2
+  config_checks.check_workdir_config(cfg, workdir, fresh=False)
+  cfg.train.steps = 48                 # cosine over train.steps: the first 24 LRs would move
+  with pytest.raises(ValueError, match=r"optim.decay_steps=24 to keep its schedule"):
+    config_checks.check_workdir_config(cfg, workdir, fresh=False)
+  cfg.optim.decay_steps = 24
+  config_checks.check_workdir_config(cfg, workdir, fresh=False)
+  cfg, workdir = _saved_run(tmp_path / "constant")
+  cfg.optim.schedule = "constant"
+  (tmp_path / "constant" / "run" / "config.json").write_text(cfg.to_json())
+  cfg.train.steps = 100                # a constant LR: extending changes nothing taken
+  config_checks.check_workdir_config(cfg, workdir, fresh=False)
 
 
 @pytest.mark.parametrize("field, value, match", [
@@ -94,6 +195,8 @@ def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
     ("train.steps", 0, "train.steps=0"),
     ("optim.schedule", "step", "optim.schedule='step'"),
     ("model.family", "nope", "model.family='nope'"),
+    ("train.profile_steps", "23-25", "train.profile_steps='23-25' reaches past"),
+    ("train.eval_batch_size", 12, "train.eval_batch_size=12 is not divisible by mesh.data=8"),
 ])
 def test_bad_config_is_rejected_naming_the_field(tmp_path, field, value, match):
   cfg = tiny_config()
@@ -101,6 +204,13 @@ def test_bad_config_is_rejected_naming_the_field(tmp_path, field, value, match):
   cfg[section][key] = value
   with pytest.raises(ValueError, match=match):
     loop.train(cfg, str(tmp_path / "run"))
+  assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")     # before any step
+
+
+def test_warmup_longer_than_the_run_is_said_before_the_first_step(caplog):
+  cfg = tiny_config(steps=8)
+  config_checks.validate(cfg)                            # tiny: warmup 10 > 8 steps
+  assert "optim.warmup_steps=10 is not shorter than train.steps=8" in caplog.text
 
 
 def test_lr_schedule_and_decay_mask():

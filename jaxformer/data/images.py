@@ -28,6 +28,7 @@ import pathlib
 import shutil
 import struct
 import uuid
+import zlib
 from typing import Any, Callable, Iterable, Iterator
 
 import grain
@@ -228,20 +229,40 @@ def _idx_path(directory: pathlib.Path, stem: str) -> pathlib.Path:
                    "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte, raw or gzipped")
 
 
+_IDX_FIX = "download it again"
+
+
+def _read_idx_bytes(path: pathlib.Path) -> bytes:
+  """The file's bytes, gunzipped for .gz; a damaged gzip stream is a ValueError naming it."""
+  if path.suffix != ".gz":
+    return path.read_bytes()
+  try:
+    with gzip.open(path, "rb") as f:
+      return f.read()
+  except (OSError, EOFError, zlib.error) as e:   # a cut-off stream is an EOFError
+    raise ValueError(f"{path}: not a readable gzip file ({e}); it is truncated or "
+                     f"corrupt: {_IDX_FIX}") from None
+
+
 def read_idx(path: pathlib.Path, *, expect_images: bool) -> np.ndarray:
   """An IDX file (raw or .gz) -> uint8 [N, rows, cols] images or [N] labels, fully checked."""
-  data = (gzip.open if path.suffix == ".gz" else open)(path, "rb").read()
+  data = _read_idx_bytes(path)
   magic, ndim = (_IDX_IMAGES_MAGIC, 3) if expect_images else (_IDX_LABELS_MAGIC, 1)
   header = 4 * (1 + ndim)
   if len(data) < header:
-    raise ValueError(f"{path}: truncated IDX header ({len(data)} bytes)")
+    raise ValueError(f"{path}: truncated IDX header ({len(data)} bytes); {_IDX_FIX}")
   found, *dims = struct.unpack(f">{1 + ndim}I", data[:header])
   if found != magic:
     raise ValueError(f"{path}: IDX magic number {found:#010x}, expected {magic:#010x} "
-                     f"({'images' if expect_images else 'labels'} file)")
+                     f"({'images' if expect_images else 'labels'} file); check that the file "
+                     f"names match their contents, or {_IDX_FIX}")
   if len(data) - header != int(np.prod(dims)):
     raise ValueError(f"{path}: header says {dims} = {int(np.prod(dims))} bytes of data but "
-                     f"the file holds {len(data) - header}; the file is truncated or corrupt")
+                     f"the file holds {len(data) - header}; the file is truncated or corrupt: "
+                     f"{_IDX_FIX}")
+  if 0 in dims:
+    raise ValueError(f"{path}: the header gives the shape {dims}, which holds no "
+                     f"{'images' if expect_images else 'labels'}; {_IDX_FIX}")
   return np.frombuffer(data, np.uint8, offset=header).reshape(dims)
 
 
@@ -286,9 +307,8 @@ def _folder_layout(root: pathlib.Path, train_split: str) -> dict[str, dict[str, 
     raise ValueError(f"data.source='images:{root}': not a directory")
   layout = {}
   for split_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-    layout[split_dir.name] = {
-        c.name: sorted(f for f in c.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
-        for c in sorted(p for p in split_dir.iterdir() if p.is_dir())}
+    layout[split_dir.name] = {c.name: _class_files(c)
+                              for c in sorted(p for p in split_dir.iterdir() if p.is_dir())}
   if train_split not in layout:
     raise ValueError(f"data.train_split={train_split!r} does not exist in data.source="
                      f"'images:{root}'; available splits: {sorted(layout)}")
@@ -299,18 +319,49 @@ def _folder_layout(root: pathlib.Path, train_split: str) -> dict[str, dict[str, 
     if sorted(by_class) != classes:
       raise ValueError(f"images:{root}/{split} has classes {sorted(by_class)} but the train "
                        f"split {train_split!r} has {classes}; every split needs the same set")
+    for name, files in by_class.items():
+      _check_not_empty(root / split / name, files)
   return layout
+
+
+def _class_files(directory: pathlib.Path) -> list[pathlib.Path]:
+  """The image files of one class folder, sorted; an image name that is not a file (a broken
+  link, a directory) is a ValueError naming it."""
+  files = sorted(f for f in directory.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
+  for f in files:
+    if not f.is_file():
+      raise ValueError(f"{f} is not a file (a broken link or a directory); remove it or put "
+                       "the image there")
+  return files
+
+
+def _check_not_empty(directory: pathlib.Path, files: list):
+  """A class folder without images (e.g. only .webp files, which are not read) would be a
+  class with no examples: refused, as torchvision's ImageFolder does."""
+  if not files:
+    others = sorted({f.suffix.lower() or f.name for f in directory.iterdir()})
+    found = f" (it holds only {others[:5]})" if others else ""
+    raise ValueError(f"{directory} is a class folder without {'/'.join(IMAGE_SUFFIXES)} "
+                     f"images{found}; add its images or remove the folder")
 
 
 def _load_image(path: pathlib.Path, expected: tuple[pathlib.Path, tuple] | None) -> np.ndarray:
   """[H, W, C] uint8 pixels; `expected` = (first file, its shape) that every image must match."""
-  from PIL import Image
-  with Image.open(path) as image:
-    if image.mode not in _CHANNELS:
-      raise ValueError(f"{path}: image mode {image.mode!r} is not supported; convert the "
-                       "folder to grayscale ('L') or RGB")
-    pixels = np.asarray(image, np.uint8)
-  pixels = pixels.reshape(*pixels.shape[:2], _CHANNELS[image.mode])
+  from PIL import Image, UnidentifiedImageError
+  try:
+    with Image.open(path) as image:
+      image.load()                # decode now: a truncated file fails here
+      mode = image.mode
+      pixels = np.asarray(image, np.uint8) if mode in _CHANNELS else None
+  except Exception as e:  # noqa: BLE001  (PIL raises OSError, SyntaxError, ValueError, ...)
+    why = ("not an image format PIL recognises" if isinstance(e, UnidentifiedImageError) else
+           str(e).splitlines()[0] if str(e) else type(e).__name__)
+    raise ValueError(f"{path}: not a readable image ({path.stat().st_size} bytes, {why}); "
+                     "replace or remove the file") from None
+  if pixels is None:
+    raise ValueError(f"{path}: image mode {mode!r} is not supported; convert the folder to "
+                     "grayscale ('L') or RGB")
+  pixels = pixels.reshape(*pixels.shape[:2], _CHANNELS[mode])
   if expected is not None and pixels.shape != expected[1]:
     raise ValueError(f"{path}: image is {_hwc(pixels.shape)} but {expected[0]} is "
                      f"{_hwc(expected[1])}; all images must have one size and mode")

@@ -50,35 +50,50 @@ def text_file(source: str) -> pathlib.Path:
     raise ValueError(f"data.source={source!r}: no such file; give a path to a .txt file, "
                      f"a bundled name {sorted(BUNDLED)} or 'tfds:<name>'")
   if path.stat().st_size == 0:
-    raise ValueError(f"data.source={source!r}: {path} is empty")
+    raise ValueError(f"data.source={source!r}: {path} is empty; give a UTF-8 text file")
   return path
 
 
-def file_digest(path: str | os.PathLike, *, source: str | None = None) -> str:
+def file_digest(path: str | os.PathLike, *, source: str | None = None,
+                train_fraction: float | None = None) -> str:
   """sha256 of the file; with `source` (the data.source naming it) the file must also be
-  UTF-8 text: a binary file (a NUL byte) or another encoding is refused here, naming the file
-  and the byte offset, before any dataset is built from it."""
+  UTF-8 text: a binary file (a NUL byte), another encoding or only whitespace is refused
+  here, naming the file (and the byte offset), before any dataset is built from it. With
+  `train_fraction`, both splits must get a character (TFDS fails on an empty split)."""
   digest = hashlib.sha256()
   decoder = codecs.getincrementaldecoder("utf-8")()
-  offset = 0
+  offset = chars = 0
+  has_text, last = False, ""
   with open(path, "rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):
       digest.update(block)
       if source is not None:
-        _check_text_block(block, decoder, offset, path, source)
+        text = _check_text_block(block, decoder, offset, path, source)
+        # characters as the builder reads them (read_text turns \r\n into \n)
+        chars += len(text) - text.count("\r\n") - (last == "\r" and text[:1] == "\n")
+        has_text = has_text or bool(text.replace("\ufeff", "").strip())
+        last = text[-1:] or last
       offset += len(block)
   if source is not None:
-    _check_text_block(b"", decoder, offset, path, source, final=True)
+    chars += len(_check_text_block(b"", decoder, offset, path, source, final=True))
+    if not has_text:
+      raise ValueError(f"data.source={source!r}: {path} holds only whitespace ({offset} "
+                       "bytes), no text to train on; give a UTF-8 text file with text")
+    if train_fraction is not None and not 1 <= int(chars * train_fraction) < chars:
+      raise ValueError(f"data.source={source!r}: {path} holds {chars} character"
+                       f"{'s' * (chars != 1)}, too few to split at data.train_fraction="
+                       f"{train_fraction} (each split needs one); give a longer text file")
   return digest.hexdigest()
 
 
-def _check_text_block(block: bytes, decoder, offset: int, path, source: str, final=False):
+def _check_text_block(block: bytes, decoder, offset: int, path, source: str, final=False) -> str:
+  """The text decoded from `block` (after what earlier blocks left pending)."""
   nul = block.find(b"\0")
   if nul >= 0:
     raise ValueError(f"data.source={source!r}: {path} is a binary file (a NUL byte at byte "
                      f"offset {offset + nul}), not text; give a UTF-8 text file")
   try:
-    decoder.decode(block, final=final)
+    return decoder.decode(block, final=final)
   except UnicodeDecodeError as e:
     at = offset + e.start - len(decoder.getstate()[0])   # e.start counts pending bytes too
     raise ValueError(f"data.source={source!r}: {path} is not UTF-8 text (byte offset {at}: "
@@ -148,7 +163,8 @@ def local_text_config(source: str, train_fraction: float,
   path = text_file(source)
   fraction = f"{train_fraction:.6g}".replace(".", "p")
   return LocalTextConfig(
-      name=f"sha256_{file_digest(path, source=source)[:24]}_train{fraction}_rec{record_chars}",
+      name=(f"sha256_{file_digest(path, source=source, train_fraction=train_fraction)[:24]}"
+            f"_train{fraction}_rec{record_chars}"),
       path=str(path), train_fraction=float(train_fraction), record_chars=int(record_chars),
       description=f"{path} (train fraction {train_fraction})")
 

@@ -172,12 +172,15 @@ class SentencePieceTokenizer:
 
   @classmethod
   def from_saved(cls, directory, saved: dict) -> SentencePieceTokenizer:
-    with open(os.path.join(directory, saved["model_file"]), "rb") as f:
-      proto = f.read()
-    if _sha256(proto) != saved["sha256"]:
-      raise ValueError(f"{directory}/{saved['model_file']} does not match its tokenizer.json "
-                       "(changed after training); delete both to retrain")
-    return cls(proto, saved["spec"])
+    file, proto = _read_model_file(directory, saved)
+    try:
+      tokenizer = cls(proto, saved["spec"])
+    except RuntimeError as e:             # sentencepiece's parse errors
+      raise ValueError(f"{file} is not a SentencePiece model ({str(e).strip()}); "
+                       f"{_RETRAIN}") from e
+    if tokenizer.vocab_size == 0:
+      raise ValueError(f"{file} holds an empty SentencePiece model; {_RETRAIN}")
+    return tokenizer
 
   @classmethod
   def train(cls, model_type: str, vocab_size: int, texts: Iterable[str], spec: str
@@ -243,8 +246,8 @@ class HuggingFaceTokenizer:
 
   @classmethod
   def from_saved(cls, directory, saved: dict) -> HuggingFaceTokenizer:
-    with open(os.path.join(directory, saved["model_file"]), encoding="utf-8") as f:
-      return cls(f.read(), saved["spec"])
+    file, data = _read_model_file(directory, saved)
+    return cls._parse(data, saved["spec"], file, _RETRAIN)
 
   @classmethod
   def from_path(cls, path: str, spec: str) -> HuggingFaceTokenizer:
@@ -252,13 +255,22 @@ class HuggingFaceTokenizer:
     if not os.path.isfile(file):
       raise ValueError(f"data.tokenizer={spec!r}: {file} does not exist; point it at a "
                        "Hugging Face tokenizer.json or a checkpoint directory holding one")
-    with open(file, encoding="utf-8") as f:
-      text = f.read()
+    with open(file, "rb") as f:
+      data = f.read()
+    return cls._parse(data, spec, file, f"point data.tokenizer={spec!r} at a Hugging Face "
+                      "tokenizer.json (the file `tokenizer.save(path)` writes)")
+
+  @classmethod
+  def _parse(cls, data: bytes, spec: str, file: str, fix: str) -> HuggingFaceTokenizer:
+    """The tokenizer in `data`, read from `file`; a ValueError naming the file otherwise."""
     try:
-      return cls(text, spec)
-    except Exception as e:  # the tokenizers library raises its own exception types
-      raise ValueError(f"data.tokenizer={spec!r}: {file} is not a Hugging Face "
-                       f"tokenizer.json ({e})") from e
+      return cls(data.decode("utf-8"), spec)
+    except ImportError:
+      raise
+    except Exception as e:  # noqa: BLE001  (tokenizers raises its own exception types)
+      raise ValueError(f"{file} is not a Hugging Face tokenizer.json "
+                       f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                       f"{fix}") from e
 
 
 KINDS = {cls.kind: cls for cls in (CharTokenizer, SentencePieceTokenizer, HuggingFaceTokenizer)}
@@ -272,12 +284,56 @@ def _spec_file(path: str | os.PathLike) -> str:
   return os.path.join(path, TOKENIZER_FILE)
 
 
+# What each saved kind's tokenizer.json must hold (key -> type), checked when it is read.
+_SAVED_KEYS = {"char": {"chars": str}, "spm": {"spec": str, "model_file": str, "sha256": str},
+               "hf": {"spec": str, "model_file": str}}
+_RETRAIN = ("delete the tokenizer.* files there and run train on the workdir again (the same "
+            "data.source and data.tokenizer rebuild the same tokenizer)")
+
+
 def _read_saved(path) -> dict | None:
+  """The checked contents of a saved tokenizer.json, or None if there is none: a damaged file
+  is a ValueError naming it (a resumed run must not silently get another vocabulary)."""
   file = _spec_file(path)
   if not os.path.isfile(file):
     return None
-  with open(file) as f:
-    return json.load(f)
+  with open(file, "rb") as f:
+    data = f.read()
+  try:
+    saved = json.loads(data)
+  except ValueError as e:       # JSONDecodeError and UnicodeDecodeError (truncated or binary)
+    raise ValueError(f"{file} is not a saved tokenizer (not JSON: {e}); {_RETRAIN}") from None
+  if not isinstance(saved, dict):
+    raise ValueError(f"{file} is not a saved tokenizer (a JSON {type(saved).__name__}, not an "
+                     f"object); {_RETRAIN}")
+  kind = saved.get("kind")
+  if kind not in KINDS:
+    raise ValueError(f"{file}: unknown tokenizer kind {kind!r}; known kinds: {sorted(KINDS)}; "
+                     f"{_RETRAIN}")
+  for key, want in _SAVED_KEYS[kind].items():
+    if not isinstance(saved.get(key), want) or not saved[key]:
+      raise ValueError(f"{file}: a saved {kind!r} tokenizer needs a non-empty {key!r} "
+                       f"({want.__name__}), found {saved.get(key)!r}; {_RETRAIN}")
+  model_file = saved.get("model_file")
+  if model_file is not None and os.path.basename(model_file) != model_file:
+    raise ValueError(f"{file}: model_file={model_file!r} must be a file name next to it, not "
+                     f"a path; {_RETRAIN}")
+  return saved
+
+
+def _read_model_file(directory, saved: dict) -> tuple[str, bytes]:
+  """(path, bytes) of the model file a saved tokenizer.json names, checked against its
+  sha256 where the spec records one (every save does)."""
+  file = os.path.join(directory, saved["model_file"])
+  if not os.path.isfile(file):
+    raise ValueError(f"{file} is missing, but {os.path.join(directory, TOKENIZER_FILE)} names "
+                     f"it; {_RETRAIN}")
+  with open(file, "rb") as f:
+    data = f.read()
+  if "sha256" in saved and _sha256(data) != saved["sha256"]:
+    raise ValueError(f"{file} does not match its {TOKENIZER_FILE} (changed or truncated after "
+                     f"it was saved); {_RETRAIN}")
+  return file, data
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
@@ -286,11 +342,7 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
   if saved is None:
     raise ValueError(f"{path} holds no saved tokenizer ({TOKENIZER_FILE} is missing); "
                      "train a run there first or pass the run's workdir")
-  kind = saved.get("kind")
-  if kind not in KINDS:
-    raise ValueError(f"{_spec_file(path)}: unknown tokenizer kind {kind!r}; "
-                     f"known kinds: {sorted(KINDS)}")
-  return KINDS[kind].from_saved(os.path.dirname(_spec_file(path)), saved)
+  return KINDS[saved["kind"]].from_saved(os.path.dirname(_spec_file(path)), saved)
 
 
 def parse_spec(spec: str) -> tuple[str, str | tuple[str, int]]:

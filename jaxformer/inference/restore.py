@@ -33,12 +33,19 @@ def load_run(workdir: str, *, which: str = "latest"):
   _, _, init_boxed = state.train_state_fns(config)
   abstract = nn.unbox(jax.eval_shape(init_boxed))
   if which == "best":
-    best = checkpoint.BestCheckpoints(directory,
-                                      metric=config.train.get("best_metric", "eval_loss"))
-    params = best.restore(abstract["params"])
-    best.close()
+    try:           # Orbax reads the kept metrics when it opens the directory
+      best = checkpoint.BestCheckpoints(directory, read_only=True,
+                                        metric=config.train.get("best_metric", "eval_loss"))
+      try:
+        params = best.restore(abstract["params"])
+      finally:
+        best.close()
+    except Exception as e:  # noqa: BLE001  (Orbax/TensorStore raise many types)
+      reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+      raise ValueError(f"--workdir={workdir!r}: the best checkpoint in {directory} is "
+                       f"unreadable ({reason}); use --checkpoint=latest") from e
   else:
-    ckpts = checkpoint.Checkpoints(directory)
+    ckpts = checkpoint.Checkpoints(directory, read_only=True)
     restored = ckpts.restore_latest(abstract)
     ckpts.close()
     params = None if restored is None else restored[1]["params"]

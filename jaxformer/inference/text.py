@@ -23,6 +23,7 @@ def sample_text(config, params, tokenizer, *, prompt: str, max_new_tokens: int,
   if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
       max_new_tokens < 1):
     raise ValueError(f"--max_new_tokens={max_new_tokens!r} must be an int >= 1")
+  _check_samples_text(config, tokenizer)
   m = config.model
   limit = m.max_len if m.get("positions", "learned") == "learned" else None
   out, remaining, chunk = tokenizer.encode(prompt).tolist(), max_new_tokens, 0
@@ -40,3 +41,23 @@ def sample_text(config, params, tokenizer, *, prompt: str, max_new_tokens: int,
     chunk += 1
     ids = np.asarray(out[-(limit // 2):]) if limit is not None else np.asarray(out)
   return tokenizer.decode(out)
+
+
+def _check_samples_text(config, tokenizer):
+  """Only a language model with its tokenizer samples text: a clear error for an image or
+  sequence-to-sequence run, a run without its tokenizer, or a tokenizer that has ids the
+  model cannot produce (it would never sample them, silently)."""
+  from jaxformer import models
+  m = config.model
+  task = models.get(m.get("family")).task
+  if task != "lm":
+    raise ValueError(f"this run is a {m.get('family')!r} model (task {task!r}); sampling "
+                     "generates text from language models (family 'decoder') only")
+  if tokenizer is None:
+    raise ValueError("this run has no tokenizer (tokenizer.json is missing from its workdir); "
+                     "rerun train on the workdir with the same data.source and data.tokenizer "
+                     "to write it again")
+  if tokenizer.vocab_size > m.vocab_size:
+    raise ValueError(f"the run's tokenizer has {tokenizer.vocab_size} ids but "
+                     f"model.vocab_size={m.vocab_size}: ids past the model's vocabulary could "
+                     "never be sampled; the tokenizer does not belong to this model")

@@ -198,10 +198,11 @@ class ShardingPlan:
       raise ValueError(f"batch arrays need a leading batch dim; got ndim={ndim}")
     return NamedSharding(self.mesh, PartitionSpec(self._batch_axes, *([None] * (ndim - 1))))
 
-  def check_batch_size(self, global_batch_size: int) -> None:
+  def check_batch_size(self, global_batch_size: int, field: str = "train.batch_size") -> None:
+    """Before any step: the batch (`field` names it) must split evenly over the batch shards."""
     if global_batch_size % self.batch_shards:
       axes = "*".join(f"mesh.{a}" for a in mesh_axes_tuple(self._batch_axes))
-      raise ValueError(f"train.batch_size={global_batch_size} is not divisible by "
+      raise ValueError(f"{field}={global_batch_size} is not divisible by "
                        f"{axes}={self.batch_shards}; use a multiple of {self.batch_shards}")
 
   def global_batch(self, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:

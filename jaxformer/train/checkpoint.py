@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import shutil
 
 import jax
 import orbax.checkpoint as ocp
 
 
-def _options(name: str, **kwargs) -> ocp.CheckpointManagerOptions:
+def _options(name: str, *, read_only: bool = False, **kwargs) -> ocp.CheckpointManagerOptions:
   """Async manager options with a barrier-key prefix of its own.
 
   Why the prefix: the latest and best managers save asynchronously at the same step, and
@@ -20,6 +22,9 @@ def _options(name: str, **kwargs) -> ocp.CheckpointManagerOptions:
   shards (or, with collective barriers, they deadlock). Seen in the 2-process test under
   load.
   """
+  if read_only:            # a reader (sample, evaluation of a run) writes nothing at all
+    return ocp.CheckpointManagerOptions(create=False, read_only=True,
+                                        enable_async_checkpointing=False, **kwargs)
   return ocp.CheckpointManagerOptions(
       create=True, enable_async_checkpointing=True,
       multiprocessing_options=ocp.options.MultiprocessingOptions(
@@ -29,36 +34,55 @@ def _options(name: str, **kwargs) -> ocp.CheckpointManagerOptions:
 class Checkpoints:
   """Keeps the last `keep` checkpoints of a pytree state under `directory` (saved
   asynchronously; Orbax writes to a temporary directory and renames, so a killed save
-  never looks finished)."""
+  never looks finished). `read_only=True`: a reader of a run another process may be training
+  (it restores, never saves, renames or deletes)."""
 
-  def __init__(self, directory: str | os.PathLike, *, keep: int = 3):
+  def __init__(self, directory: str | os.PathLike, *, keep: int = 3, read_only: bool = False):
     self.directory = os.path.abspath(directory)
-    self.manager = ocp.CheckpointManager(
-        self.directory,
-        options=_options("latest", max_to_keep=keep))
+    self.read_only = read_only
+    self._open = lambda: ocp.CheckpointManager(
+        self.directory, options=_options("latest", read_only=read_only,
+                                         **({} if read_only else dict(max_to_keep=keep))))
+    self.manager = self._open()
 
   def save(self, step: int, state) -> None:
+    self.manager.wait_until_finished()       # Orbax waits for the previous save here anyway
+    check_free_space(self.directory, state)
     self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
 
   def restore_latest(self, abstract_state):
     """(step, state) of the newest readable checkpoint, or None if there is none.
 
-    An unreadable checkpoint is renamed to `<step>.unreadable` (kept for inspection, out of
-    the way of the step that will be saved again) and the next older one is tried.
+    The owner moves an unreadable checkpoint to `<step>.unreadable` (kept for inspection, out
+    of the way of the step that will be saved again) and tries the next older one. A reader
+    moves nothing: it skips it, and re-lists the steps when one vanished under it (the
+    training deletes old checkpoints while it runs).
     """
-    for step in sorted(self.manager.all_steps(), reverse=True):
+    tried = set()
+    while True:
+      steps = [s for s in sorted(self.manager.all_steps(), reverse=True) if s not in tried]
+      if not steps:
+        return None
+      step = steps[0]
+      tried.add(step)
       try:
         with _quiet_asyncio():
           return step, self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
       except Exception as e:  # pylint: disable=broad-except
         path = os.path.join(self.directory, str(step))
-        aside = _unused_name(f"{path}.unreadable")
         reason = (str(e).strip().splitlines() or [""])[0][:200]
-        logging.warning("checkpoint at step %d is unreadable (%s: %s); moved to %s, trying "
-                        "an older one", step, type(e).__name__, reason, aside)
-        os.replace(path, aside)
-        self.manager.reload()
-    return None
+        if self.read_only:
+          if os.path.exists(path):
+            logging.warning("checkpoint at step %d is unreadable (%s: %s); trying an older one",
+                            step, type(e).__name__, reason)
+          self.manager.close()        # a manager whose restore failed may not restore again
+          self.manager = self._open()
+        else:
+          aside = _unused_name(f"{path}.unreadable")
+          logging.warning("checkpoint at step %d is unreadable (%s: %s); moved to %s, trying "
+                          "an older one", step, type(e).__name__, reason, aside)
+          os.replace(path, aside)
+          self.manager.reload()
 
   def close(self) -> None:
     self.manager.wait_until_finished()
@@ -89,6 +113,22 @@ def _unused_name(path: str) -> str:
   return candidate
 
 
+def check_free_space(directory: str, tree, *, margin: float = 1.1, slack: int = 1 << 16):
+  """An OSError(ENOSPC) naming `directory` if this process's shards of `tree` do not fit.
+
+  Why check first: a full disk found by Orbax's asynchronous writers fails hundreds of
+  TensorStore tasks at once in background threads (~1,400 lines of tracebacks), while a
+  check here stops the run in its own thread with one message, before a byte is written."""
+  needed = sum(shard.data.nbytes for leaf in jax.tree.leaves(tree)
+               if isinstance(leaf, jax.Array) for shard in leaf.addressable_shards
+               if shard.replica_id == 0)
+  needed = int(needed * margin) + slack
+  free = shutil.disk_usage(directory).free
+  if free < needed:
+    raise OSError(errno.ENOSPC, f"No space left on device: a checkpoint needs about "
+                  f"{needed / 1e6:,.1f} MB, {free / 1e6:,.1f} MB are free", directory)
+
+
 def abstract(tree):
   return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
@@ -99,14 +139,15 @@ class BestCheckpoints:
   does not rewrite its best model at every eval."""
 
   def __init__(self, directory: str | os.PathLike, *, metric: str = "eval_loss",
-               keep: int = 1):
+               keep: int = 1, read_only: bool = False):
     self.metric, self.mode = metric, ("min" if metric.endswith("loss") else "max")
     self.keep = keep
     self.directory = os.path.abspath(directory)
     self.manager = ocp.CheckpointManager(
         self.directory,
-        options=_options("best", max_to_keep=keep, best_fn=lambda m: m[metric],
-                         best_mode=self.mode, keep_checkpoints_without_metrics=False))
+        options=_options("best", read_only=read_only, best_fn=lambda m: m[metric],
+                         best_mode=self.mode, keep_checkpoints_without_metrics=False,
+                         **({} if read_only else dict(max_to_keep=keep))))
 
   def _kept_values(self) -> list[float]:
     self.manager.wait_until_finished()      # the previous save's metrics must be readable
@@ -123,6 +164,7 @@ class BestCheckpoints:
     value = float(eval_record[self.metric])
     if not self._improves(value):
       return False
+    check_free_space(self.directory, {"params": params})
     self.manager.save(step, args=ocp.args.StandardSave({"params": params}),
                       metrics={self.metric: value}, force=True)
     return True

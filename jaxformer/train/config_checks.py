@@ -8,9 +8,11 @@ produces; `check_workdir_config` refuses to resume a workdir holding a different
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import jax
+import jax.numpy as jnp
 
 from jaxformer import models
 from jaxformer.train import profiling, state, tasks
@@ -73,7 +75,17 @@ def validate(config):
   metric = t.get("best_metric", "eval_loss")
   if metric not in ("eval_loss", "eval_accuracy"):
     raise ValueError(f"train.best_metric={metric!r} must be 'eval_loss' or 'eval_accuracy'")
-  profiling.parse_profile_steps(t.get("profile_steps"))
+  profile = profiling.parse_profile_steps(t.get("profile_steps"))
+  if profile and profile[-1] > t.steps:
+    raise ValueError(f"train.profile_steps={t.get('profile_steps')!r} reaches past the run's "
+                     f"train.steps={t.steps}; profile steps within it, e.g. "
+                     f"'{max(1, t.steps - 2)}-{t.steps}'")
+  warmup = config.optim.warmup_steps
+  if config.optim.get("schedule", "cosine") != "rsqrt" and warmup >= t.steps:
+    # a warning, not an error: short smoke runs of real configs (CI's) are meant this way
+    logging.warning("optim.warmup_steps=%d is not shorter than train.steps=%d: the learning "
+                    "rate never reaches optim.lr=%g (lower --config.optim.warmup_steps if that "
+                    "is not meant)", warmup, t.steps, config.optim.lr)
   models.build(config.model)              # every model field is checked here
 
 
@@ -120,8 +132,23 @@ def _with_defaults(model: dict) -> dict:
     return model
 
 
+# Run fields that do not change what the training steps compute (what is logged, evaluated,
+# sampled or kept, and where data is cached): they may change on resume. Every other field of
+# `train`, `optim` and `data` is compared (`mesh` may change: a checkpoint restores onto any
+# mesh; `model` has its own EXECUTION_FIELDS); `train.steps` only where it moves the schedule.
+RESUMABLE_CHANGES = {
+    "train": ("steps", "eval_every", "log_every", "checkpoint_every", "eval_batch_size",
+              "keep_checkpoints", "keep_best", "best_metric", "max_skipped_steps",
+              "profile_steps", "attention_maps", "sample_tokens", "sample_prompt",
+              "sample_every"),
+    "data": ("eval_batches", "data_dir"),
+    "optim": ("decay_steps",),       # compared through the schedule it gives
+}
+
+
 def check_workdir_config(config, workdir: str, fresh: bool):
-  """Refuse to resume a run whose model differs from the saved one (unless `fresh`)."""
+  """Refuse to resume a run whose model, data, seed, batch or schedule differ from the saved
+  run's (unless `fresh`): the resumed steps would not continue the steps already taken."""
   saved = None if fresh else state.read_config(workdir)
   if saved is None:
     return
@@ -132,3 +159,37 @@ def check_workdir_config(config, workdir: str, fresh: bool):
   if changed:
     raise ValueError(f"{workdir} holds a run with a different model (fields {changed}); "
                      "use a new --workdir, or --fresh to discard its checkpoints")
+  now = json.loads(config.to_json())
+  for section, free in RESUMABLE_CHANGES.items():
+    old, new = saved.get(section, {}), now.get(section, {})
+    for key in sorted(set(old) & set(new)):       # a key saved before it existed: not compared
+      if key not in free and old[key] != new[key]:
+        raise ValueError(
+            f"{workdir} holds a run trained with {section}.{key}={old[key]!r}, not "
+            f"{new[key]!r}: resuming would not continue its steps; drop "
+            f"--config.{section}.{key}, or use a new --workdir, or --fresh to discard it")
+  _check_schedule_unchanged(saved, config, workdir)
+
+
+def _check_schedule_unchanged(saved: dict, config, workdir: str):
+  """train.steps and optim.decay_steps may change on resume (extend or shorten a run) unless
+  that moves the learning rate of the steps both runs share (cosine/linear decay over
+  train.steps when optim.decay_steps is unset)."""
+  from ml_collections import ConfigDict
+
+  from jaxformer.train import optim
+  old_steps, old_optim = saved.get("train", {}).get("steps"), saved.get("optim", {})
+  new_steps = config.train.steps
+  if old_steps is None or (old_steps == new_steps and old_optim.get("decay_steps")
+                           == config.optim.get("decay_steps")):
+    return
+  shared = jnp.arange(min(old_steps, new_steps))
+  old_lr = optim.learning_rate_schedule(ConfigDict(old_optim), old_steps)(shared)
+  new_lr = optim.learning_rate_schedule(config.optim, new_steps)(shared)
+  if not bool(jnp.allclose(old_lr, new_lr, rtol=1e-6, atol=0)):
+    keep = old_optim.get("decay_steps") or old_steps
+    raise ValueError(
+        f"{workdir} holds a run of train.steps={old_steps} whose optim.schedule="
+        f"{config.optim.schedule!r} decays over {keep} steps; this config would change the "
+        f"learning rate of the steps already taken: add --config.optim.decay_steps={keep} to "
+        "keep its schedule, or use --fresh")

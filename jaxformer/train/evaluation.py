@@ -27,6 +27,17 @@ def evaluate(eval_step, params, pipeline, task, plan) -> dict:
   return tasks.finalize_eval(task, jax.device_get(totals))
 
 
+def token_labels(pipeline, ids) -> list[str] | None:
+  """The attention map's axis labels for a text example: the tokenizer's text of each id,
+  "[MASK]" for the id MLM appends after the vocabulary, "<id>" for any other id past it."""
+  tokenizer = getattr(pipeline, "tokenizer", None)
+  if tokenizer is None:
+    return None
+  mask_id = getattr(pipeline, "mask_id", None)
+  return ["[MASK]" if i == mask_id else tokenizer.decode([i]) if 0 <= i < tokenizer.vocab_size
+          else f"<{i}>" for i in map(int, ids)]
+
+
 class Evaluator:
   """What a run does at an eval step: metrics (logged and written), an attention map, a best
   checkpoint when the eval beats a kept one, and a sample every `train.sample_every` steps."""
@@ -38,9 +49,8 @@ class Evaluator:
     self.show_attention = jax.process_count() == 1 and t.get("attention_maps", True)
     if self.show_attention:
       self.snapshot_fn = attention_maps.make_snapshot_fn(run.module, run.task)
-      tokenizer = getattr(run.pipeline, "tokenizer", None)
-      self.labels = ([tokenizer.decode([i]) for i in steps.example[run.task.inputs[0]][0]]
-                     if tokenizer is not None and run.task.name in ("lm", "mlm") else None)
+      self.labels = (token_labels(run.pipeline, steps.example[run.task.inputs[0]][0])
+                     if run.task.name in ("lm", "mlm") else None)
     self.samples = run.task.name == "lm" and t.get("sample_tokens", 0)
     self.sample_every = t.get("sample_every", 0)      # 0: one sample at the end of training
 

@@ -14,13 +14,13 @@ them); this module runs the steps and owns the shutdown.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import signal
 
 import jax
 
+from jaxformer import cli
 from jaxformer.train import config_checks, evaluation, plots, setup
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import read
@@ -60,10 +60,10 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
   with owner:
     try:
       return _train(config, workdir, fresh=fresh, stop_after=stop_after)
-    except OSError as e:
-      if e.errno != errno.ENOSPC:
+    except Exception as e:  # noqa: BLE001  (re-raised unless the disk is full)
+      where = cli.disk_full_path(e)
+      if where is None:
         raise
-      where = e.filename or "a file"
       raise ValueError(f"no space left on the device of --workdir={workdir!r} ({where}); free "
                        "space and rerun: training resumes from the last complete checkpoint"
                        ) from e

@@ -8,6 +8,7 @@ written as the string "NaN", "Infinity" or "-Infinity", and `read` turns it back
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 
@@ -35,14 +36,18 @@ class MetricsWriter:
     self.path = path
 
   def truncate_after(self, step: int) -> None:
-    """Drop records past `step` (written after the checkpoint we resume from)."""
+    """Drop records past `step` (written after the checkpoint we resume from), and a torn
+    last line (what a kill or a full disk mid-write leaves), atomically."""
     if not os.path.exists(self.path):
       return
     with open(self.path) as f:
-      keep = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+      lines = f.readlines()
+    records = _parse(lines, self.path)
+    keep = [line for line, record in zip(lines, records)
+            if record is not None and record["step"] <= step]
     tmp = f"{self.path}.tmp"
     with open(tmp, "w") as f:
-      f.writelines(keep)
+      f.writelines(line if line.endswith("\n") else line + "\n" for line in keep)
     os.replace(tmp, self.path)
 
   def write(self, record: dict) -> None:
@@ -50,6 +55,31 @@ class MetricsWriter:
       f.write(json.dumps({k: _strict(v) for k, v in record.items()}, allow_nan=False) + "\n")
 
 
+def _parse(lines: list[str], path) -> list[dict | None]:
+  """The record of each line (None for blank lines). A torn last line (no newline, or not
+  JSON) is dropped with a warning; a bad line anywhere else is a ValueError naming it."""
+  records = []
+  for i, line in enumerate(lines):
+    if not line.strip():
+      records.append(None)
+      continue
+    try:
+      record = json.loads(line)
+      if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        raise ValueError("not a metrics record")
+    except ValueError as e:
+      if i == len(lines) - 1:
+        logging.warning("%s: dropping its torn last line %d (%s), written by an interrupted "
+                        "run", path, i + 1, line[:60].strip())
+        records.append(None)
+        continue
+      raise ValueError(f"{path}: line {i + 1} is not a metrics record ({e}); the file is "
+                       "damaged: fix or delete that line, or rerun with --fresh") from None
+    records.append({k: _numbers(v) for k, v in record.items()})
+  return records
+
+
 def read(path: str | os.PathLike) -> list[dict]:
+  """The records of a metrics.jsonl (a torn last line dropped, see `_parse`)."""
   with open(path) as f:
-    return [{k: _numbers(v) for k, v in json.loads(line).items()} for line in f if line.strip()]
+    return [r for r in _parse(f.readlines(), path) if r is not None]

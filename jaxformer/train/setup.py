@@ -58,11 +58,15 @@ def open_run(config, workdir: str, *, fresh: bool, shutdown: contextlib.ExitStac
     print(f"{workdir}: --fresh, removed the previous run's {', '.join(removed) or 'nothing'}",
           flush=True)
   config_checks.check_workdir_config(config, workdir, fresh)
+  if is_main:
+    workdir_lib.remove_rejected_attempt(workdir)
 
   t = config.train
   task = tasks.task_for(config.model)
   plan = parallel.ShardingPlan.from_config(config.mesh)
   plan.check_batch_size(t.batch_size)
+  if t.get("eval_batch_size"):
+    plan.check_batch_size(t.eval_batch_size, "train.eval_batch_size")
   pipeline = parallel.process_zero_first(     # dataset and tokenizer made once, by process 0
       lambda: make_pipeline(config, workdir=workdir, process_index=jax.process_index(),
                             process_count=jax.process_count()),

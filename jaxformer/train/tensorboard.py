@@ -10,6 +10,7 @@ logdir and TensorBoard merges them; `purge_step` makes TensorBoard drop the poin
 from __future__ import annotations
 
 import io
+import logging
 import os
 import sys
 
@@ -75,7 +76,18 @@ class SummaryWriter:
     self._writer.flush()
 
   def close(self) -> None:
-    self._writer.close()
+    """Flush and close. A failed flush (a full disk) is logged and the event writer is closed
+    anyway: tensorboardX would otherwise retry it at exit and print its traceback twice (its
+    atexit hook and its worker thread) after the run has reported the disk itself."""
+    try:
+      self._writer.close()
+    except OSError as e:
+      logging.warning("TensorBoard events in %s are incomplete: %s", self.logdir, e)
+      for file_writer in (self._writer.all_writers or {}).values():
+        events = file_writer.event_writer
+        if getattr(events, "_worker", None) is not None:
+          events._worker.stop()                    # pylint: disable=protected-access
+        events._closed = True                      # pylint: disable=protected-access
 
   def __enter__(self) -> SummaryWriter:
     return self

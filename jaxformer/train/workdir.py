@@ -5,7 +5,8 @@ The lock is an advisory `flock` on `<workdir>/.lock`, held for the life of the t
 process: the kernel releases it when the process exits in any way (a crash or a SIGKILL
 included), so a lock left by a dead process is never in the way and needs no clean-up. It is
 local to one machine's view of the file system (on NFS, flock works where the server supports
-it); a multi-host job takes it on process 0 only.
+it); a multi-host job takes it on process 0 only. `holder` tells who holds it without waiting
+(the sweep driver asks before starting a point).
 """
 
 from __future__ import annotations
@@ -17,11 +18,18 @@ import os
 import shutil
 import socket
 import tempfile
+import time
+
+from jaxformer.data import tokenizers
 
 LOCK_NAME = ".lock"
+# flock has no test: `holder` takes a free lock for a moment, so `Lock` retries that long.
+_PROBE_GRACE_S = 0.5
+_TOKENIZER_FILES = (tokenizers.TOKENIZER_FILE, tokenizers.SPM_MODEL_FILE,
+                    tokenizers.HF_MODEL_FILE)
 # What a training run writes (all of it goes on --fresh; the lock file stays).
 RUN_FILES = ("checkpoints", "best", "metrics.jsonl", "samples.txt", "curves.png", "attention",
-             "profile", "config.json", "tokenizer.json")
+             "profile", "config.json", *_TOKENIZER_FILES)
 _TB_PREFIX = "events.out.tfevents"
 
 
@@ -48,8 +56,12 @@ class Lock:
 
   def __enter__(self) -> "Lock":
     f = open(self.path, "a+")
+    deadline = time.monotonic() + _PROBE_GRACE_S
     try:
-      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      while not _try_flock(f):
+        if time.monotonic() >= deadline:
+          raise BlockingIOError(errno.EAGAIN, "held")
+        time.sleep(0.02)
     except OSError as e:
       f.seek(0)
       owner = f.read().strip() or "another process"
@@ -72,6 +84,46 @@ class Lock:
       fcntl.flock(self._file, fcntl.LOCK_UN)
       self._file.close()
       self._file = None
+
+
+def _try_flock(f) -> bool:
+  """Take the exclusive lock of open file `f` if free: True if taken, False if held."""
+  try:
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return True
+  except OSError as e:
+    if e.errno not in (errno.EAGAIN, errno.EACCES):
+      raise
+    return False
+
+
+def holder(workdir: str) -> str | None:
+  """Who holds `workdir`'s lock ("pid N on HOST, since ..."), or None when no process does.
+  Asking takes a free lock for a moment (see `_PROBE_GRACE_S`); a lock file that cannot be
+  locked at all (a file system without flock) counts as free, as `Lock` would fail itself."""
+  try:
+    f = open(os.path.join(workdir, LOCK_NAME))
+  except OSError:                # none yet (or unreadable: `Lock` will say why)
+    return None
+  with f:
+    try:
+      if _try_flock(f):
+        return None
+    except OSError:
+      return None
+    return f.read().strip() or "another process"
+
+
+def remove_rejected_attempt(workdir: str) -> list[str]:
+  """Without config.json a workdir holds no accepted run: a tokenizer there was left by an
+  attempt whose config was rejected after the data was read, and must not be reused by the
+  corrected run (it may describe other data). Removed; returns the names."""
+  if os.path.exists(os.path.join(workdir, "config.json")):
+    return []
+  names = [n for n in _TOKENIZER_FILES if os.path.exists(os.path.join(workdir, n))]
+  for name in names:
+    os.remove(os.path.join(workdir, name))
+  return names
 
 
 def clear(workdir: str) -> list[str]:

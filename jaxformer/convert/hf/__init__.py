@@ -9,6 +9,10 @@ logits = models.build(model_config).apply({"params": params}, tokens)
 hf.save(model_config, params, "out_dir")   # transformers' from_pretrained(out_dir) loads it
 ```
 
+`hf.save` refuses a directory holding a training run (its config.json is the run's) and one
+holding a checkpoint already unless `overwrite=True`, which also removes the old checkpoint's
+shards, indexes and .bin files that the new model.safetensors replaces.
+
 Supported architectures (the `architectures` entry of config.json, or its `model_type`):
 
 | Hugging Face | jaxformer |

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import os
 import re
 import warnings
@@ -42,7 +43,8 @@ import numpy as np
 from flax import traverse_util
 
 from jaxformer import models, scaling
-from jaxformer.convert.hf.io import read_config, read_tensors, require_safetensors, write
+from jaxformer.convert.hf.io import (checkpoint_files, read_config, read_tensors,
+                                     require_safetensors, write)
 from jaxformer.models.stack import unstack_layers
 
 # Task heads transformers keeps outside the base model's prefix.
@@ -290,14 +292,16 @@ def load(path: str | os.PathLike):
     missing = [n for n in rule.hf if n not in tensors]
     if missing:
       raise ValueError(f"{arch} checkpoint {path} is missing tensor {missing[0]!r}"
-                       + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+                       + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+                       + hc.defaults_note())
     arrays = [tensors[n] for n in rule.hf]
     used.update(rule.hf)
     want = jax.eval_shape(rule.to_hf, jax.ShapeDtypeStruct(rule.shape, jnp.float32))
     for name, a, w in zip(rule.hf, arrays, want):
       if tuple(a.shape) != tuple(w.shape):
         raise ValueError(f"{arch} checkpoint {path}: tensor {name!r} has shape "
-                         f"{tuple(a.shape)}, expected {tuple(w.shape)} from config.json")
+                         f"{tuple(a.shape)}, expected {tuple(w.shape)} from config.json"
+                         + hc.defaults_note())
     if ours_has:
       flat[rule.ours] = np.ascontiguousarray(rule.to_ours(rule.shape, *arrays), np.float32)
     elif any(np.any(a != 0) for a in arrays):
@@ -319,7 +323,8 @@ def load(path: str | os.PathLike):
       warnings.warn(f"{arch} checkpoint {path}: dropping {name} ({dropped})")
   if unexpected:
     raise ValueError(f"{arch} checkpoint {path} has tensors jaxformer does not use: "
-                     f"{unexpected[:8]}" + (" ..." if len(unexpected) > 8 else ""))
+                     f"{unexpected[:8]}" + (" ..." if len(unexpected) > 8 else "")
+                     + hc.defaults_note())
   params = traverse_util.unflatten_dict(flat, sep="/")
   return ml_collections.ConfigDict(cfg), params
 
@@ -337,16 +342,59 @@ def _normalise_names(tensors: dict, conv: ModuleType, kind: str) -> dict:
   return out
 
 
-def save(model_config, params, out_dir: str | os.PathLike) -> str:
+# What marks a jaxformer training workdir (see RUN_FILES in jaxformer/train/workdir.py): its
+# config.json is the run's, which an HF config.json must never replace.
+_RUN_MARKERS = ("checkpoints", "best", "metrics.jsonl")
+
+
+def _training_run_files(out_dir: str) -> list[str]:
+  """What in out_dir shows a training run lives there (empty if none)."""
+  found = [n + "/" * os.path.isdir(os.path.join(out_dir, n)) for n in _RUN_MARKERS
+           if os.path.exists(os.path.join(out_dir, n))]
+  try:
+    with open(os.path.join(out_dir, "config.json"), "rb") as f:
+      config = json.load(f)
+  except (OSError, ValueError):         # absent or not JSON: not a training config
+    config = None
+  if isinstance(config, dict) and {"model", "train"} <= set(config):
+    found.append("a training config.json")
+  return found
+
+
+def _check_out_dir(out_dir: str, overwrite: bool):
+  """out_dir may be new, empty, or hold files other than a checkpoint's; an earlier
+  Hugging Face save there is replaced only with overwrite=True; a training run never."""
+  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+    raise ValueError(f"hf.save: {out_dir} is a file, not a directory; give a directory path")
+  run = _training_run_files(out_dir)
+  if run:
+    raise ValueError(f"hf.save: {out_dir} holds a training run ({', '.join(run)}); writing a "
+                     "Hugging Face checkpoint there would replace the run's config.json: save "
+                     f"to another directory, e.g. {os.path.join(out_dir, 'hf')}")
+  existing = checkpoint_files(out_dir)
+  if existing and not overwrite:
+    raise ValueError(f"hf.save: {out_dir} already holds {', '.join(existing[:4])}"
+                     + (f" (and {len(existing) - 4} more)" if len(existing) > 4 else "")
+                     + "; pass overwrite=True to replace that checkpoint, or save to another "
+                     "directory")
+
+
+def save(model_config, params, out_dir: str | os.PathLike, *, overwrite: bool = False) -> str:
   """Write `config.json` + `model.safetensors` loadable by transformers' `from_pretrained`.
 
   A decoder becomes GPT2LMHeadModel (positions='learned', norm='layernorm'), else
   LlamaForCausalLM, MistralForCausalLM (window set) or MixtralForCausalLM (num_experts > 0);
   bert -> BertForMaskedLM (the pooler is written too); vit -> ViTForImageClassification.
   `params` may be scanned (a `layers` subtree), boxed, or wrapped as {'params': ...}.
-  Returns out_dir.
+
+  out_dir must not hold a training run (its config.json would be lost). A checkpoint already
+  there (config.json, weights, shards) is refused unless `overwrite=True`, which replaces it
+  and removes the old one's other weight files (shards, indexes, .bin), which would otherwise
+  sit beside the new model.safetensors; other files are left alone. Returns out_dir.
   """
   require_safetensors()                 # before any work: the missing extra is the first fix
+  out_dir = os.fspath(out_dir)
+  _check_out_dir(out_dir, overwrite)
   cfg = _config_dict(model_config)
   conv = converters()[cfg["family"]]
   arch, hc, flags = conv.to_hf(cfg)
@@ -384,4 +432,4 @@ def save(model_config, params, out_dir: str | os.PathLike) -> str:
     elif ours_has and np.any(value != 0):
       raise ValueError(f"{arch} has no tensor for param {rule.ours} and it is not zero, so "
                        f"this model cannot be saved as {arch}")
-  return write(os.fspath(out_dir), hc, out)
+  return write(out_dir, hc, out)
