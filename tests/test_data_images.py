@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from jaxformer import cli
 from jaxformer.data import batching, images
+from tests.user_errors import user_error as _user_error
 
 MNIST_DIR = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
 
@@ -29,18 +29,6 @@ def _pipeline(source, data_dir, *, batch=8, eval_batch=16, seed=0, process_index
       _config(source, **fields), seed=seed, global_batch_size=batch,
       eval_batch_size=eval_batch, process_index=process_index, process_count=process_count,
       workdir="unused", data_dir=str(data_dir))
-
-
-def _user_error(fn, *parts) -> str:
-  """fn() raises a ValueError that the CLIs print as one line `error: ...` (raised in
-  jaxformer's own code) and whose message holds every one of `parts`."""
-  with pytest.raises(ValueError) as info:
-    fn()
-  message = str(info.value)
-  assert cli.is_user_error(info.value), message
-  for part in parts:
-    assert str(part) in message, (part, message)
-  return message
 
 
 def _all_records(pipeline, split):

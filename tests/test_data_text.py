@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
-from jaxformer import cli
 from jaxformer.data import packing, text, text_builder, tokenizers
+from tests.user_errors import user_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,18 +40,6 @@ def small_file(tmp_path_factory):
   path = tmp_path_factory.mktemp("text") / "small.txt"
   path.write_text(SMALL_TEXT, encoding="utf-8")
   return str(path)
-
-
-def user_error(fn, *parts) -> str:
-  """fn() raises a ValueError that the CLIs print as one line `error: ...` (raised in
-  jaxformer's own code) and whose message holds every one of `parts`."""
-  with pytest.raises(ValueError) as info:
-    fn()
-  message = str(info.value)
-  assert cli.is_user_error(info.value), message
-  for part in parts:
-    assert str(part) in message, (part, message)
-  return message
 
 
 def data_config(source, tokenizer="char", seq_len=16, **extra):

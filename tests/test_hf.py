@@ -24,10 +24,11 @@ import jax
 import jax.numpy as jnp
 from safetensors.numpy import load_file, save_file
 
-from jaxformer import cli, models
+from jaxformer import models
 from jaxformer.convert import hf
 from jaxformer.convert.hf import io as hf_io
 from jaxformer.models.stack import stack_layers
+from tests.user_errors import user_error as _user_error
 
 transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
@@ -116,18 +117,6 @@ def _ours(config, params):
   else:
     fn = lambda p: module.apply({"params": p}, jnp.asarray(TOKENS, jnp.int32))
   return np.asarray(jax.jit(fn)(params))
-
-
-def _user_error(fn, *parts) -> str:
-  """fn() raises a ValueError that the CLIs print as one line `error: ...` (raised in
-  jaxformer's own code) and whose message holds every one of `parts`."""
-  with pytest.raises(ValueError) as info:
-    fn()
-  message = str(info.value)
-  assert cli.is_user_error(info.value), message
-  for part in parts:
-    assert str(part) in message, (part, message)
-  return message
 
 
 def _assert_same_params(a, b):
