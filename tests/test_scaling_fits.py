@@ -285,7 +285,13 @@ def test_isoflop_optimum_recovers_law_exponents():
     assert _log_ratio(n_opt, chinchilla.HOFFMANN_2022.compute_optimal(flops)[0]) < 0.05
   noisy = scaling.isoflop_optimum(n, d, _lognormal(loss, 0.002, seed=0), c, samples=100)
   assert abs(noisy.params["a"] - A_TRUE) < 0.02
-  assert noisy.findings == ()
+  # One resample drew 2 of the 7 sizes at a budget: it is dropped, counted and reported.
+  assert noisy.bootstrap_failed == 1 and len(noisy.draws()) == 99
+  assert noisy.findings == ("1 of 100 bootstrap resamples could not be fit and were dropped "
+                            "(all of them: isoflop_optimum (budget 1e+18) needs at least 3 "
+                            "distinct values of n; got 2: vary n across runs (distinct values: "
+                            "[4.564e+07, 1.826e+08])); the intervals come from the other 99, a "
+                            "selected subset, so they may be too narrow",)
   # Another law (a = 0.25), sizes centred 1.4x off its optimum (as a plan from a previous
   # fit would place them): the exponent follows the law, not the placement of the sizes.
   other = {"E": 1.0, "A": 200.0, "B": 2e3, "alpha": 0.6, "beta": 0.2}
@@ -456,3 +462,175 @@ def test_an_interval_reaching_a_bound_is_a_finding():
   assert laws._bound_findings({"c": 2e-3}, {"c": (0.0, 0.02)}, reasons, draws=inside) == ()
   [at] = laws._bound_findings({"c": 0.0}, {"c": (0.0, 0.02)}, reasons, draws=draws)
   assert "is at its lower bound" in at
+
+
+# ---------------------------------------------------------------------- identifiability
+
+def _chinchilla_grid(ns, ds):
+  n, d = (v.ravel() for v in np.meshgrid(ns, ds))
+  return n, d, _chinchilla(n, d)
+
+
+def _kaplan_joint(n, d):
+  p = KAPLAN_JOINT
+  return ((p["N_c"] / n) ** (p["alpha_N"] / p["alpha_D"]) + p["D_c"] / d) ** p["alpha_D"]
+
+
+N6, D6 = np.geomspace(7e7, 1.6e10, 6), np.geomspace(5e9, 5e11, 6)
+X8 = np.geomspace(1e6, 1e9, 8)
+FLAT = 2.5 + 0 * X8
+GRID_N, GRID_D = (v.ravel() for v in np.meshgrid(X8[:4], 100 * X8[:4]))     # 4 x 4 (n, d)
+ISO_N, ISO_D, ISO_L, ISO_C = _isoflop_points(CHINCHILLA, [1e18, 1e19, 1e20], sizes=5)
+FEW_PAIRS_N = np.r_[N6[:3], N6[:2], N6[0]]             # 6 runs, 5 distinct (n, d) pairs
+FEW_PAIRS_D = np.r_[D6[:3], D6[1:3], D6[0]]
+
+
+@pytest.mark.parametrize("call,match", [
+    # Too few distinct N or D for the parameters. Approach 3 on 2 token counts returned an
+    # arbitrary beta (1.40 in the #26 probe) with a confident interval.
+    (lambda: scaling.fit_parametric(*_chinchilla_grid(N6, [5e9, 5e11]), samples=0),
+     r"fit_parametric needs at least 3 distinct values of d; got 2: vary d across runs \(with "
+     r"2, E takes the level and one loss difference is left for both B and beta, which are "
+     r"then not identified; distinct values: \[5e\+09, 5e\+11\]\)"),
+    (lambda: scaling.fit_parametric(*_chinchilla_grid([1e8, 1e9], D6), samples=0),
+     r"at least 3 distinct values of n; got 2: .*for both A and alpha"),
+    (lambda: scaling.fit_parametric(FEW_PAIRS_N, FEW_PAIRS_D, np.linspace(3.0, 2.5, 6),
+                                    samples=0),
+     r"fit_parametric needs at least 6 distinct \(n, d\) pairs \(5 parameters \+ 1\); got 5: "
+     r"add runs at new sizes or token counts \(replicates of a run add no equation\)"),
+    (lambda: scaling.fit_parametric(N6, 20 * N6, _chinchilla(N6, 20 * N6), samples=0),
+     r"fit_parametric: the runs lie on one line in \(log n, log d\) \(d ~ n\^1.00, .*one "
+     r"tokens-per-parameter ratio\), so the N and D terms cannot be told apart"),
+    (lambda: scaling.fit_parametric(ISO_N, 1e20 / (6 * ISO_N), ISO_L, samples=0),
+     r"one line in \(log n, log d\) \(d ~ n\^-1.00, .*\(one IsoFLOP budget"),
+    (lambda: scaling.fit_kaplan_joint(GRID_N[[0, 1, 4, 5, 0]], GRID_D[[0, 1, 4, 5, 0]],
+                                      [3.0, 2.9, 2.8, 2.7, 3.0]),
+     r"fit_kaplan_joint needs at least 5 distinct \(n, d\) pairs \(4 parameters \+ 1\); got 4"),
+    (lambda: scaling.isoflop_optimum(ISO_N, ISO_C / 1e10, ISO_L, ISO_C, samples=0),
+     r"isoflop_optimum \(budget 1e\+18\) needs at least 3 distinct values of d; got 1: vary d "
+     r"across runs \(the parabola in log d has 3 coefficients"),
+    # A constant loss: approach 3 returned arbitrary exponents (alpha = 276 in the #26
+    # probe), Kaplan alpha_N = 2e-17 and N_c = inf.
+    (lambda: scaling.fit_kaplan_n(X8, FLAT),
+     r"fit_kaplan_n: the loss does not fall with N: it is 2.5 at every point, and a constant "
+     r"determines no exponent; check that each run logged its own loss"),
+    (lambda: scaling.fit_kaplan_d(X8, FLAT), r"fit_kaplan_d: the loss does not fall with D: it"),
+    (lambda: scaling.fit_saturating(X8, FLAT), r"fit_saturating: the loss does not fall with x: "),
+    (lambda: scaling.fit_zhai(X8, FLAT), r"fit_zhai: the error does not fall with compute: it "),
+    (lambda: scaling.fit_kaplan_joint(GRID_N, GRID_D, 2.5 + 0 * GRID_N),
+     r"fit_kaplan_joint: the loss does not fall with n or d: it is 2.5 at every point"),
+    (lambda: scaling.fit_parametric(*_chinchilla_grid(N6, D6)[:2], np.full(36, 2.5), samples=0),
+     r"fit_parametric: the loss does not fall with n or d: it is 2.5 at every point"),
+    (lambda: scaling.isoflop_optimum(ISO_N, ISO_D, 2.5 + 0 * ISO_N, ISO_C, samples=0),
+     r"isoflop_optimum \(budget 1e\+18\): the loss is 2.5 at every size, so the IsoFLOP curve "
+     r"has no minimum"),
+    (lambda: scaling.envelope_optimum(
+        [dict(params=p, tokens=X8 * p, loss=FLAT) for p in (1e6, 2e6, 4e6)], samples=0),
+     r"envelope_optimum: the loss does not fall with compute: it is 2.5 at every point"),
+    # A loss that rises with size and data.
+    (lambda: scaling.fit_parametric(*_chinchilla_grid(N6, D6)[:2],
+                                    5 - _chinchilla_grid(N6, D6)[2], samples=0),
+     r"fit_parametric: the loss does not fall with n or d \(log-log slopes \+0.\d+ in n, "
+     r"\+0.\d+ in d\); check the runs"),
+    (lambda: scaling.fit_kaplan_joint(GRID_N, GRID_D, 5 - _kaplan_joint(GRID_N, GRID_D)),
+     r"fit_kaplan_joint: the loss does not fall with n or d \(log-log slopes \+"),
+    (lambda: scaling.fit_zhai(X8, 0.1 + 1e-3 * X8 ** 0.1),
+     r"fit_zhai: the error does not fall with compute; check the runs or train them longer "
+     r"\(log-log slope \+"),
+])
+def test_fits_refuse_points_that_cannot_identify_the_law(call, match):
+  """Inputs that leave a parameter undetermined are refused before fitting, with the argument
+  and the fix: the fits used to return arbitrary exponents with confident intervals."""
+  with pytest.raises(ValueError, match=match):
+    call()
+
+
+def _unmeasured(fit, keys):
+  """`keys` are exactly the fit's unidentified parameters: no interval for them (NaN), finite
+  intervals for the others, and the JSON summary says which."""
+  assert set(fit.unidentified) == set(keys), fit.unidentified
+  for key in fit.params:
+    assert np.isnan(fit.ci(key)).all() == (key in keys), (key, fit.ci(key))
+  assert fit.as_dict()["unidentified"] == list(fit.unidentified)
+
+
+def test_a_parameter_at_a_bound_is_a_finding_with_no_interval():
+  """A parameter driven to a bound of its search range (or, for approach 3's unbounded
+  parameters, drifting: E -> 0, a term too small to matter) is a finding, and its bootstrap
+  interval, a pile-up at the bound, is not reported. Few resamples: only the flags matter."""
+  steep = scaling.fit_saturating(X8, 2 + (1e6 / X8) ** 12, samples=4)
+  assert any(f.startswith("alpha = 10 is at its upper bound (10)") for f in steep.findings)
+  _unmeasured(steep, {"alpha", "X_c"})
+  pure = scaling.fit_saturating(X8, (8.8e13 / X8) ** 0.076, samples=4)
+  assert pure.findings[0].startswith("E = ") and "lower bound" in pure.findings[0]
+  _unmeasured(pure, {"E"})
+  c = np.geomspace(1e15, 1e21, 8)
+  zhai = scaling.fit_zhai(c, 0.1 + (1e16 / c) ** 15, samples=4)
+  assert any(f.startswith("b = 10 is at its upper bound") for f in zhai.findings)
+  assert "a" in zhai.unidentified and "b" in zhai.unidentified
+  assert np.isnan(zhai.ci("b")).all() and len(zhai.draws()) >= 2
+  flat_n = scaling.fit_kaplan_joint(GRID_N, GRID_D, (1.8e13 / GRID_D) ** 0.103, samples=4)
+  assert flat_n.findings[0].startswith("the term (N_c / N)^(alpha_N / alpha_D) is below 1e-4 "
+                                       "of the bracket at every n")
+  _unmeasured(flat_n, {"alpha_N", "N_c"})
+  # Approach 3 put alpha = 48 on a loss flat in N, and E = 1e-10 on a pure power law.
+  n, d = (v.ravel() for v in np.meshgrid(N6[::2], D6[::2]))
+  starts = _small_grid()
+  fit = scaling.fit_parametric(n, d, 1.69 + 410.7 / d ** 0.28, samples=4, starts=starts)
+  assert fit.findings[0].startswith("A / N^alpha is below 1e-4 of the loss at every N")
+  _unmeasured(fit, {"A", "alpha"})
+  assert np.isnan(fit.exponents()["a"][1]).all()         # a = beta / (alpha + beta): no CI
+  fit = scaling.fit_parametric(n, d, _chinchilla(n, d) - 1.69, samples=4, starts=starts)
+  assert fit.findings[0] == (f"E = {fit.params['E']:.3g} is at its lower bound 0: no "
+                             "irreducible loss is visible over these runs (the law reduces to "
+                             "power laws in N and D), so E is not measured")
+  _unmeasured(fit, {"E"})
+  assert np.isfinite(fit.exponents()["a"][1]).all()
+
+
+def test_isoflop_degenerate_results_are_findings():
+  """Approach 2: budgets of exactly 3 sizes (the parabola has no check) and a minimum loss
+  that does not fall with compute are reported."""
+  keep = np.r_[1:4, 6:9, 11:14]                                 # 3 sizes a budget
+  fit = scaling.isoflop_optimum(ISO_N[keep], ISO_D[keep], ISO_L[keep], ISO_C[keep], samples=0)
+  assert fit.findings == ("budget 1e+18, 1e+19, 1e+20: 3 sizes, so the parabola (3 "
+                          "coefficients) passes through them: no check of its shape; train >= "
+                          "5 sizes a budget",)
+  rising = scaling.isoflop_optimum(ISO_N, ISO_D, ISO_L + np.log10(ISO_C), ISO_C, samples=0)
+  assert rising.findings[0].startswith("the minimum loss does not fall with compute (1e+18: ")
+  assert scaling.isoflop_optimum(ISO_N, ISO_D, ISO_L, ISO_C, samples=0).findings == ()
+
+
+def test_bootstrap_counts_and_reports_resamples_it_cannot_fit():
+  """Dropped resamples bias the intervals towards the resamples that fit: they are counted,
+  their commonest reason given, and a fit reports them (a finding, `bootstrap_failed`)."""
+  from jaxformer.scaling import stats
+  x = np.arange(20.0)
+
+  def fit_once(v):
+    if v.max() < 19:
+      raise ValueError(f"the largest value drawn is {v.max():g}")
+    return {"mean": v.mean(), "inv": 1 / (1 + v.min()) if v.min() < 2 else np.inf}
+
+  boot = stats.bootstrap(fit_once, (x,), samples=40, seed=0)
+  assert boot.requested == 40 and boot.failed == len(boot.errors) > 0
+  assert len(boot.draws["mean"]) == 40 - boot.failed
+  assert any(e.startswith("non-finite inv = inf") for e in boot.errors)
+  [finding] = boot.findings()
+  assert finding.startswith(f"{boot.failed} of 40 bootstrap resamples could not be fit and "
+                            "were dropped (")
+  assert finding.endswith(f"the intervals come from the other {40 - boot.failed}, a selected "
+                          "subset, so they may be too narrow")
+  assert stats.bootstrap(lambda v: {"mean": v.mean()}, (x,), samples=5).findings() == ()
+  with pytest.raises(ValueError, match=r"only \d+ of 20 bootstrap resamples could be fit "
+                                       r"\(\d+ of them: the largest value drawn is 1\d\)"):
+    stats.bootstrap(lambda v: fit_once(v[:8]), (x,), samples=20)
+  # Through a fit: 4 sizes, and a resample that draws 2 of them cannot fit L(N).
+  fit = scaling.fit_kaplan_n(X8[:4], (8.8e13 / X8[:4]) ** 0.076, samples=50)
+  assert fit.bootstrap_failed == 23 and len(fit.draws()) == 27
+  assert fit.as_dict()["bootstrap_failed"] == 23
+  assert fit.findings == (f"23 of 50 bootstrap resamples could not be fit and were dropped "
+                          "(all of them: fit_kaplan_n needs at least 3 distinct values of N; "
+                          "got 2: vary N across runs (distinct values: [1e+06, 2.683e+06])); "
+                          "the intervals come from the other 27, a selected subset, so they may "
+                          "be too narrow",)

@@ -52,11 +52,13 @@ class ParametricFit(stats.Fit):
     return _compute_optimal(self.params, flops)
 
   def exponents(self) -> dict[str, tuple[float, tuple[float, float]]]:
-    """{'a': (value, ci), 'b': (value, ci)} of N_opt ~ C^a and D_opt ~ C^b."""
+    """{'a': (value, ci), 'b': (value, ci)} of N_opt ~ C^a and D_opt ~ C^b; no interval
+    (nan, nan) when alpha or beta is not identified."""
+    draws = [] if {"alpha", "beta"} & set(self.unidentified) else self.draws()
     out = {}
     for key, fn in (("a", lambda p: p["beta"] / (p["alpha"] + p["beta"])),
                     ("b", lambda p: p["alpha"] / (p["alpha"] + p["beta"]))):
-      out[key] = (fn(self.params), stats.interval([fn(p) for p in self.draws()], self.level))
+      out[key] = (fn(self.params), stats.interval([fn(p) for p in draws], self.level))
     return out
 
   def optimal_tokens(self, n_params: Any) -> Any:
@@ -251,11 +253,18 @@ def fit_parametric(n: Any, d: Any, loss: Any, *, huber_delta: float = 1e-3,
   fit is repeated on `samples` bootstrap resamples of the runs, each from the full fit's
   `bootstrap_starts` best distinct local minima (the paper's whole grid per resample would cost
   4500 x samples L-BFGS runs). Default cost: ~10 s for the grid on a laptop core plus ~0.3 s
-  a resample. Needs >= 6 runs (5 parameters + 1) with >= 2 distinct N and D.
+  a resample.
+
+  Refused (ValueError) before fitting, as they leave parameters undetermined (the fit then
+  returned arbitrary exponents with confident intervals): fewer than 3 distinct N or D (E
+  absorbs the level, so 2 sizes leave one loss difference for A and alpha), fewer than 6
+  distinct (N, D) pairs, runs on one line in (log N, log D), a constant loss, a loss that
+  falls with neither N nor D. Findings (and no interval: `unidentified`): an exponent <= 0.01,
+  a term below 1e-4 of the loss at all but one N or D (its exponent and scale drift), E below
+  1e-4 of the loss (at its bound 0).
   """
-  n, d, loss = stats.as_points("fit_parametric", 6, ("n", "d", "loss"), n=n, d=d, loss=loss)
-  stats.require_distinct("fit_parametric", "n", n, 2)
-  stats.require_distinct("fit_parametric", "d", d, 2)
+  what = "fit_parametric"
+  n, d, loss = stats.as_points(what, 6, ("n", "d", "loss"), n=n, d=d, loss=loss)
   if not (np.isfinite(huber_delta) and huber_delta > 0):
     raise ValueError(f"fit_parametric: huber_delta={huber_delta} must be > 0 (the paper "
                      "uses 1e-3)")
@@ -263,33 +272,86 @@ def fit_parametric(n: Any, d: Any, loss: Any, *, huber_delta: float = 1e-3,
   if starts.shape[1:] != (5,):
     raise ValueError(f"fit_parametric: starts must be [k, 5] rows (a, b, e, alpha, beta); "
                      f"got shape {starts.shape}")
+
+  def check(n, d):
+    for name, values, terms in (("n", n, "A and alpha"), ("d", d, "B and beta")):
+      stats.require_distinct(what, name, values, 3,
+                             why=f"with 2, E takes the level and one loss difference is left "
+                                 f"for both {terms}, which are then not identified")
+    stats.require_design(what, n, d, 5)
+
+  check(n, d)
+  stats.require_varying(what, "loss", loss, "n or d")
+  slopes = stats.log_slopes(loss, n, d)
+  if np.all(slopes >= 0):
+    raise ValueError(f"{what}: the loss does not fall with n or d (log-log slopes "
+                     f"{slopes[0]:+.3f} in n, {slopes[1]:+.3f} in d); check the runs")
   log_n, log_d, log_l = np.log(n), np.log(d), np.log(loss)
   thetas, objective = _minimise(starts, log_n[None], log_d[None], log_l[None], huber_delta)
   params = _theta_to_params(thetas[0])
   local = _distinct(thetas[np.isfinite(objective)], bootstrap_starts)
 
   def fit_once(n, d, loss):
-    stats.require_distinct("fit_parametric", "n", n, 2)
-    stats.require_distinct("fit_parametric", "d", d, 2)
+    check(n, d)
     th, _ = _minimise(local, np.log(n)[None], np.log(d)[None], np.log(loss)[None],
                       huber_delta)
     return _theta_to_params(th[0])
 
-  draws = stats.bootstrap(fit_once, (n, d, loss), samples=samples, seed=seed)
-  findings = []
-  for key in ("alpha", "beta"):
-    if params[key] <= 0.01:
-      findings.append(f"{key} = {params[key]:.3g}: the loss does not fall with "
-                      f"{'N' if key == 'alpha' else 'D'} over these runs, so the law cannot "
-                      "place the optimum; vary that axis more")
-  resid = np.log(_parametric(params, n, d)) - log_l
+  boot = stats.bootstrap(fit_once, (n, d, loss), samples=samples, seed=seed)
+  findings, unidentified = _parametric_findings(params, boot.draws, n, d)
+  with np.errstate(over="ignore"):
+    resid = np.log(_parametric(params, n, d)) - log_l
   return ParametricFit(
-      law="L = E + A / N^alpha + B / D^beta", params=params, samples=draws, n_points=n.size,
-      rms_residual=float(np.sqrt(np.mean(resid ** 2))),
+      law="L = E + A / N^alpha + B / D^beta", params=params, samples=boot.draws,
+      n_points=n.size, rms_residual=float(np.sqrt(np.mean(resid ** 2))),
       method=f"Huber (delta={huber_delta:g}) on log L, log-sum-exp form, L-BFGS from "
              f"{len(starts)} starts (bootstrap: {len(local)} starts)",
-      findings=tuple(findings), predict_fn=_parametric,
-      extra={"objective": float(objective[0])})
+      findings=(*findings, *boot.findings()), predict_fn=_parametric,
+      extra={"objective": float(objective[0])}, unidentified=tuple(unidentified),
+      bootstrap_failed=boot.failed)
+
+
+def _parametric_findings(params: dict, draws: dict, n: np.ndarray,
+                         d: np.ndarray) -> tuple[list[str], list[str]]:
+  """(findings, unidentified parameters) of an approach-3 fit. Its parameters are unbounded
+  (exponents, logs of A, B, E), so a degenerate fit does not stop at a bound: it drifts, to
+  an exponent near 0 (the term is a constant, E absorbs it), a term too small to matter
+  (alpha = 48 on a loss flat in N), or E -> 0 (no irreducible loss visible)."""
+  findings, unidentified = [], []
+
+  def lose(*keys):
+    unidentified.extend(k for k in keys if k not in unidentified)
+
+  for key, scale, axis in (("alpha", "A", "N"), ("beta", "B", "D")):
+    if params[key] <= 0.01:
+      findings.append(f"{key} = {params[key]:.3g}: the loss does not fall with {axis} over "
+                      "these runs, so the law cannot place the optimum; vary that axis more "
+                      f"({key}, {scale} and E are not measured)")
+      lose(key, scale, "E")
+  with np.errstate(over="ignore"):     # a drifted exponent (alpha = 48): N^alpha = inf
+    total = _parametric(params, n, d)
+    terms = {"alpha": params["A"] / n ** params["alpha"],
+             "beta": params["B"] / d ** params["beta"]}
+  for key, scale, axis, x in (("alpha", "A", "N", n), ("beta", "B", "D", d)):
+    seen = stats.visible_at(terms[key], total, x)
+    if seen < 2:
+      findings.append(f"{scale} / {axis}^{key} is below 1e-4 of the loss at "
+                      f"{'every' if seen == 0 else 'all but one'} {axis} ({key} = "
+                      f"{params[key]:.3g}, {scale} = {params[scale]:.3g}): the loss does not "
+                      f"change with {axis} as a power law over these runs, so {scale} and "
+                      f"{key} are not measured")
+      lose(key, scale)
+  floor = 1e-4 * float(total.min())
+  low = stats.interval(draws.get("E", ()))[0]
+  if params["E"] < floor:
+    findings.append(f"E = {params['E']:.3g} is at its lower bound 0: no irreducible loss is "
+                    "visible over these runs (the law reduces to power laws in N and D), so "
+                    "E is not measured")
+    lose("E")
+  elif np.isfinite(low) and low < floor:
+    findings.append(f"E = {params['E']:.4g}, but its 95% interval reaches 0 ({low:.3g}), so "
+                    "these runs do not pin E down: no irreducible loss need be visible")
+  return findings, unidentified
 
 
 # ------------------------------------------------------------------ approaches 1 and 2
@@ -339,6 +401,10 @@ def _budget_optima(n, d, loss, budget) -> tuple[np.ndarray, ...]:
     sel = budget == c
     what = f"isoflop_optimum (budget {c:.3g})"
     stats.require_distinct(what, "n", n[sel], 3)
+    stats.require_distinct(what, "d", d[sel], 3, why="the parabola in log d has 3 coefficients")
+    if np.ptp(loss[sel]) <= 1e-9 * np.abs(loss[sel]).max():
+      raise ValueError(f"{what}: the loss is {loss[sel][0]:.6g} at every size, so the IsoFLOP "
+                       "curve has no minimum; check that each run logged its own loss")
     log_n_opt, loss_min = _parabola_vertex(np.log(n[sel]), loss[sel], what)
     log_d_opt, _ = _parabola_vertex(np.log(d[sel]), loss[sel], what)
     out.append((c, np.exp(log_n_opt), np.exp(log_d_opt), loss_min))
@@ -351,7 +417,9 @@ def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
   curve). Per budget: least-squares parabolas of loss in log N and in log D; their vertices
   are N_opt(C) and D_opt(C) (D from its own parabola, so no FLOP convention is assumed).
   Then log N_opt and log D_opt are fitted as lines in log C. Intervals: runs resampled
-  within their budget. Needs >= 2 budgets with >= 3 distinct sizes each (>= 5 advised)."""
+  within their budget. Needs >= 2 budgets with >= 3 distinct sizes (and token counts) each
+  and a loss that varies within each budget; >= 5 sizes advised (3 are a finding: the
+  parabola passes through them, and resamples repeat sizes)."""
   n, d, loss, budget = stats.as_points("isoflop_optimum", 6, ("n", "d", "loss", "budget"),
                                        n=n, d=d, loss=loss, budget=budget)
   if np.unique(budget).size < 2:
@@ -364,9 +432,13 @@ def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
   def fit_once(n, d, loss, budget):
     return _optimum_power(*_budget_optima(n, d, loss, budget)[:3])
 
-  draws = stats.bootstrap(fit_once, (n, d, loss, budget), samples=samples, seed=seed,
-                          groups=budget)
+  boot = stats.bootstrap(fit_once, (n, d, loss, budget), samples=samples, seed=seed,
+                         groups=budget)
   findings = []
+  exact = [f"{ci:.3g}" for ci in c if np.unique(n[budget == ci]).size == 3]
+  if exact:
+    findings.append(f"budget {', '.join(exact)}: 3 sizes, so the parabola (3 coefficients) "
+                    "passes through them: no check of its shape; train >= 5 sizes a budget")
   for ci, no in zip(c, n_opt):
     sel = budget == ci
     if not n[sel].min() <= no <= n[sel].max():
@@ -376,8 +448,14 @@ def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
   if c.size == 2:
     findings.append("two budgets: the exponents are a line through two points (no check "
                     "of the power law); add budgets")
+  if np.all(loss_min > 0) and stats.log_slopes(loss_min, c)[0] >= 0:
+    findings.append("the minimum loss does not fall with compute (" + ", ".join(
+        f"{ci:.3g}: {li:.4g}" for ci, li in zip(c, loss_min)) + "): the budgets' runs do not "
+        "look comparable (data, LR, schedule?), so how the optimum moves with C is suspect")
+  findings += boot.findings()
   return OptimumFit(
-      law="N_opt = k_N C^a, D_opt = k_D C^b", params=params, samples=draws, n_points=n.size,
+      law="N_opt = k_N C^a, D_opt = k_D C^b", params=params, samples=boot.draws,
+      n_points=n.size, bootstrap_failed=boot.failed,
       rms_residual=float(np.sqrt(np.mean((np.log(_optimum_law(params, c)) -
                                           np.log(n_opt)) ** 2))),
       method="approach 2: parabola in log N (and log D) per budget, lines in log C",
@@ -450,6 +528,8 @@ def envelope_optimum(curves: Sequence[Curve | Mapping[str, Any]], *, grid_points
       raise ValueError(f"envelope_optimum: curve {i} needs params > 0 and increasing tokens")
   if grid_points < 10:
     raise ValueError(f"envelope_optimum: grid_points={grid_points} must be >= 10")
+  stats.require_varying("envelope_optimum", "loss", np.concatenate(
+      [np.asarray(c.loss, np.float64) for c in curves]), "compute")
   owner_sizes = np.array([c.params for c in curves])
 
   def fit_once(idx):
@@ -462,17 +542,17 @@ def envelope_optimum(curves: Sequence[Curve | Mapping[str, Any]], *, grid_points
 
   index = np.arange(len(curves), dtype=np.float64)
   params = fit_once(index)
-  draws = stats.bootstrap(fit_once, (index,), samples=samples, seed=seed)
+  boot = stats.bootstrap(fit_once, (index,), samples=samples, seed=seed)
   c, n_opt, d_opt, best = _envelope(curves, grid_points, window)
   held = sorted(set(n_opt.tolist()))
   return OptimumFit(
-      law="N_opt = k_N C^a, D_opt = k_D C^b", params=params, samples=draws,
-      n_points=len(curves),
+      law="N_opt = k_N C^a, D_opt = k_D C^b", params=params, samples=boot.draws,
+      n_points=len(curves), bootstrap_failed=boot.failed,
       rms_residual=float(np.sqrt(np.mean((np.log(_optimum_law(params, c)) -
                                           np.log(n_opt)) ** 2))),
       method=f"approach 1: envelope of {window}-point smoothed loss curves at {grid_points} "
              "compute values, lines in log C",
       findings=(f"{len(held)} of {np.unique(owner_sizes).size} model sizes hold the "
-                "envelope",), predict_fn=_optimum_law,
+                "envelope", *boot.findings()), predict_fn=_optimum_law,
       extra={"points": {"flops": c.tolist(), "n_opt": n_opt.tolist(),
                         "d_opt": d_opt.tolist(), "loss": best.tolist()}})

@@ -12,7 +12,12 @@ bootstrap confidence intervals (`stats.Fit`).
 Kaplan's laws are fitted in log-loss (least squares on log L), as a power law is a line
 there; the laws with an additive constant are fitted by bounded least squares from a grid of
 starting points, and a parameter that ends on its bound is reported in `fit.findings`: it
-means the data do not determine it (e.g. no saturation visible), not that its value is known.
+means the data do not determine it (e.g. no saturation visible), not that its value is known,
+so it (and the parameters it frees) is listed in `fit.unidentified`, with no interval.
+
+Inputs that cannot identify the law are refused before fitting (a ValueError naming the
+argument): too few distinct sizes for the parameters, a loss that is constant or does not
+fall, joint (N, D) runs on one line in log-log.
 """
 
 from __future__ import annotations
@@ -33,25 +38,38 @@ def _power(params: dict, x: np.ndarray, name: str) -> np.ndarray:
 
 
 def _fit_power(x: np.ndarray, loss: np.ndarray, name: str) -> dict[str, float]:
-  stats.require_distinct(f"fit_kaplan_{name.lower()}", name, x, 3)
+  what = f"fit_kaplan_{name.lower()}"
+  stats.require_distinct(what, name, x, 3)
+  stats.require_varying(what, "loss", loss, name)
   slope, intercept = np.polyfit(np.log(x), np.log(loss), 1)
   if slope >= 0:
-    raise ValueError(f"fit_kaplan_{name.lower()}: the loss does not fall with {name} "
+    raise ValueError(f"{what}: the loss does not fall with {name} "
                      f"(log-log slope {slope:+.3f}); check the runs or train them longer")
   alpha = -slope
-  return {f"alpha_{name}": float(alpha), f"{name}_c": float(np.exp(intercept / alpha))}
+  with np.errstate(over="ignore"):
+    x_c = np.exp(intercept / alpha)
+  return {f"alpha_{name}": float(alpha), f"{name}_c": float(x_c)}
 
 
 def _power_fit(x: Any, loss: Any, name: str, samples: int, seed: int) -> stats.Fit:
   what = f"fit_kaplan_{name.lower()}"
   x, loss = stats.as_points(what, 3, (name, "loss"), **{name: x, "loss": loss})
   params = _fit_power(x, loss, name)
-  draws = stats.bootstrap(lambda a, b: _fit_power(a, b, name), (x, loss), samples=samples,
-                          seed=seed)
+  boot = stats.bootstrap(lambda a, b: _fit_power(a, b, name), (x, loss), samples=samples,
+                         seed=seed)
+  findings, unidentified = [], []
+  if not 0 < params[f"{name}_c"] < np.inf:
+    findings.append(f"{name}_c = {params[f'{name}_c']:.3g}: alpha_{name} = "
+                    f"{params[f'alpha_{name}']:.3g} is so small that L = 1 lies beyond any "
+                    f"representable {name}; the loss barely falls, so {name}_c is not measured")
+    unidentified.append(f"{name}_c")
   predict = lambda p, v: _power(p, v, name)  # noqa: E731
-  return stats.Fit(law=f"L = ({name}_c / {name})^alpha_{name}", params=params, samples=draws,
-                   n_points=x.size, rms_residual=_rms_log(predict(params, x), loss),
-                   method="least squares on log L (a line in log-log)", predict_fn=predict)
+  return stats.Fit(law=f"L = ({name}_c / {name})^alpha_{name}", params=params,
+                   samples=boot.draws, n_points=x.size,
+                   rms_residual=_rms_log(predict(params, x), loss),
+                   method="least squares on log L (a line in log-log)",
+                   findings=(*findings, *boot.findings()), predict_fn=predict,
+                   unidentified=tuple(unidentified), bootstrap_failed=boot.failed)
 
 
 def _rms_log(pred: np.ndarray, loss: np.ndarray) -> float:
@@ -117,6 +135,32 @@ def _bound_findings(params: dict, bounds: dict, reasons: dict,
   return tuple(out)
 
 
+def _unidentified(params: dict, bounds: dict, ties: dict) -> list[str]:
+  """The parameters on a bound, each with those `ties[(key, side)]` says it frees (e.g. an
+  exponent at 0 makes its term a constant that trades off with the additive one)."""
+  out = []
+  for key, (low, high) in bounds.items():
+    side = stats.at_bound(params[key], low, high)
+    if side:
+      out += [k for k in ties.get((key, side), (key,)) if k not in out]
+  return out
+
+
+def _invisible(terms: dict, total: np.ndarray, fit: str) -> tuple[list[str], list[str]]:
+  """(findings, unidentified) for each term {label: (values, x, x name, params)} of a law
+  that shows (>= 1e-4 of `total`) at fewer than 2 distinct x: its exponent and scale drift."""
+  findings, unidentified = [], []
+  for label, (term, x, name, keys) in terms.items():
+    seen = stats.visible_at(term, total, x)
+    if seen < 2:
+      findings.append(f"the term {label} is below 1e-4 of {fit} at "
+                      f"{'every' if seen == 0 else 'all but one'} {name}: the loss does not "
+                      f"change with {name} as a power law over these points (nothing, or a "
+                      f"step), so {' and '.join(keys)} are not measured")
+      unidentified += [k for k in keys if k not in unidentified]
+  return findings, unidentified
+
+
 def _saturating(params: dict, x: np.ndarray) -> np.ndarray:
   return params["E"] + (params["X_c"] / x) ** params["alpha"]
 
@@ -128,6 +172,11 @@ def fit_saturating(x: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
   Needs >= 4 distinct X (3 parameters + 1 degree of freedom)."""
   x, loss = stats.as_points("fit_saturating", 4, ("x", "loss"), x=x, loss=loss)
   stats.require_distinct("fit_saturating", "x", x, 4)
+  stats.require_varying("fit_saturating", "loss", loss, "x")
+  slope = stats.log_slopes(loss, x)[0]
+  if slope >= 0:
+    raise ValueError("fit_saturating: the loss does not fall with x; check the runs or train "
+                     f"them longer (log-log slope {slope:+.3f})")
   e_max = float(loss.min())
 
   def fit_once(x, loss):
@@ -151,17 +200,29 @@ def fit_saturating(x: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
     return {"E": float(e), "alpha": float(alpha), "X_c": float(np.exp(log_c))}
 
   params = fit_once(x, loss)
-  draws = stats.bootstrap(fit_once, (x, loss), samples=samples, seed=seed)
-  findings = _bound_findings(params, {"E": (0.0, e_max)}, draws=draws, reasons={"E": {
+  boot = stats.bootstrap(fit_once, (x, loss), samples=samples, seed=seed)
+  bounds = {"E": (0.0, e_max), "alpha": (1e-6, 10.0)}
+  findings = [*_bound_findings(params, bounds, draws=boot.draws, reasons={"E": {
       "lower": "no saturation is visible over these points, so the law reduces to Kaplan's "
                "pure power law; E is not measured (more and larger models, or longer runs, "
                "would show whether the loss flattens)",
-      "upper": "the law puts all the remaining loss in E; the points barely fall with x"}})
-  return stats.Fit(law="L = E + (X_c / X)^alpha", params=params, samples=draws,
+      "upper": "the law puts all the remaining loss in E; the points barely fall with x"},
+      "alpha": {"lower": "the power term is a constant that trades off with E: the loss "
+                         "barely falls with x",
+                "upper": "the loss falls within the smallest x and is flat after (a step, "
+                         "not a power law): add sizes between"}})]
+  unidentified = _unidentified(params, bounds, {("alpha", "lower"): ("alpha", "X_c", "E"),
+                                                ("alpha", "upper"): ("alpha", "X_c")})
+  more, keys = _invisible({"(X_c / X)^alpha": ((params["X_c"] / x) ** params["alpha"], x, "x",
+                                               ("alpha", "X_c"))}, _saturating(params, x), "L")
+  findings += more
+  unidentified += [k for k in keys if k not in unidentified]
+  return stats.Fit(law="L = E + (X_c / X)^alpha", params=params, samples=boot.draws,
                    n_points=x.size, rms_residual=float(np.sqrt(np.mean(
                        (_saturating(params, x) - loss) ** 2))),
-                   method="bounded least squares on L, grid of E starts", findings=findings,
-                   predict_fn=_saturating)
+                   method="bounded least squares on L, grid of E starts",
+                   findings=(*findings, *boot.findings()), predict_fn=_saturating,
+                   unidentified=tuple(unidentified), bootstrap_failed=boot.failed)
 
 
 def _kaplan_joint(params: dict, n: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -174,14 +235,25 @@ def fit_kaplan_joint(n: Any, d: Any, loss: Any, *, samples: int = DEFAULT_SAMPLE
   """L(N, D) = [(N_c / N)^(alpha_N / alpha_D) + D_c / D]^alpha_D (Kaplan et al. 2020 eq. 1.5:
   alpha_N = 0.076, alpha_D = 0.103, N_c = 6.4e13, D_c = 1.8e13, fitted to early-stopped
   losses of models of several sizes on datasets of several sizes). Least squares on log L
-  over a grid of exponent starts. Needs >= 5 points with >= 2 distinct N and D."""
-  n, d, loss = stats.as_points("fit_kaplan_joint", 5, ("n", "d", "loss"), n=n, d=d, loss=loss)
-  stats.require_distinct("fit_kaplan_joint", "n", n, 2)
-  stats.require_distinct("fit_kaplan_joint", "d", d, 2)
+  over a grid of exponent starts. Needs >= 5 distinct (N, D) pairs (4 parameters + 1) with
+  >= 2 distinct N and D, not all on one line in (log N, log D)."""
+  what = "fit_kaplan_joint"
+  n, d, loss = stats.as_points(what, 5, ("n", "d", "loss"), n=n, d=d, loss=loss)
+
+  def check(n, d):
+    stats.require_distinct(what, "n", n, 2)
+    stats.require_distinct(what, "d", d, 2)
+    stats.require_design(what, n, d, 4)
+
+  check(n, d)
+  stats.require_varying(what, "loss", loss, "n or d")
+  slopes = stats.log_slopes(loss, n, d)
+  if np.all(slopes >= 0):
+    raise ValueError(f"{what}: the loss does not fall with n or d (log-log slopes "
+                     f"{slopes[0]:+.3f} in n, {slopes[1]:+.3f} in d); check the runs")
 
   def fit_once(n, d, loss):
-    stats.require_distinct("fit_kaplan_joint", "n", n, 2)
-    stats.require_distinct("fit_kaplan_joint", "d", d, 2)
+    check(n, d)
     log_n, log_d, log_l = np.log(n), np.log(d), np.log(loss)
 
     def residual(theta):
@@ -197,12 +269,31 @@ def fit_kaplan_joint(n: Any, d: Any, loss: Any, *, samples: int = DEFAULT_SAMPLE
             "N_c": float(np.exp(log_nc)), "D_c": float(np.exp(log_dc))}
 
   params = fit_once(n, d, loss)
-  draws = stats.bootstrap(fit_once, (n, d, loss), samples=samples, seed=seed)
+  boot = stats.bootstrap(fit_once, (n, d, loss), samples=samples, seed=seed)
+  bounds = {"alpha_N": (1e-4, 5.0), "alpha_D": (1e-4, 5.0)}
+  reasons = {f"alpha_{x}": {
+      "lower": f"the loss does not fall with {x} over these points",
+      "upper": f"the {x} term falls within the smallest {x} (a step, not a power law)"}
+      for x in "ND"}
+  findings = list(_bound_findings(params, bounds, reasons, draws=boot.draws))
+  unidentified = _unidentified(params, bounds, {
+      ("alpha_N", "lower"): ("alpha_N", "N_c"), ("alpha_N", "upper"): ("alpha_N", "N_c"),
+      ("alpha_D", "lower"): ("alpha_N", "alpha_D", "N_c", "D_c"),
+      ("alpha_D", "upper"): ("alpha_D", "D_c")})
+  with np.errstate(over="ignore", invalid="ignore"):
+    t_n = (params["N_c"] / n) ** (params["alpha_N"] / params["alpha_D"])
+    t_d = params["D_c"] / d
+  more, keys = _invisible({"(N_c / N)^(alpha_N / alpha_D)": (t_n, n, "n", ("alpha_N", "N_c")),
+                           "D_c / D": (t_d, d, "d", ("alpha_D", "D_c"))}, t_n + t_d,
+                          "the bracket")
+  findings += more
+  unidentified += [k for k in keys if k not in unidentified]
   return stats.Fit(law="L = [(N_c / N)^(alpha_N / alpha_D) + D_c / D]^alpha_D",
-                   params=params, samples=draws, n_points=n.size,
+                   params=params, samples=boot.draws, n_points=n.size,
                    rms_residual=_rms_log(_kaplan_joint(params, n, d), loss),
                    method="least squares on log L, grid of exponent starts",
-                   predict_fn=_kaplan_joint)
+                   findings=(*findings, *boot.findings()), predict_fn=_kaplan_joint,
+                   unidentified=tuple(unidentified), bootstrap_failed=boot.failed)
 
 
 def _zhai(params: dict, c: np.ndarray) -> np.ndarray:
@@ -217,6 +308,11 @@ def fit_zhai(compute: Any, error: Any, *, samples: int = DEFAULT_SAMPLES,
   decades) over a grid of (b, d) starts. Needs >= 5 distinct compute values."""
   c, err = stats.as_points("fit_zhai", 5, ("compute", "error"), compute=compute, error=error)
   stats.require_distinct("fit_zhai", "compute", c, 5)
+  stats.require_varying("fit_zhai", "error", err, "compute")
+  slope = stats.log_slopes(err, c)[0]
+  if slope >= 0:
+    raise ValueError("fit_zhai: the error does not fall with compute; check the runs or "
+                     f"train them longer (log-log slope {slope:+.3f})")
   scale = float(np.median(c))            # fit in units of the median compute: well scaled
   err_min = float(err.min())
 
@@ -237,10 +333,17 @@ def fit_zhai(compute: Any, error: Any, *, samples: int = DEFAULT_SAMPLES,
             "d": float(np.exp(log_d) * scale)}
 
   params = fit_once(c, err)
-  draws = stats.bootstrap(fit_once, (c, err), samples=samples, seed=seed)
-  findings = list(_bound_findings(params, {"c": (0.0, err_min)}, draws=draws, reasons={"c": {
+  boot = stats.bootstrap(fit_once, (c, err), samples=samples, seed=seed)
+  bounds = {"c": (0.0, err_min), "b": (1e-4, 10.0)}
+  findings = list(_bound_findings(params, bounds, draws=boot.draws, reasons={"c": {
       "lower": "no error floor is visible over this compute range (c is not measured)",
-      "upper": "the fit puts all the remaining error in the floor c"}}))
+      "upper": "the fit puts all the remaining error in the floor c"}, "b": {
+      "lower": "the error barely falls with compute: the power term is flat and trades off "
+               "with the floor c",
+      "upper": "the error falls within the smallest computes and is flat after (a step, "
+               "not a power law): add points between"}}))
+  unidentified = _unidentified(params, bounds, {("b", "lower"): ("a", "b", "c"),
+                                                ("b", "upper"): ("a", "b")})
   # d is fitted as log(d / scale) within [log(min C) - 20, log(max C) + 5] (relative units).
   side = stats.at_bound(np.log(params["d"] / scale), np.log(c.min() / scale) - 20,
                         np.log(c.max() / scale) + 5, rel=1e-3)
@@ -248,10 +351,13 @@ def fit_zhai(compute: Any, error: Any, *, samples: int = DEFAULT_SAMPLES,
     findings.append(f"d = {params['d']:.3g} is negligible next to the smallest compute "
                     f"({c.min():.3g}): no low-compute saturation is visible, so d is not "
                     "measured and the law is a power law with a floor")
+    unidentified.append("d")
   elif side == "upper":
     findings.append(f"d = {params['d']:.3g} is at its upper bound: the points all lie in the "
                     "flat low-compute part; train longer or larger models")
-  return stats.Fit(law="E = a (C + d)^(-b) + c", params=params, samples=draws,
+    unidentified += [k for k in ("a", "b", "d") if k not in unidentified]
+  return stats.Fit(law="E = a (C + d)^(-b) + c", params=params, samples=boot.draws,
                    n_points=c.size, rms_residual=_rms_log(_zhai(params, c), err),
                    method="bounded least squares on log E, grid of (b, c, d) starts",
-                   findings=tuple(findings), predict_fn=_zhai)
+                   findings=(*findings, *boot.findings()), predict_fn=_zhai,
+                   unidentified=tuple(unidentified), bootstrap_failed=boot.failed)

@@ -9,13 +9,16 @@ derived number (an exponent ratio, a compute-optimal size, a predicted loss) the
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 LEVEL = 0.95                 # confidence level of every interval
+_NUMBER = re.compile(r"\d[\d.eE+-]*")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +28,11 @@ class Fit:
   `params` are the point estimates (floats); `samples[key]` the same parameter refitted on
   each bootstrap resample (empty when the fit was run with samples=0), from which `ci(key)`
   gives the central `level` percentile interval. `findings` are facts a reader must see with
-  the numbers, e.g. a parameter that ended at its bound. `predict(*x)` evaluates the law.
+  the numbers, e.g. a parameter that ended at its bound. `unidentified` names the parameters
+  the points do not determine (a finding says why): their `ci` is (nan, nan), as a bootstrap
+  of a parameter pinned to a bound or free to drift is not a confidence interval.
+  `bootstrap_failed` counts resamples that could not be fit (dropped; a finding says why).
+  `predict(*x)` evaluates the law.
   """
   law: str
   params: dict[str, float]
@@ -39,6 +46,8 @@ class Fit:
                                                             compare=False)
   extra: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False,
                                                compare=False)
+  unidentified: tuple[str, ...] = ()
+  bootstrap_failed: int = 0
 
   def predict(self, *x: Any) -> np.ndarray:
     if self.predict_fn is None:
@@ -46,9 +55,12 @@ class Fit:
     return self.predict_fn(self.params, *(np.asarray(v, np.float64) for v in x))
 
   def ci(self, key: str) -> tuple[float, float]:
-    """(low, high) bootstrap percentile interval of params[key]; (nan, nan) without samples."""
+    """(low, high) bootstrap percentile interval of params[key]; (nan, nan) without samples
+    or when the points do not identify the parameter (`unidentified`)."""
     if key not in self.params:
       raise KeyError(f"{key!r} is not a parameter of {self.law!r}: {sorted(self.params)}")
+    if key in self.unidentified:
+      return float("nan"), float("nan")
     return interval(self.samples.get(key, np.zeros(0)), self.level)
 
   def intervals(self) -> dict[str, tuple[float, float]]:
@@ -74,8 +86,9 @@ class Fit:
     return {"law": self.law, "params": self.params,
             "ci": {k: list(v) for k, v in self.intervals().items()},
             "level": self.level, "bootstrap_samples": len(self.draws()),
-            "n_points": self.n_points, "rms_residual": self.rms_residual,
-            "method": self.method, "findings": list(self.findings)}
+            "bootstrap_failed": self.bootstrap_failed, "n_points": self.n_points,
+            "rms_residual": self.rms_residual, "method": self.method,
+            "findings": list(self.findings), "unidentified": list(self.unidentified)}
 
 
 def json_ready(value: Any) -> Any:
@@ -136,25 +149,111 @@ def as_points(what: str, min_points: int, positive: Sequence[str] = (),
   return out
 
 
-def require_distinct(what: str, name: str, values: np.ndarray, minimum: int) -> None:
+def _listed(values: np.ndarray, most: int = 8) -> str:
+  shown = ", ".join(f"{v:.4g}" for v in values[:most])
+  return f"[{shown}{', ...' if values.size > most else ''}]"
+
+
+def require_distinct(what: str, name: str, values: np.ndarray, minimum: int,
+                     why: str = "") -> None:
   """A ValueError when `values` has fewer than `minimum` distinct entries (a degenerate
-  design: e.g. every run at one model size cannot determine a size exponent)."""
-  distinct = np.unique(values).size
-  if distinct < minimum:
+  design: e.g. every run at one model size cannot determine a size exponent). `why` says
+  which parameters the missing values would identify."""
+  distinct = np.unique(values)
+  if distinct.size < minimum:
+    reason = f"{why}; " if why else ""
     raise ValueError(f"{what} needs at least {minimum} distinct values of {name}; got "
-                     f"{distinct}: vary {name} across runs")
+                     f"{distinct.size}: vary {name} across runs ({reason}distinct values: "
+                     f"{_listed(distinct)})")
+
+
+def require_varying(what: str, name: str, values: np.ndarray, against: str) -> None:
+  """A ValueError when `values` (a loss) is the same at every point: a constant has no
+  dependence on size or data, so any exponent fits it (approach 3 returned alpha = 276)."""
+  if np.ptp(values) <= 1e-9 * np.abs(values).max():
+    raise ValueError(f"{what}: the {name} does not fall with {against}: it is "
+                     f"{values[0]:.6g} at every point, and a constant determines no exponent; "
+                     f"check that each run logged its own {name}")
+
+
+def log_slopes(y: np.ndarray, *xs: np.ndarray) -> np.ndarray:
+  """Least-squares slopes of log y on log x1, log x2, ... jointly (with an intercept): the
+  sign of each says whether y falls along that axis, other axes held fixed."""
+  design = np.column_stack([np.ones_like(y), *(np.log(x) for x in xs)])
+  return np.linalg.lstsq(design, np.log(y), rcond=None)[0][1:]
+
+
+def require_design(what: str, n: np.ndarray, d: np.ndarray, parameters: int) -> None:
+  """A ValueError unless the runs hold more distinct (n, d) pairs than the law has
+  `parameters` (replicates add no equation) and do not lie on one line in (log n, log d)
+  (one IsoFLOP budget, or a fixed tokens-per-parameter ratio): on a line, the N and D terms
+  of a joint law trade off and neither is determined."""
+  pairs = np.unique(np.column_stack([n, d]), axis=0).shape[0]
+  if pairs <= parameters:
+    raise ValueError(f"{what} needs at least {parameters + 1} distinct (n, d) pairs "
+                     f"({parameters} parameters + 1); got {pairs}: add runs at new sizes or "
+                     "token counts (replicates of a run add no equation)")
+  centred = np.column_stack([np.log(n), np.log(d)])
+  centred = centred - centred.mean(axis=0)
+  spread = np.linalg.svd(centred, compute_uv=False)[-1] / np.sqrt(n.size)
+  if spread < 0.01:
+    slope = np.polyfit(np.log(n), np.log(d), 1)[0]
+    raise ValueError(f"{what}: the runs lie on one line in (log n, log d) (d ~ n^{slope:.2f}, "
+                     f"within {spread:.1e} in log): n and d are not varied independently "
+                     "(one IsoFLOP budget, or one tokens-per-parameter ratio), so the N and D "
+                     "terms cannot be told apart; add runs off that line (another budget, or "
+                     "other token counts at one size)")
+
+
+def visible_at(term: np.ndarray, total: np.ndarray, x: np.ndarray,
+               rel: float = 1e-4) -> int:
+  """How many distinct values of x have a run where `term` is at least `rel` of `total`. A
+  law's term that shows at fewer than 2 (nowhere, or a step at the smallest x) fits no
+  exponent and scale: they drift (approach 3 put alpha = 48 on a loss flat in N)."""
+  return int(np.unique(x[term >= rel * total]).size)
+
+
+@dataclasses.dataclass(frozen=True)
+class Resamples:
+  """What `bootstrap` returns: `draws` {param: values over the resamples that were fit},
+  `requested` resamples, and `errors`: why each of the others could not be fit."""
+  draws: dict[str, np.ndarray]
+  requested: int
+  errors: tuple[str, ...] = ()
+
+  @property
+  def failed(self) -> int:
+    return len(self.errors)
+
+  def reason(self) -> str:
+    """The most common failure, 'k of them: message' (messages that differ only in their
+    numbers, e.g. the budget or the values drawn, count as one)."""
+    groups = collections.Counter(_NUMBER.sub("#", e) for e in self.errors)
+    key, count = groups.most_common(1)[0]
+    example = next(e for e in self.errors if _NUMBER.sub("#", e) == key)
+    return f"{'all' if count == len(self.errors) else count} of them: {example}"
+
+  def findings(self) -> tuple[str, ...]:
+    """A finding when resamples were dropped: the intervals come only from the resamples
+    that could be fit, a selected subset, so they may be too narrow."""
+    if not self.errors:
+      return ()
+    return (f"{self.failed} of {self.requested} bootstrap resamples could not be fit and "
+            f"were dropped ({self.reason()}); the intervals come from the other "
+            f"{self.requested - self.failed}, a selected subset, so they may be too narrow",)
 
 
 def bootstrap(fit_once: Callable[..., Mapping[str, float]], arrays: Sequence[np.ndarray], *,
               samples: int, seed: int = 0,
-              groups: np.ndarray | None = None) -> dict[str, np.ndarray]:
+              groups: np.ndarray | None = None) -> Resamples:
   """Refit `fit_once(*arrays_resampled) -> {param: value}` on `samples` resamples of the
   points with replacement (within each group when `groups` is given: e.g. runs resampled
   within their FLOP budget, so every budget keeps its points). Resamples that cannot be fit
-  (ValueError/RuntimeError, e.g. too few distinct sizes drawn) are skipped; fewer than half
-  fitting is a ValueError. Returns {param: values over the fitted resamples}."""
+  (ValueError/RuntimeError, e.g. too few distinct sizes drawn, or non-finite parameters) are
+  dropped and counted with their reasons (`Resamples.findings`); fewer than half fitting is
+  a ValueError."""
   if samples == 0:
-    return {}
+    return Resamples({}, 0)
   if samples < 2:
     raise ValueError(f"samples={samples} must be 0 (no intervals) or >= 2")
   rng = np.random.default_rng(seed)
@@ -162,20 +261,27 @@ def bootstrap(fit_once: Callable[..., Mapping[str, float]], arrays: Sequence[np.
   members = ([np.arange(size)] if groups is None
              else [np.flatnonzero(groups == g) for g in np.unique(groups)])
   values: dict[str, list[float]] = {}
-  fitted = 0
+  errors = []
   for _ in range(samples):
     idx = np.concatenate([rng.choice(m, m.size) for m in members])
     try:
-      result = fit_once(*(a[idx] for a in arrays))
-    except (ValueError, RuntimeError, FloatingPointError, np.linalg.LinAlgError):
+      result = {k: float(v) for k, v in fit_once(*(a[idx] for a in arrays)).items()}
+    except (ValueError, RuntimeError, FloatingPointError, np.linalg.LinAlgError) as e:
+      errors.append(str(e))
       continue
-    fitted += 1
+    bad = sorted(k for k, v in result.items() if not np.isfinite(v))
+    if bad:
+      errors.append(f"non-finite {', '.join(f'{k} = {result[k]}' for k in bad)}")
+      continue
     for key, value in result.items():
-      values.setdefault(key, []).append(float(value))
+      values.setdefault(key, []).append(value)
+  out = Resamples({key: np.asarray(v) for key, v in values.items()}, samples, tuple(errors))
+  fitted = samples - out.failed
   if fitted < samples / 2:
-    raise ValueError(f"only {fitted} of {samples} bootstrap resamples could be fit; the "
-                     "points do not pin the law down: add runs (more sizes or budgets)")
-  return {key: np.asarray(v) for key, v in values.items()}
+    raise ValueError(f"only {fitted} of {samples} bootstrap resamples could be fit "
+                     f"({out.reason()}); the points do not pin the law down: add runs (more "
+                     "sizes or budgets)")
+  return out
 
 
 def at_bound(value: float, low: float, high: float, rel: float = 1e-6) -> str | None:
