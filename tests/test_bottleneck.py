@@ -71,6 +71,7 @@ def test_bad_arguments_raise_value_error():
     bottleneck.experiment_configs("copy", steps=0)
 
 
+@pytest.mark.slow
 def test_train_evaluate_and_write_results(tmp_path):
   configs = {"rnn": _tiny(max_len=9)}
   results = bottleneck.train_and_evaluate(configs, str(tmp_path / "runs"), [5, 9], 4)

@@ -69,6 +69,7 @@ def test_out_of_range_values_are_one_line_and_write_nothing(tmp_path, capsys, fi
   assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_config_files_that_do_not_load(tmp_path):
   _assert_user_error(_cli("jaxformer.train", "--config=/no/such/config.py",
                           f"--workdir={tmp_path / 'r'}"),
@@ -144,6 +145,7 @@ def test_a_really_full_disk_is_one_line_and_the_rerun_resumes_identically(tmp_pa
       {k: r[k] for k in keep if k in r} for r in whole]
 
 
+@pytest.mark.slow
 def test_rejected_first_attempt_does_not_block_the_corrected_rerun(tmp_path, capsys):
   run = tmp_path / "run"
   _assert_user_error(_train(run, "--config.model.vocab_size=32"),

@@ -75,6 +75,7 @@ def test_scanned_layers_give_identical_outputs(cfg):
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cfg", [GPT, MIXTRAL], ids=["gpt", "mixtral"])
 def test_rematerialised_layers_give_identical_gradients(cfg):
   """Every remat policy (BlockStack wraps each block the same way for every family); two

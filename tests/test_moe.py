@@ -202,6 +202,7 @@ def test_router_jitter_uses_the_dropout_stream_only_in_training():
   assert not np.allclose(noisy[0], clean) and not np.allclose(noisy[0], noisy[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dispatch", ["dropless", "capacity"])
 def test_expert_parallel_matches_single_device(dispatch):
   assert jax.device_count() == 8, "conftest must provide 8 CPU devices"
@@ -241,6 +242,7 @@ def test_bad_moe_config_raises_naming_the_field(fields, match):
     models.build(dict(DECODER, **fields))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dispatch", ["dropless", "capacity"])
 def test_scanned_remat_model_returns_stacked_metrics(dispatch):
   cfg = dict(DECODER, moe_dispatch=dispatch, moe_capacity_factor=0.5)

@@ -11,6 +11,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from launch.local import process_env, run_local
 
@@ -80,6 +81,7 @@ def _assert_one_console(outputs, workdir, steps):
   assert not os.path.exists(os.path.join(workdir, "logs", "process_0.log"))
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one_and_their_checkpoint_continues_on_one_device(tmp_path):
   from jaxformer.train import loop
   two, one, home = str(tmp_path / "two"), str(tmp_path / "one"), tmp_path / "home"

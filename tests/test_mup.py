@@ -255,6 +255,7 @@ def coord_checks():
   return out
 
 
+@pytest.mark.slow
 def test_coordinate_check_is_flat_under_mup_and_grows_under_standard(coord_checks):
   layer, step, slope = coord_checks["mup"].max_growth()
   assert slope < 0.3, (layer, step, slope)

@@ -72,6 +72,7 @@ def test_every_registered_family_is_tested_here():
   assert set(tasks.TASKS) == set(TASKS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(SMALL))
 def test_family_inits_counts_and_trains_one_step(family):
   entry = models.get(family)

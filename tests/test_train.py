@@ -33,6 +33,7 @@ def deterministic(records):
   return [{k: r[k] for k in DETERMINISTIC if k in r} for r in records]
 
 
+@pytest.mark.slow
 def test_short_run_learns_and_resume_reproduces_uninterrupted_run(tmp_path):
   cfg = tiny_config(sample_tokens=80, sample_every=12)
   full = str(tmp_path / "full")
@@ -68,6 +69,7 @@ def test_short_run_learns_and_resume_reproduces_uninterrupted_run(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, best_params, params)
 
 
+@pytest.mark.slow
 def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
   """Under μP (width 32, base 16: LR groups in the optimizer, logits and attention
   multipliers), so the resume also checks that μP's train state round-trips exactly."""
@@ -253,6 +255,7 @@ def test_cross_entropy_matches_float64_reference(smoothing, z):
   np.testing.assert_allclose(got_nll, nll, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_vit_on_digits_trains_keeps_best_and_writes_observability_files(tmp_path):
   from tests.test_observability import tb_events
   import configs.vit_tiny as vt
@@ -279,6 +282,7 @@ def test_vit_on_digits_trains_keeps_best_and_writes_observability_files(tmp_path
   assert os.path.isdir(os.path.join(workdir, "best", str(best_step)))
 
 
+@pytest.mark.slow
 def test_moe_gpt_logs_router_metrics_and_aux_loss(tmp_path):
   import configs.moe_gpt as mg
   cfg = mg.get_config("tiny")
@@ -305,6 +309,7 @@ def test_attention_map_layer_choice():
   np.testing.assert_array_equal(got, scanned[-1, 0])
 
 
+@pytest.mark.slow
 def test_bfloat16_pallas_run_then_a_changed_model_is_refused_unless_fresh(tmp_path):
   """bf16 compute with model.attention_impl='pallas' end to end: the sharded train step (data
   parallel over the test's 8 devices), eval, checkpoint, KV-cache sampling; float32 params.
@@ -351,6 +356,7 @@ def test_resume_check_treats_keys_a_saved_run_lacks_as_their_defaults(tmp_path):
     config_checks.check_workdir_config(cfg, str(tmp_path), fresh=False)
 
 
+@pytest.mark.slow
 def test_tensor_parallel_run_with_a_padded_vocabulary_samples(tmp_path):
   """The README's tensor-parallel command pads the vocabulary (65 chars -> a multiple of
   mesh.model); here 512, so most ids have no character: the end-of-training sample and later
