@@ -57,6 +57,7 @@ def _stack_all(params, cfg):
 
 # GPT and Llama differ only inside the blocks, which the scan does not look into: Llama
 # stands for both (the suite's time budget).
+@pytest.mark.slow
 @pytest.mark.parametrize("cfg", [LLAMA, MIXTRAL, BERT, SEQ2SEQ, VIT],
                          ids=["llama", "mixtral", "bert", "seq2seq", "vit"])
 def test_scanned_layers_give_identical_outputs(cfg):
@@ -96,6 +97,7 @@ def test_rematerialised_layers_give_identical_gradients(cfg):
 
 # The scanned cache is the stack's (models/stack.py), the same for every family: one family
 # scanned is enough (the suite's time budget).
+@pytest.mark.slow
 @pytest.mark.parametrize("cfg, scan", [(GPT, False), (LLAMA, False), (MIXTRAL, False),
                                        (LLAMA, True)],
                          ids=["gpt", "llama", "mixtral", "llama-scanned"])
@@ -197,6 +199,7 @@ def test_vit_pooling_and_position_resize():
     models.build(VIT).apply({"params": params}, jnp.ones((1, 24, 24, 3)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", [True, False])
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 def test_rnn_seq2seq_masks_source_padding(attention, cell):

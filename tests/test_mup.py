@@ -273,6 +273,7 @@ def test_coordinate_check_is_flat_under_mup_and_grows_under_standard(coord_check
 
 # --- sharding --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_mup_sharded_training_matches_one_device():
   cfg = tiny(d_model=64, mlp_dim=128, num_heads=8, vocab_size=64, max_len=16, num_layers=1,
              attention_impl="xla")

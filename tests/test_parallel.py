@@ -157,6 +157,7 @@ def test_sharded_gpt_training_matches_one_device(shape, fsdp):
     assert got * 8 == single                          # every parameter has an embed dim
 
 
+@pytest.mark.slow
 def test_vit_sharded_training_matches_one_device():
   config = dict(vit.get_config("tiny").model.to_dict(), num_layers=1)
   rng = np.random.default_rng(0)

@@ -127,6 +127,7 @@ def _listing(workdir):
   return out
 
 
+@pytest.mark.slow
 def test_sample_reads_a_run_whose_training_deletes_the_checkpoint_it_reads(tmp_path,
                                                                              monkeypatch):
   """The training deletes old checkpoints while it runs: a reader that lists step N and finds
