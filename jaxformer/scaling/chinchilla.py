@@ -281,11 +281,7 @@ def fit_parametric(n: Any, d: Any, loss: Any, *, huber_delta: float = 1e-3,
     stats.require_design(what, n, d, 5)
 
   check(n, d)
-  stats.require_varying(what, "loss", loss, "n or d")
-  slopes = stats.log_slopes(loss, n, d)
-  if np.all(slopes >= 0):
-    raise ValueError(f"{what}: the loss does not fall with n or d (log-log slopes "
-                     f"{slopes[0]:+.3f} in n, {slopes[1]:+.3f} in d); check the runs")
+  stats.require_falling_in_n_or_d(what, loss, n, d)
   log_n, log_d, log_l = np.log(n), np.log(d), np.log(loss)
   thetas, objective = _minimise(starts, log_n[None], log_d[None], log_l[None], huber_delta)
   params = _theta_to_params(thetas[0])

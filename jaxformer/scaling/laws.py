@@ -246,11 +246,7 @@ def fit_kaplan_joint(n: Any, d: Any, loss: Any, *, samples: int = DEFAULT_SAMPLE
     stats.require_design(what, n, d, 4)
 
   check(n, d)
-  stats.require_varying(what, "loss", loss, "n or d")
-  slopes = stats.log_slopes(loss, n, d)
-  if np.all(slopes >= 0):
-    raise ValueError(f"{what}: the loss does not fall with n or d (log-log slopes "
-                     f"{slopes[0]:+.3f} in n, {slopes[1]:+.3f} in d); check the runs")
+  stats.require_falling_in_n_or_d(what, loss, n, d)
 
   def fit_once(n, d, loss):
     check(n, d)

@@ -292,3 +292,13 @@ def at_bound(value: float, low: float, high: float, rel: float = 1e-6) -> str | 
   if np.isfinite(high) and high - value <= rel * span:
     return "upper"
   return None
+
+
+def require_falling_in_n_or_d(what: str, loss, n, d):
+  """A joint law L(N, D) needs a loss that varies and falls with N or D (log-log slopes of a
+  least-squares plane); a ValueError naming `what` otherwise."""
+  require_varying(what, "loss", loss, "n or d")
+  slopes = log_slopes(loss, n, d)
+  if np.all(slopes >= 0):
+    raise ValueError(f"{what}: the loss does not fall with n or d (log-log slopes "
+                     f"{slopes[0]:+.3f} in n, {slopes[1]:+.3f} in d); check the runs")
