@@ -28,17 +28,24 @@ LOG_DIR = "logs"
 _OWN_PATHS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d)
                    + os.sep for d in ("jaxformer", "configs", "launch", "experiments"))
 _SHOWN_PACKAGES = (f"{os.sep}jax{os.sep}", f"{os.sep}jaxlib{os.sep}")
+_DISK_FULL = "No space left on device"
 _console: TextIO | None = None        # the real stderr of a process whose output is routed
 
 
 class ThirdPartyFilter(logging.Filter):
-  """Drops records below ERROR that come from neither jaxformer nor JAX."""
+  """Drops records below ERROR that come from neither jaxformer nor JAX, and other libraries'
+  reports of a full disk at any level (Orbax's writer threads log one per failed shard; the
+  run reports the full disk itself, in one line)."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    if record.levelno >= logging.ERROR:
-      return True
     path = os.path.abspath(record.pathname)
-    return path.startswith(_OWN_PATHS) or any(p in path for p in _SHOWN_PACKAGES)
+    if path.startswith(_OWN_PATHS) or any(p in path for p in _SHOWN_PACKAGES):
+      return True
+    if record.levelno < logging.ERROR:
+      return False
+    from jaxformer.cli import disk_full_path
+    error = record.exc_info[1] if record.exc_info else None
+    return _DISK_FULL not in record.getMessage() and disk_full_path(error) is None
 
 
 def configure_logging(verbosity_given: bool) -> None:
