@@ -27,6 +27,7 @@ from typing import Any, Callable, NoReturn
 
 EXIT_USER_ERROR = 2
 _default_thread_excepthook = threading.excepthook
+DISK_FULL_TEXT = "No space left on device"       # strerror(ENOSPC), as wrappers quote it
 _OWN_CODE = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d)
                   + os.sep for d in ("jaxformer", "configs", "launch"))
 
@@ -59,7 +60,7 @@ def disk_full_path(error: BaseException) -> str | None:
     seen.add(id(error))
     if isinstance(error, OSError) and error.errno == errno.ENOSPC:
       return error.filename or "a file"
-    if "No space left on device" in str(error):
+    if DISK_FULL_TEXT in str(error):
       named = re.search(r'"(/[^"]+)"', str(error))
       return named.group(1) if named else "a file"
     error = error.__cause__ or error.__context__

@@ -28,7 +28,6 @@ LOG_DIR = "logs"
 _OWN_PATHS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d)
                    + os.sep for d in ("jaxformer", "configs", "launch", "experiments"))
 _SHOWN_PACKAGES = (f"{os.sep}jax{os.sep}", f"{os.sep}jaxlib{os.sep}")
-_DISK_FULL = "No space left on device"
 _console: TextIO | None = None        # the real stderr of a process whose output is routed
 
 
@@ -43,9 +42,9 @@ class ThirdPartyFilter(logging.Filter):
       return True
     if record.levelno < logging.ERROR:
       return False
-    from jaxformer.cli import disk_full_path
+    from jaxformer.cli import DISK_FULL_TEXT, disk_full_path
     error = record.exc_info[1] if record.exc_info else None
-    return _DISK_FULL not in record.getMessage() and disk_full_path(error) is None
+    return DISK_FULL_TEXT not in record.getMessage() and disk_full_path(error) is None
 
 
 def configure_logging(verbosity_given: bool) -> None:
