@@ -27,6 +27,7 @@ from typing import Any, Callable, NoReturn
 
 EXIT_USER_ERROR = 2
 _default_thread_excepthook = threading.excepthook
+_default_unraisablehook = sys.unraisablehook
 DISK_FULL_TEXT = "No space left on device"       # strerror(ENOSPC), as wrappers quote it
 _OWN_CODE = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d)
                   + os.sep for d in ("jaxformer", "configs", "launch"))
@@ -43,12 +44,8 @@ def is_user_error(error: BaseException) -> bool:
   """A ValueError/OSError raised in jaxformer's own code (configs and launchers included)."""
   if not isinstance(error, (ValueError, OSError)):
     return False
-  tb = error.__traceback__
-  if tb is None:
-    return False
-  while tb.tb_next is not None:
-    tb = tb.tb_next
-  return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_OWN_CODE)
+  code = _innermost_code(error.__traceback__)
+  return code is not None and os.path.abspath(code.co_filename).startswith(_OWN_CODE)
 
 
 def disk_full_path(error: BaseException) -> str | None:
@@ -74,6 +71,25 @@ def _thread_excepthook(args) -> None:
     logging.debug("thread %s: %s", getattr(args.thread, "name", "?"), args.exc_value)
     return
   _default_thread_excepthook(args)
+
+
+def _unraisablehook(args) -> None:
+  """TensorStore's completion callbacks that reach an asyncio loop Orbax has already closed
+  (after a failed asynchronous checkpoint write, e.g. a disk that filled mid-write) are
+  dropped: each would print a traceback of `RuntimeError: Event loop is closed`, while the
+  failure itself is reported once by the run's own thread."""
+  code = _innermost_code(args.exc_traceback)
+  if isinstance(args.exc_value, RuntimeError) and code and code.co_name == "_check_closed":
+    logging.debug("dropped a callback into a closed event loop: %s", args.exc_value)
+    return
+  _default_unraisablehook(args)
+
+
+def _innermost_code(tb):
+  """The code object where a traceback was raised (None without a traceback)."""
+  while tb is not None and tb.tb_next is not None:
+    tb = tb.tb_next
+  return tb.tb_frame.f_code if tb is not None else None
 
 
 def user_errors(main: Callable) -> Callable:
@@ -183,6 +199,7 @@ def run_absl(main: Callable) -> None:
   def logged_main(argv):
     console.configure_logging(verbosity_given=flags.FLAGS["verbosity"].present)
     threading.excepthook = _thread_excepthook
+    sys.unraisablehook = _unraisablehook
     return main(argv)
   app.run(user_errors(logged_main), flags_parser=absl_flags_parser)
 

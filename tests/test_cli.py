@@ -21,8 +21,12 @@ CONFIG = os.path.join(ROOT, "configs", "shakespeare_char.py") + ":tiny"
 
 
 def _cli(*args, cwd=None):
+  return _python("-m", *args, cwd=cwd)
+
+
+def _python(*args, cwd=None):
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+  return subprocess.run([sys.executable, *args], capture_output=True, text=True,
                         cwd=cwd or ROOT, env=env, timeout=240)
 
 
@@ -109,11 +113,21 @@ def _small_tmpfs(path, size: str):
     subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+# The child trains with the free-space check off, so the disk fills inside Orbax's
+# asynchronous writers (what happens when something else fills the disk after the check).
+_UNCHECKED_TRAIN = ("import runpy, sys; from jaxformer.train import checkpoint; "
+                    "checkpoint.check_free_space = lambda *a, **k: None; "
+                    "sys.argv[0] = 'jaxformer.train'; "
+                    "runpy.run_module('jaxformer.train', run_name='__main__')")
+
+
 @pytest.mark.slow
-def test_a_really_full_disk_is_one_line_and_the_rerun_resumes_identically(tmp_path):
-  """A 2 MB tmpfs as the workdir fills up during the run: one `error:` line naming the
-  workdir, exit 2, no traceback; with space freed, the rerun resumes and writes the metrics of
-  an uninterrupted run."""
+@pytest.mark.parametrize("checked", [True, False], ids=["checked_first", "fills_mid_write"])
+def test_a_really_full_disk_is_one_line_and_the_rerun_resumes_identically(tmp_path, checked):
+  """A 2 MB tmpfs as the workdir fills up during the run, found by the free-space check or
+  by Orbax's writers mid-checkpoint: one `error:` line naming the workdir, exit 2, no
+  traceback; with space freed, the rerun resumes and writes the metrics of an uninterrupted
+  run."""
   from jaxformer.train import loop
   from jaxformer.train.metrics import read
   flags = ["--config.train.steps=16", "--config.train.checkpoint_every=2",
@@ -122,7 +136,8 @@ def test_a_really_full_disk_is_one_line_and_the_rerun_resumes_identically(tmp_pa
            "--config.train.sample_tokens=0", "--config.train.attention_maps=False"]
   with _small_tmpfs(tmp_path / "disk", "2m") as disk:       # fills after ~6 checkpoints
     run = disk / "run"
-    result = _train(run, *flags)
+    args = [f"--config={CONFIG}", f"--workdir={run}", *flags]
+    result = _train(run, *flags) if checked else _python("-c", _UNCHECKED_TRAIN, *args)
     lines = (result.stdout + result.stderr).strip().splitlines()
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert lines[-1].startswith(f"error: no space left on the device of --workdir='{run}'")
@@ -296,3 +311,26 @@ def test_moving_an_unreadable_checkpoint_aside_never_collides(tmp_path):
   os.makedirs(base)
   os.makedirs(base + ".1")
   assert checkpoint._unused_name(base) == base + ".2"
+
+
+def test_callbacks_into_a_closed_event_loop_are_dropped_and_other_unraisables_kept(monkeypatch):
+  """What TensorStore's completion callbacks raise once Orbax has closed its loop after a
+  failed write: dropped (the run reports the failure once); any other unraisable is printed."""
+  import asyncio
+  import types
+  loop = asyncio.new_event_loop()
+  loop.close()
+  def unraisable(call):
+    try:
+      call()
+    except RuntimeError as e:
+      return types.SimpleNamespace(exc_type=RuntimeError, exc_value=e,
+                                   exc_traceback=e.__traceback__, err_msg=None, object=None)
+  passed_on = []
+  monkeypatch.setattr(cli, "_default_unraisablehook", passed_on.append)
+  cli._unraisablehook(unraisable(lambda: loop.call_soon_threadsafe(print)))
+  assert passed_on == []
+  def other():
+    raise RuntimeError("a real bug")
+  cli._unraisablehook(unraisable(other))
+  assert [str(args.exc_value) for args in passed_on] == ["a real bug"]
