@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer.ops import masks
+from jaxformer.ops.flash_vjp import flash_vjp
 
 DEFAULT_BLOCK_K = 512
 
@@ -140,16 +141,6 @@ def _forward(q, k, v, bias, mask, q_seg, kv_seg, static):
   return out, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _attention(q, k, v, bias, mask, q_seg, kv_seg, static):
-  return _forward(q, k, v, bias, mask, q_seg, kv_seg, static)[0]
-
-
-def _attention_fwd(q, k, v, bias, mask, q_seg, kv_seg, static):
-  out, lse = _forward(q, k, v, bias, mask, q_seg, kv_seg, static)
-  return out, (q, k, v, bias, mask, q_seg, kv_seg, out, lse)
-
-
 def _attention_bwd(static, residuals, d_out):
   q, k, v, bias, mask, q_seg, kv_seg, out, lse = residuals
   blocks = _Blocks(q, k, v, bias, mask, q_seg, kv_seg, static)
@@ -194,4 +185,4 @@ def _attention_bwd(static, residuals, d_out):
   return dq, dk, dv, dbias, None, None, None
 
 
-_attention.defvjp(_attention_fwd, _attention_bwd)
+_attention = flash_vjp(_forward, _attention_bwd)

@@ -38,13 +38,8 @@ def _power(params: dict, x: np.ndarray, name: str) -> np.ndarray:
 
 
 def _fit_power(x: np.ndarray, loss: np.ndarray, name: str) -> dict[str, float]:
-  what = f"fit_kaplan_{name.lower()}"
-  stats.require_distinct(what, name, x, 3)
-  stats.require_varying(what, "loss", loss, name)
+  stats.require_falling(f"fit_kaplan_{name.lower()}", name, "loss", x, loss, 3)
   slope, intercept = np.polyfit(np.log(x), np.log(loss), 1)
-  if slope >= 0:
-    raise ValueError(f"{what}: the loss does not fall with {name} "
-                     f"(log-log slope {slope:+.3f}); check the runs or train them longer")
   alpha = -slope
   with np.errstate(over="ignore"):
     x_c = np.exp(intercept / alpha)
@@ -171,12 +166,7 @@ def fit_saturating(x: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
   (Hoffmann et al. 2022 eq. 2 at fixed D). Least squares on L over a grid of E starts.
   Needs >= 4 distinct X (3 parameters + 1 degree of freedom)."""
   x, loss = stats.as_points("fit_saturating", 4, ("x", "loss"), x=x, loss=loss)
-  stats.require_distinct("fit_saturating", "x", x, 4)
-  stats.require_varying("fit_saturating", "loss", loss, "x")
-  slope = stats.log_slopes(loss, x)[0]
-  if slope >= 0:
-    raise ValueError("fit_saturating: the loss does not fall with x; check the runs or train "
-                     f"them longer (log-log slope {slope:+.3f})")
+  stats.require_falling("fit_saturating", "x", "loss", x, loss, 4)
   e_max = float(loss.min())
 
   def fit_once(x, loss):
@@ -303,12 +293,7 @@ def fit_zhai(compute: Any, error: Any, *, samples: int = DEFAULT_SAMPLES,
   compute (c: the irreducible error, 0 <= c <= min E). Least squares on log E (errors span
   decades) over a grid of (b, d) starts. Needs >= 5 distinct compute values."""
   c, err = stats.as_points("fit_zhai", 5, ("compute", "error"), compute=compute, error=error)
-  stats.require_distinct("fit_zhai", "compute", c, 5)
-  stats.require_varying("fit_zhai", "error", err, "compute")
-  slope = stats.log_slopes(err, c)[0]
-  if slope >= 0:
-    raise ValueError("fit_zhai: the error does not fall with compute; check the runs or "
-                     f"train them longer (log-log slope {slope:+.3f})")
+  stats.require_falling("fit_zhai", "compute", "error", c, err, 5)
   scale = float(np.median(c))            # fit in units of the median compute: well scaled
   err_min = float(err.min())
 

@@ -183,6 +183,19 @@ def log_slopes(y: np.ndarray, *xs: np.ndarray) -> np.ndarray:
   return np.linalg.lstsq(design, np.log(y), rcond=None)[0][1:]
 
 
+def require_falling(what: str, x_name: str, y_name: str, x: np.ndarray, y: np.ndarray,
+                    minimum: int) -> float:
+  """What a law in one variable needs: `minimum` distinct x, and y that varies and falls with
+  x (a ValueError otherwise); returns the log-log slope."""
+  require_distinct(what, x_name, x, minimum)
+  require_varying(what, y_name, y, x_name)
+  slope = float(log_slopes(y, x)[0])
+  if slope >= 0:
+    raise ValueError(f"{what}: the {y_name} does not fall with {x_name}; check the runs or "
+                     f"train them longer (log-log slope {slope:+.3f})")
+  return slope
+
+
 def require_design(what: str, n: np.ndarray, d: np.ndarray, parameters: int) -> None:
   """A ValueError unless the runs hold more distinct (n, d) pairs than the law has
   `parameters` (replicates add no equation) and do not lie on one line in (log n, log d)

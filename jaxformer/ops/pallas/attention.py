@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from jaxformer.ops import masks
+from jaxformer.ops.flash_vjp import flash_vjp
 
 _NN = ((1,), (0,))      # a @ b
 _NT = ((1,), (1,))      # a @ b.T
@@ -525,16 +526,6 @@ def _dkdv(q, k, v, bias, mask, q_ids, kv_ids, do, lse, delta, cfg: _Config):
 # ---------------------------------------------------------------------------- custom_vjp
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _flash(q, k, v, bias, mask, q_ids, kv_ids, cfg):
-  return _forward(q, k, v, bias, mask, q_ids, kv_ids, cfg)[0]
-
-
-def _flash_fwd(q, k, v, bias, mask, q_ids, kv_ids, cfg):
-  out, lse = _forward(q, k, v, bias, mask, q_ids, kv_ids, cfg)
-  return out, (q, k, v, bias, mask, q_ids, kv_ids, out, lse)
-
-
 def _flash_bwd(cfg, residuals, d_out):
   q, k, v, bias, mask, q_ids, kv_ids, out, lse = residuals
   # delta_i = sum_j P_ij dP_ij = dO_i . O_i: one fused elementwise + reduction in XLA.
@@ -546,7 +537,7 @@ def _flash_bwd(cfg, residuals, d_out):
   return dq, dk, dv, dbias, None, None, None
 
 
-_flash.defvjp(_flash_fwd, _flash_bwd)
+_flash = flash_vjp(_forward, _flash_bwd)
 
 
 # ------------------------------------------------------------------------------- layout
