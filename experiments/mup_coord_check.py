@@ -7,7 +7,7 @@ The README's character GPT (2 layers, 4 heads, mlp 4x, tied embeddings) on one f
 of 8 x 64 characters of the bundled tiny Shakespeare, trained `steps` AdamW steps at a
 constant LR (no warmup, no clipping: the first updates are the ones that blow up) at each
 width, under `standard` and under `mup` (base width = the narrowest). Each layer's output is
-recorded as its mean |x| before the first update and after each (`scaling.mup.
+recorded as its mean |x| before the first update and after each (`train.coord_check.
 coordinate_check`); the slope is the exponent p of |x| ~ width^p. Under μP every slope
 after an update should be ~0; under standard, the logits and the residual stream grow
 (Adam's update of a width-n matrix moves its output by ~ lr x n).
@@ -29,6 +29,7 @@ from configs import shakespeare_char  # noqa: E402
 from jaxformer.data import text_builder  # noqa: E402
 from jaxformer.data.tokenizers import CharTokenizer  # noqa: E402
 from jaxformer.scaling import mup  # noqa: E402
+from jaxformer.train import coord_check  # noqa: E402
 
 PARAMETRIZATIONS = ("standard", "mup")
 BATCH, SEQ_LEN = 8, 64
@@ -68,7 +69,7 @@ def run(args) -> dict:
                      num_layers=args.layers, num_heads=4, vocab_size=vocab, max_len=SEQ_LEN)
     cfg.optim.update(lr=args.lr, warmup_steps=0, schedule="constant", clip=0.0)
     start = time.perf_counter()
-    out[kind] = mup.coordinate_check(cfg, args.widths, steps=args.steps, tokens=tokens)
+    out[kind] = coord_check.coordinate_check(cfg, args.widths, steps=args.steps, tokens=tokens)
     print(f"{kind}: {time.perf_counter() - start:.1f}s", flush=True)
   return out
 

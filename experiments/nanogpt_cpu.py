@@ -49,9 +49,10 @@ import numpy as np
 import optax
 
 from configs import shakespeare_char
+from jaxformer import run_settings
 from jaxformer.data.pipeline import make_pipeline
-from jaxformer.train import optim as optim_lib
-from jaxformer.train import state as state_lib
+from jaxformer.state import optim as optim_lib
+from jaxformer.state import train_state as state_lib
 from jaxformer.train import step as step_lib
 from jaxformer.train import tasks, train
 from jaxformer.train.metrics import read
@@ -115,7 +116,8 @@ def plain_loss(params, batch, heads: int, embed: str):
 
 def plain_functions(cfg, embed: str):
   m = cfg.model
-  tx = optim_lib.make_optimizer(cfg.optim, cfg.train.steps)     # same AdamW, mask, schedule
+  tx = optim_lib.make_optimizer(run_settings.parse_section("optim", cfg.optim),
+                                cfg.train.steps)                 # same AdamW, mask, schedule
 
   @jax.jit
   def init():
@@ -277,7 +279,8 @@ def main():
                       choices=("jaxformer", "step", "plain", "torch", "nanogpt"))
   args = parser.parse_args()
   cfg = config(args.steps)
-  pipeline = make_pipeline(cfg, workdir=tempfile.mkdtemp(prefix="nanogpt_data_"))
+  pipeline = make_pipeline(cfg, run_settings.parse(cfg), "lm",
+                           workdir=tempfile.mkdtemp(prefix="nanogpt_data_"))
   want = set(args.only or ("jaxformer", "step", "plain", "torch", "nanogpt"))
   plain_name = f"plain JAX ({args.embed})"
   runners = {"step": ("jaxformer step alone", lambda: jaxformer_step(cfg, pipeline)),

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jaxformer.train import optim as optim_lib
+from jaxformer import run_settings
+from jaxformer.state import optim as optim_lib
 
 
 class _LayerNorm(nn.Module):
@@ -65,14 +66,14 @@ class GPT(nn.Module):
 def build(cfg):
   """(model, optimizer, jaxformer's lr schedule) for a jaxformer nanogpt_cpu config."""
   torch.manual_seed(cfg.train.seed)
-  m, o = cfg.model, cfg.optim
+  m, o = cfg.model, run_settings.parse_section("optim", cfg.optim)
   model = GPT(m.vocab_size, m.d_model, m.num_layers, m.num_heads, m.max_len)
   embeddings = {"wte.weight", "wpe.weight"}
   decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and n not in embeddings]
   rest = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and n not in embeddings)]
-  opt = torch.optim.AdamW([{"params": decay, "weight_decay": float(o.weight_decay)},
-                           {"params": rest, "weight_decay": 0.0}], lr=float(o.lr),
-                          betas=(float(o.b1), float(o.b2)), eps=float(o.get("eps", 1e-8)))
+  opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
+                           {"params": rest, "weight_decay": 0.0}], lr=o.lr,
+                          betas=(o.b1, o.b2), eps=o.eps)
   return model, opt, optim_lib.learning_rate_schedule(o, cfg.train.steps)
 
 

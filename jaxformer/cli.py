@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import errno
 import functools
 import logging
 import os
-import re
 import sys
 import threading
 from typing import Any, Callable, NoReturn
@@ -28,7 +26,6 @@ from typing import Any, Callable, NoReturn
 EXIT_USER_ERROR = 2
 _default_thread_excepthook = threading.excepthook
 _default_unraisablehook = sys.unraisablehook
-DISK_FULL_TEXT = "No space left on device"       # strerror(ENOSPC), as wrappers quote it
 _OWN_CODE = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d)
                   + os.sep for d in ("jaxformer", "configs", "launch"))
 
@@ -48,26 +45,11 @@ def is_user_error(error: BaseException) -> bool:
   return code is not None and os.path.abspath(code.co_filename).startswith(_OWN_CODE)
 
 
-def disk_full_path(error: BaseException) -> str | None:
-  """The path (or 'a file') when `error` or an exception it came from is a full disk: an
-  OSError ENOSPC, or a library's wrapper of one (TensorStore's RESOURCE_EXHAUSTED names
-  errno 28 only in its message; the path is then the file it names); None otherwise."""
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-      return error.filename or "a file"
-    if DISK_FULL_TEXT in str(error):
-      named = re.search(r'"(/[^"]+)"', str(error))
-      return named.group(1) if named else "a file"
-    error = error.__cause__ or error.__context__
-  return None
-
-
 def _thread_excepthook(args) -> None:
   """A background writer (TensorBoard's, Orbax's) that finds the disk full dies quietly: the
   run's own thread finds it too at its next write or checkpoint and reports it in one line."""
-  if disk_full_path(args.exc_value) is not None:
+  from jaxformer import console
+  if console.disk_full_path(args.exc_value) is not None:
     logging.debug("thread %s: %s", getattr(args.thread, "name", "?"), args.exc_value)
     return
   _default_thread_excepthook(args)

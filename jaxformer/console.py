@@ -16,19 +16,39 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import re
 import sys
 import time
 import traceback
 from typing import TextIO
 
-LOG_DIR = "logs"
+from jaxformer import run_files
+
 # Where our own and JAX's records come from (others' are third-party at the default verbosity).
 _OWN_PATHS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d)
                    + os.sep for d in ("jaxformer", "configs", "launch", "experiments"))
 _SHOWN_PACKAGES = (f"{os.sep}jax{os.sep}", f"{os.sep}jaxlib{os.sep}")
 _console: TextIO | None = None        # the real stderr of a process whose output is routed
+DISK_FULL_TEXT = "No space left on device"       # strerror(ENOSPC), as wrappers quote it
+
+
+def disk_full_path(error: BaseException) -> str | None:
+  """The path (or 'a file') when `error` or an exception it came from is a full disk: an
+  OSError ENOSPC, or a library's wrapper of one (TensorStore's RESOURCE_EXHAUSTED names
+  errno 28 only in its message; the path is then the file it names); None otherwise."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+      return error.filename or "a file"
+    if DISK_FULL_TEXT in str(error):
+      named = re.search(r'"(/[^"]+)"', str(error))
+      return named.group(1) if named else "a file"
+    error = error.__cause__ or error.__context__
+  return None
 
 
 class ThirdPartyFilter(logging.Filter):
@@ -42,7 +62,6 @@ class ThirdPartyFilter(logging.Filter):
       return True
     if record.levelno < logging.ERROR:
       return False
-    from jaxformer.cli import DISK_FULL_TEXT, disk_full_path
     error = record.exc_info[1] if record.exc_info else None
     return DISK_FULL_TEXT not in record.getMessage() and disk_full_path(error) is None
 
@@ -142,7 +161,7 @@ class _LazyFile:
 
 
 def log_path(workdir: str, process_index: int) -> str:
-  return os.path.join(workdir, LOG_DIR, f"process_{process_index}.log")
+  return os.path.join(workdir, run_files.LOGS, f"process_{process_index}.log")
 
 
 def route_process_output(process_index: int, process_count: int, workdir: str) -> None:

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from jaxformer import cli
-from jaxformer.train import checkpoint
+from jaxformer import cli, run_files
+from jaxformer.state import checkpoint
 from jaxformer.train import metrics, workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,7 +115,7 @@ def _small_tmpfs(path, size: str):
 
 # The child trains with the free-space check off, so the disk fills inside Orbax's
 # asynchronous writers (what happens when something else fills the disk after the check).
-_UNCHECKED_TRAIN = ("import runpy, sys; from jaxformer.train import checkpoint; "
+_UNCHECKED_TRAIN = ("import runpy, sys; from jaxformer.state import checkpoint; "
                     "checkpoint.check_free_space = lambda *a, **k: None; "
                     "sys.argv[0] = 'jaxformer.train'; "
                     "runpy.run_module('jaxformer.train', run_name='__main__')")
@@ -269,7 +269,7 @@ def test_workdir_lock_refuses_a_second_run_and_survives_a_killed_owner(tmp_path)
   holder.send_signal(signal.SIGKILL)
   holder.wait()
   with workdir_lib.Lock(str(tmp_path)):      # the dead owner's lock is gone with it
-    assert f"pid {os.getpid()}" in open(tmp_path / workdir_lib.LOCK_NAME).read()
+    assert f"pid {os.getpid()}" in open(tmp_path / run_files.LOCK).read()
 
 
 def test_a_second_training_on_a_locked_workdir_touches_nothing(tmp_path):
@@ -277,7 +277,7 @@ def test_a_second_training_on_a_locked_workdir_touches_nothing(tmp_path):
   run.mkdir()
   with workdir_lib.Lock(str(run)):
     _assert_user_error(_train(run), "is in use by another training")
-  assert os.listdir(run) == [workdir_lib.LOCK_NAME]
+  assert os.listdir(run) == [run_files.LOCK]
 
 
 def test_fresh_clears_every_artifact(tmp_path):

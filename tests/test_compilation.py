@@ -66,7 +66,7 @@ def test_run_once_compiled_init_agrees_with_a_fully_optimised_one():
   differently)."""
   import flax.linen as nn
   from jaxformer.parallel import ShardingPlan
-  from jaxformer.train import state as state_lib
+  from jaxformer.state import train_state as state_lib
   from configs import shakespeare_char
   cfg = shakespeare_char.get_config("tiny")
   _, _, init_boxed = state_lib.train_state_fns(cfg)

@@ -13,7 +13,8 @@ from configs import shakespeare_char
 from jaxformer import models, parallel, scaling
 from jaxformer.layers import parametrization
 from jaxformer.scaling import mup
-from jaxformer.train import state as state_lib, step as step_lib, tasks
+from jaxformer.state import train_state as state_lib
+from jaxformer.train import coord_check, step as step_lib, tasks
 
 
 def tiny(parametrization="mup", base=16, **model):
@@ -251,7 +252,8 @@ def coord_checks():
   for kind in ("standard", "mup"):
     cfg = tiny(kind, base=16, num_layers=1)
     cfg.optim.update(lr=1e-2, warmup_steps=1, schedule="constant", clip=0.0)
-    out[kind] = mup.coordinate_check(cfg, (16, 32, 64), steps=2, batch_size=4, seq_len=16)
+    out[kind] = coord_check.coordinate_check(cfg, (16, 32, 64), steps=2, batch_size=4,
+                                             seq_len=16)
   return out
 
 

@@ -13,7 +13,7 @@ from ml_collections import ConfigDict
 
 from configs import common
 from jaxformer import models, scaling
-from jaxformer.train import state
+from jaxformer.state import train_state
 from jaxformer.models.family import TASKS
 from jaxformer.train import step as step_lib
 from jaxformer.train import tasks
@@ -54,17 +54,17 @@ def run_config(family: str, model: dict) -> ConfigDict:
 
 def one_step(config: ConfigDict) -> dict:
   """Init through the shared train-state builder, then one jitted train step."""
-  module, tx, init_boxed = state.train_state_fns(config)
-  train_state = nn.unbox(init_boxed())
+  module, tx, init_boxed = train_state.train_state_fns(config)
+  state = nn.unbox(init_boxed())
   task = tasks.task_for(config.model)
   batch = batch_for(task.name, np.random.default_rng(0), config.model.to_dict())
   fn = jax.jit(step_lib.make_train_step(module, tx, task))
-  new_state, metrics = fn(train_state, batch, jax.random.key(1))
+  new_state, metrics = fn(state, batch, jax.random.key(1))
   assert bool(metrics["finite"]) and np.isfinite(float(metrics["loss"]))
   moved = jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.any(a != b)),
-                                       train_state["params"], new_state["params"]))
+                                       state["params"], new_state["params"]))
   assert any(moved), "one step must change the parameters"
-  return train_state["params"]
+  return state["params"]
 
 
 def test_every_registered_family_is_tested_here():
@@ -171,3 +171,12 @@ def test_block_settings_reach_every_transformer_family():
     assert any("['ffn']['wi_gate']" in p for p in flat), family       # experts
     assert any("['kv']['kernel']" in p for p in flat), family       # GQA projections
     assert not any("attention_norm']['bias']" in p for p in flat), family   # RMSNorm: no bias
+
+
+def test_moe_config_keys_name_every_moe_setting_once():
+  """The `model.moe_*` keys are written out (grep finds them), one per MoESettings field."""
+  import dataclasses
+  from jaxformer.layers import settings
+  fields = [f.name for f in dataclasses.fields(settings.MoESettings)]
+  assert sorted(settings._MOE_KEYS.values()) == sorted(fields)
+  assert all(k == f or k == f"moe_{f}" for k, f in settings._MOE_KEYS.items())

@@ -359,10 +359,10 @@ def test_fit_result_api():
 
 def test_importing_scaling_does_not_import_jax():
   """Fits run where JAX is absent or slow to import (a laptop analysing runs): the package
-  loads counting.py, and JAX, only when a counting name is used."""
+  loads `models.counting`, and JAX, only when a counting name is used."""
   code = ("import sys, jaxformer.scaling as s; s.fit_parametric; s.plan_isoflop; "
           "s.HOFFMANN_2022.compute_optimal(1e21); assert 'jax' not in sys.modules, 'jax'; "
-          "assert 'jaxformer.scaling.counting' not in sys.modules")
+          "assert 'jaxformer.models.counting' not in sys.modules")
   subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
   with pytest.raises(AttributeError, match="no attribute 'bogus'"):
     scaling.bogus  # noqa: B018
@@ -400,7 +400,7 @@ L5 = [3.0, 2.8, 2.6, 2.4, 2.2]
      r"budget has 4 values but n has 5"),
     # loss that does not fall
     (lambda: scaling.fit_kaplan_n(N5, L5[::-1]),
-     r"the loss does not fall with N .*check the runs or train them longer"),
+     r"the loss does not fall with N; check the runs or train them longer"),
     (lambda: scaling.fit_saturating(N5, L5[::-1]),
      r"the loss does not fall with x; check the runs"),
     # degenerate designs

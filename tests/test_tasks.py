@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from jaxformer import models
-from jaxformer.train import checkpoint
+from jaxformer.state import checkpoint
 from jaxformer.train import tasks
 from jaxformer.train.step import make_eval_step, make_train_step
 

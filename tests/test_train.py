@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from configs import get_config
-from jaxformer import inference
-from jaxformer.train import optim
+from jaxformer import inference, run_settings
+from jaxformer.state import optim
 from jaxformer.inference import load_run, sample_text
 from jaxformer.train import config_checks, evaluation, loop
 from jaxformer.train.metrics import read
@@ -219,7 +219,7 @@ def test_warmup_longer_than_the_run_is_said_before_the_first_step(caplog):
 def test_lr_schedule_and_decay_mask():
   cfg = get_config("gpt2", "tiny").optim
   cfg.update(lr=1.0, warmup_steps=10, schedule="cosine", min_lr_ratio=0.1)
-  sched = optim.learning_rate_schedule(cfg, 110)
+  sched = optim.learning_rate_schedule(run_settings.parse_section("optim", cfg), 110)
   np.testing.assert_allclose([sched(0), sched(9), sched(10), sched(60), sched(110)],
                              [0.1, 1.0, 1.0, 0.55, 0.1], atol=1e-6)
   params = {"embed": {"embedding": np.zeros((5, 3))}, "ln": {"scale": np.zeros(3)},

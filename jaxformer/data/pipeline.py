@@ -1,7 +1,7 @@
-"""`make_pipeline(config)`: the data pipeline a training config asks for.
+"""`make_pipeline(config, settings, task)`: the data pipeline a training config asks for.
 
-The model family's registry entry fixes the task (`jaxformer.models.get(family).task`, see
-`jaxformer.train.tasks`); `data.source` picks where the examples come from:
+The task (the model family's registry entry names it, see `jaxformer.train.tasks`) fixes the
+batch layout; `data.source` picks where the examples come from:
 - text (tasks lm, mlm): "tinyshakespeare" (bundled), a path to a .txt file, or "tfds:<name>"
   with a text feature (e.g. "tfds:lm1b");
 - images (classification): "digits" (scikit-learn's bundled 8x8 digits), "mnist:<dir>" (IDX
@@ -11,20 +11,20 @@ The model family's registry entry fixes the task (`jaxformer.models.get(family).
 
 from __future__ import annotations
 
-from jaxformer import models
+from jaxformer import run_settings
 from jaxformer.data.batching import Pipeline
 
 
-def make_pipeline(config, *, workdir: str, process_index: int = 0,
-                  process_count: int = 1) -> Pipeline:
-  task, data, train = models.get(config.model.get("family")).task, config.data, config.train
-  source = data.get("source")
-  if not isinstance(source, str) or not source:
-    raise ValueError(f"data.source={source!r} must name a dataset (see jaxformer.data.pipeline)")
+def make_pipeline(config, settings: run_settings.RunSettings, task: str, *, workdir: str,
+                  process_index: int = 0, process_count: int = 1) -> Pipeline:
+  """The pipeline of `task` ("lm" | "mlm" | "classification" | "seq2seq") for `config`, whose
+  typed sections are `settings` (`config.data` also holds the source's own keys, which its
+  pipeline reads)."""
+  data, train, source = config.data, settings.train, settings.data.source
   kw = dict(seed=train.seed, global_batch_size=train.batch_size,
-            eval_batch_size=train.get("eval_batch_size") or train.batch_size,
+            eval_batch_size=train.eval_batch_size or train.batch_size,
             process_index=process_index, process_count=process_count, workdir=workdir,
-            data_dir=data.get("data_dir"))
+            data_dir=settings.data.data_dir)
   if task in ("lm", "mlm"):
     from jaxformer.data.text import make_text_pipeline
     return make_text_pipeline(data, task, **kw)

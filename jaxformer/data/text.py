@@ -39,6 +39,7 @@ from typing import Iterable, Iterator
 import grain
 import numpy as np
 
+from jaxformer import run_settings
 from jaxformer.data import batching, packing, text_builder
 from jaxformer.data.tokenizers import SPM_MAX_TRAINING_TEXTS, Tokenizer, make_tokenizer
 
@@ -147,13 +148,10 @@ def bert_mask(tokens: np.ndarray, rng: np.random.Generator, *, rate: float, mask
 
 
 def _check_data_config(data_config):
-  seq_len = data_config.get("seq_len")
-  if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
-    raise ValueError(f"data.seq_len={seq_len!r} must be an int >= 1")
-  eval_batches = data_config.get("eval_batches")
-  if eval_batches is not None and (not isinstance(eval_batches, int) or eval_batches < 1):
-    raise ValueError(f"data.eval_batches={eval_batches!r} must be an int >= 1, or None for "
-                     "the whole evaluation split")
+  """The shared keys through their typed settings, then what a text source needs besides."""
+  if run_settings.parse_section("data", data_config).seq_len is None:
+    raise ValueError("data.seq_len is not set; a text source needs it: set "
+                     "--config.data.seq_len=<tokens per example>")
   packing_mode = data_config.get("packing")
   if packing_mode is not None and packing_mode not in PACKING_MODES:
     raise ValueError(f"data.packing={packing_mode!r} must be one of {PACKING_MODES}")

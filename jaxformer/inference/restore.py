@@ -12,8 +12,9 @@ import flax.linen as nn
 import jax
 from ml_collections import ConfigDict
 
-from jaxformer.train import checkpoint, state
-from jaxformer.data.tokenizers import load_tokenizer
+from jaxformer import run_files, run_settings
+from jaxformer.data import tokenizers
+from jaxformer.state import checkpoint, train_state
 
 
 def load_run(workdir: str, *, which: str = "latest"):
@@ -22,20 +23,21 @@ def load_run(workdir: str, *, which: str = "latest"):
   for runs without one (images, synthetic tasks)."""
   if which not in ("latest", "best"):
     raise ValueError(f"--checkpoint={which!r} must be 'latest' or 'best'")
-  saved = state.read_config(workdir)
+  saved = train_state.read_config(workdir)
   if saved is None:
-    raise ValueError(f"--workdir={workdir!r} holds no training run (no {state.CONFIG_FILE})")
+    raise ValueError(f"--workdir={workdir!r} holds no training run (no {run_files.CONFIG})")
   config = ConfigDict(saved)
-  directory = os.path.join(workdir, "best" if which == "best" else "checkpoints")
+  directory = os.path.join(workdir, run_files.BEST if which == "best" else run_files.CHECKPOINTS)
   if not os.path.isdir(directory) or not os.listdir(directory):   # read-only: create nothing
     raise ValueError(f"--workdir={workdir!r} has no {which} checkpoint yet ({directory} is "
                      "empty or missing); train it first, or pick --checkpoint=latest|best")
-  _, _, init_boxed = state.train_state_fns(config)
+  _, _, init_boxed = train_state.train_state_fns(config)
   abstract = nn.unbox(jax.eval_shape(init_boxed))
   if which == "best":
     try:           # Orbax reads the kept metrics when it opens the directory
       best = checkpoint.BestCheckpoints(directory, read_only=True,
-                                        metric=config.train.get("best_metric", "eval_loss"))
+                                        metric=run_settings.parse_section(
+                                            "train", config.train).best_metric)
       try:
         params = best.restore(abstract["params"])
       finally:
@@ -51,6 +53,6 @@ def load_run(workdir: str, *, which: str = "latest"):
     params = None if restored is None else restored[1]["params"]
   if params is None:
     raise ValueError(f"--workdir={workdir!r} has no {which} checkpoint yet")
-  has_tokenizer = os.path.exists(os.path.join(workdir, "tokenizer.json"))
-  tokenizer = load_tokenizer(workdir) if has_tokenizer else None
+  has_tokenizer = os.path.exists(os.path.join(workdir, tokenizers.TOKENIZER_FILE))
+  tokenizer = tokenizers.load_tokenizer(workdir) if has_tokenizer else None
   return config, params, tokenizer

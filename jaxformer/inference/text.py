@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxformer import models
 from jaxformer.inference.decode import generate
 
 
@@ -24,8 +25,8 @@ def sample_text(config, params, tokenizer, *, prompt: str, max_new_tokens: int,
       max_new_tokens < 1):
     raise ValueError(f"--max_new_tokens={max_new_tokens!r} must be an int >= 1")
   _check_samples_text(config, tokenizer)
-  m = config.model
-  limit = m.max_len if m.get("positions", "learned") == "learned" else None
+  m = models.with_defaults(config.model)
+  limit = m["max_len"] if m["positions"] == "learned" else None
   out, remaining, chunk = tokenizer.encode(prompt).tolist(), max_new_tokens, 0
   ids = np.asarray(out if limit is None or len(out) < limit else out[-(limit // 2):])
   while remaining > 0:
@@ -35,7 +36,7 @@ def sample_text(config, params, tokenizer, *, prompt: str, max_new_tokens: int,
     chunk_seed = int(np.random.SeedSequence([seed, chunk]).generate_state(1)[0])
     new = generate(m, params, np.asarray(ids), max_new_tokens=n, temperature=temperature,
                    top_k=top_k, top_p=top_p, seed=chunk_seed,
-                   vocab_limit=min(tokenizer.vocab_size, m.vocab_size))[len(ids):]
+                   vocab_limit=min(tokenizer.vocab_size, m["vocab_size"]))[len(ids):]
     out.extend(new[:remaining].tolist())
     remaining -= min(n, remaining)
     chunk += 1
@@ -47,7 +48,6 @@ def _check_samples_text(config, tokenizer):
   """Only a language model with its tokenizer samples text: a clear error for an image or
   sequence-to-sequence run, a run without its tokenizer, or a tokenizer that has ids the
   model cannot produce (it would never sample them, silently)."""
-  from jaxformer import models
   m = config.model
   task = models.get(m.get("family")).task
   if task != "lm":

@@ -120,8 +120,6 @@ class MultiHeadAttention(nn.Module):
     h, hkv = self.num_heads, self.num_kv_heads or self.num_heads
     if h < 1 or hkv < 1:
       raise ValueError(f"num_heads={h} and num_kv_heads={hkv} must be >= 1")
-    if h % hkv:
-      raise ValueError(f"num_kv_heads={hkv} must divide num_heads={h}")
     if self.head_dim is None and embed % h:
       raise ValueError(f"num_heads={h} does not divide the input width {embed}; "
                        "set head_dim explicitly")

@@ -52,6 +52,10 @@ from jaxformer.layers.mlp import activation_fn
 from jaxformer.layers.settings import MoESettings
 
 MOE_COLLECTION = "intermediates"
+# The expert kernels' parameter names (gated input, gated up, ungated input, output), each
+# with a leading [num_experts] axis under the 'ffn' module: parameter counting finds the
+# inactive experts by these names.
+EXPERT_PARAMS = ("wi_gate", "wi_up", "wi", "wo")
 # Sown metric name -> number of trailing (per-layer) dims.
 MOE_METRICS = {"moe_load_balance_loss": 0, "moe_z_loss": 0, "moe_dropped_fraction": 0,
                "moe_expert_load": 1}
@@ -263,9 +267,10 @@ class MoE(nn.Module):
 
   def _weights(self, d: int) -> dict:
     e, h = self.settings.num_experts, self.hidden_dim
-    names = ("wi_gate", "wi_up") if self.settings.gated else ("wi",)
+    gate, up, plain, out = EXPERT_PARAMS
+    names = (gate, up) if self.settings.gated else (plain,)
     weights = {n: self._expert_weights(n, (e, d, h), ("expert", "embed", "mlp")) for n in names}
-    weights["wo"] = self._expert_weights("wo", (e, h, d), ("expert", "mlp", "embed"))
+    weights[out] = self._expert_weights(out, (e, h, d), ("expert", "mlp", "embed"))
     return weights
 
   def _router_logits(self, x, deterministic: bool):

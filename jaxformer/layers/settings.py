@@ -85,9 +85,10 @@ class MoESettings:
     if not 0 <= self.router_jitter < 1:
       _fail(f"model.moe_router_jitter={self.router_jitter} must be in [0, 1) (Switch uses "
             "0.01; 0 turns it off)")
-    for name in ("load_balance_weight", "z_loss_weight"):
-      if getattr(self, name) < 0:
-        _fail(f"model.moe_{name}={getattr(self, name)} must be >= 0")
+    if self.load_balance_weight < 0:
+      _fail(f"model.moe_load_balance_weight={self.load_balance_weight} must be >= 0")
+    if self.z_loss_weight < 0:
+      _fail(f"model.moe_z_loss_weight={self.z_loss_weight} must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,10 +178,14 @@ class BlockSettings:
             "model.head_dim to grow the number of heads instead)")
 
 
-# The flat `model.*` config key of each MoESettings field.
+# The flat `model.*` config key of each MoESettings field, written out so that grep finds
+# every key (tests/test_layers_basic.py checks that it names each field once).
 _MOE_KEYS = {"num_experts": "num_experts", "experts_per_token": "experts_per_token",
-             **{f"moe_{f.name}": f.name for f in dataclasses.fields(MoESettings)
-                if f.name not in ("num_experts", "experts_per_token")}}
+             "moe_dispatch": "dispatch", "moe_capacity_factor": "capacity_factor",
+             "moe_router_jitter": "router_jitter", "moe_renormalize": "renormalize",
+             "moe_gated": "gated", "moe_grouped_matmul": "grouped_matmul",
+             "moe_load_balance_weight": "load_balance_weight",
+             "moe_z_loss_weight": "z_loss_weight"}
 # Every block config key: the BlockSettings fields, then the MoE keys.
 CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(BlockSettings) if f.name != "moe") + (
     tuple(_MOE_KEYS))

@@ -38,7 +38,7 @@ def image_inputs(cfg: dict, batch: int, length: int) -> tuple:
   """example_inputs for models taking float32 [batch, image_size, image_size, channels]."""
   del length
   size = cfg["image_size"]
-  return (jax.ShapeDtypeStruct((batch, size, size, cfg.get("channels", 3)), jnp.float32),)
+  return (jax.ShapeDtypeStruct((batch, size, size, cfg["channels"]), jnp.float32),)
 
 
 def head_dim(cfg: dict) -> int:
@@ -55,12 +55,16 @@ class Family:
     `block` (a `BlockSettings`) makes every shared block key (`layers/settings.py`) a config
     key as well, with `block_defaults` over the settings' own defaults.
   - task: one of TASKS.
-  - example_inputs: (config dict, batch, length) -> abstract positional inputs of `init`.
+  - example_inputs: (config dict with defaults, batch, length) -> abstract positional inputs
+    of `init`.
   - embeddings / heads: top-level parameter names that are embeddings (token, position,
     token-type tables, an untied vocabulary projection: Kaplan's N leaves them out) and
     task heads (what a backbone such as HF `*Model` leaves out).
   - embedding_lookups: token-embedding lookups per example that Hoffmann's FLOPs count as
     vocabulary matmuls; None if that count does not apply to the family.
+  - tokens_per_example: (config dict) -> the tokens the model processes per example, for
+    families whose inputs are not token sequences (ViT: patches + class token); None: the
+    batch's sequence length. Training's FLOPs per step (the MFU estimate) count with it.
   - attention_flops: (config dict, seq_len) -> (attention layers, keys per query, attention
     width) for the FLOPs attention term; None: `num_layers` layers of num_heads * head_dim,
     keys limited by a sliding `window`.
@@ -77,6 +81,7 @@ class Family:
   heads: tuple[str, ...] | None = None
   block_defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   embedding_lookups: int | None = None
+  tokens_per_example: Callable[[dict], int] | None = None
   attention_flops: Callable[[dict, int], tuple[int, int, int]] | None = None
   validate: Callable[[dict], None] | None = None
   hf_converter: str | None = None
@@ -98,7 +103,7 @@ class Family:
       if not (isinstance(value, tuple) and all(isinstance(v, str) for v in value)):
         raise ValueError(f"{who}: {key}={value!r} must be a tuple of top-level parameter "
                          "names (an empty tuple if there are none)")
-    for key in ("attention_flops", "validate"):
+    for key in ("tokens_per_example", "attention_flops", "validate"):
       if getattr(self, key) is not None and not callable(getattr(self, key)):
         raise ValueError(f"{who}: {key} must be callable or None")
     unknown = set(self.block_defaults) - set(settings_lib.CONFIG_KEYS)

@@ -77,7 +77,7 @@ def _validate(c: dict):
 def _attention_flops(cfg: dict, seq_len: int) -> tuple[int, int, int]:
   """Additive attention: an (attention_dim) score per source state, then a weighted sum of
   the (hidden_dim) states: one "layer" of width attention_dim + hidden_dim."""
-  if not cfg.get("attention", True):
+  if not cfg["attention"]:
     return 0, seq_len, 0
   return 1, seq_len, (cfg.get("attention_dim") or cfg["hidden_dim"]) + cfg["hidden_dim"]
 

@@ -74,6 +74,11 @@ def resize_pos_embed(table: jax.Array, new_grid: int, *, has_cls: bool = True) -
   return jnp.concatenate([cls, grid.reshape(new_grid * new_grid, -1)], axis=0)
 
 
+def _tokens(c: dict) -> int:
+  """Patches plus the class token (with pool="cls")."""
+  return (c["image_size"] // c["patch_size"]) ** 2 + (1 if c["pool"] == "cls" else 0)
+
+
 def _validate(c: dict):
   if c["pool"] not in POOLS:
     raise ValueError(f"model.pool={c['pool']!r} is not one of {list(POOLS)}")
@@ -86,4 +91,5 @@ FAMILY = Family(
     name="vit", module=ViT, task="classification", example_inputs=image_inputs,
     embeddings=("pos_embed",), heads=("head",),
     block_defaults=dict(qkv_bias=True, norm_eps=1e-6, activation="gelu_exact"),
-    embedding_lookups=0, validate=_validate, hf_converter="jaxformer.convert.hf.vit")
+    embedding_lookups=0, tokens_per_example=_tokens, validate=_validate,
+    hf_converter="jaxformer.convert.hf.vit")

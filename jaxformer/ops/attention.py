@@ -233,7 +233,7 @@ def _validate(q, k, v, bias, mask, causal, window, segment_ids, scale, impl) -> 
     raise ValueError(f"q and k head_dim differ: q {q.shape}, k {k.shape}")
   hkv, tk = k.shape[2], k.shape[1]
   if h % hkv:
-    raise ValueError(f"num_kv_heads={hkv} (k/v heads) must divide num_heads={h} (q heads)")
+    raise ValueError(f"num_kv_heads={hkv} must divide num_heads={h} (the heads of k/v and q)")
   if not isinstance(causal, bool):
     raise ValueError(f"causal must be a bool; got {causal!r}")
   target = (b, h, tq, tk)

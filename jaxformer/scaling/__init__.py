@@ -1,7 +1,7 @@
 """Scaling science: count, fit, plan, plot.
 
     from jaxformer import scaling
-    scaling.count_params(config.model)            # counting.py (builds the model: JAX)
+    scaling.count_params(config.model)            # jaxformer.models.counting (builds the model)
     scaling.flops_per_token(config.model, 1024)   # Kaplan 6N + attention, or method="hoffmann"
     fit = scaling.fit_parametric(n, d, loss)      # Chinchilla approach 3 (chinchilla.py)
     fit.params, fit.ci("alpha"), fit.predict(n, d), fit.compute_optimal(1e21)
@@ -9,11 +9,13 @@
     scaling.fit_kaplan_n(n, loss), fit_kaplan_joint(n, d, loss)   # Kaplan et al. 2020 (laws.py)
     scaling.plan_isoflop(budgets, candidates, tokens_per_step=...)  # planning.py
     scaling.lr_optimum(rates, losses), scaling.lr_width_rule(widths, optima)  # LR sweeps
-    from jaxformer.scaling import mup             # μP width tools, coordinate check (JAX)
+    from jaxformer.scaling import mup             # μP width tools (the coordinate check that
+                                                  # trains is jaxformer.train.coord_check)
 
 Fits and plans (laws, chinchilla, planning, stats) use NumPy and SciPy only: importing them,
 or this package, does not import JAX; `count_params`, `flops_per_token` and the other counting
-names load `counting.py` (and JAX) on first use. Plots (plots.py) need matplotlib.
+names are `jaxformer.models.counting`'s (next to the models, so `convert` and `train` count
+without importing the studies), loaded with JAX on first use. Plots (plots.py) need matplotlib.
 """
 
 from __future__ import annotations
@@ -41,5 +43,5 @@ __all__ = ["HOFFMANN_2022", "Curve", "OptimumFit", "ParametricFit", "chinchilla_
 
 def __getattr__(name: str):
   if name in _COUNTING:
-    return getattr(importlib.import_module("jaxformer.scaling.counting"), name)
+    return getattr(importlib.import_module("jaxformer.models.counting"), name)
   raise AttributeError(f"module 'jaxformer.scaling' has no attribute {name!r}")

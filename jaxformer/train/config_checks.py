@@ -9,84 +9,37 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 
 import jax
 import jax.numpy as jnp
 
-from jaxformer import models
-from jaxformer.train import profiling, state, tasks
+from jaxformer import models, run_settings
+from jaxformer.state import optim, train_state
+from jaxformer.train import profiling, tasks
 
 
-def _is_int(v) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-# (field, check, what it must be); a None value means "not set" and passes where it is optional
-RANGES = (
-    ("train.steps", lambda v: _is_int(v) and v >= 1, "an int >= 1"),
-    ("train.batch_size", lambda v: _is_int(v) and v >= 1, "an int >= 1"),
-    ("train.log_every", lambda v: _is_int(v) and v >= 1, "an int >= 1"),
-    ("train.eval_every", lambda v: _is_int(v) and v >= 1, "an int >= 1"),
-    ("train.checkpoint_every", lambda v: _is_int(v) and v >= 1, "an int >= 1"),
-    ("train.seed", _is_int, "an int"),
-    ("train.eval_batch_size", lambda v: v is None or _is_int(v) and v >= 1, "an int >= 1"),
-    ("train.keep_checkpoints", lambda v: v is None or _is_int(v) and v >= 1, "an int >= 1"),
-    ("train.keep_best", lambda v: v is None or _is_int(v) and v >= 0, "an int >= 0 (0: off)"),
-    ("train.max_skipped_steps", lambda v: v is None or _is_int(v) and v >= 1, "an int >= 1"),
-    ("train.sample_tokens", lambda v: v is None or _is_int(v) and v >= 0, "an int >= 0"),
-    ("train.sample_every", lambda v: v is None or _is_int(v) and v >= 0,
-     "an int >= 0 (0: only at the end)"),
-    ("train.label_smoothing", lambda v: v is None or _is_number(v) and 0 <= v < 1,
-     "a number in [0, 1)"),
-    ("train.z_loss", lambda v: v is None or _is_number(v) and v >= 0, "a number >= 0"),
-    ("optim.lr", lambda v: _is_number(v) and v > 0, "a finite number > 0"),
-    ("optim.warmup_steps", lambda v: _is_int(v) and v >= 0, "an int >= 0"),
-    ("optim.decay_steps", lambda v: v is None or _is_int(v) and v >= 1, "an int >= 1"),
-    ("optim.min_lr_ratio", lambda v: v is None or _is_number(v) and 0 <= v <= 1,
-     "a number in [0, 1]"),
-    ("optim.weight_decay", lambda v: _is_number(v) and v >= 0, "a number >= 0"),
-    ("optim.clip", lambda v: v is None or _is_number(v) and v >= 0, "a number >= 0 (0: off)"),
-    ("optim.b1", lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
-    ("optim.b2", lambda v: _is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
-    ("optim.eps", lambda v: v is None or _is_number(v) and v > 0, "a number > 0"),
-    ("optim.grad_accum", lambda v: v is None or _is_int(v) and v >= 1, "an int >= 1"),
-    ("data.seq_len", lambda v: v is None or _is_int(v) and v >= 1, "an int >= 1"),
-)
-
-
-def validate(config):
-  """Config checks that need no data and no compilation (the model's own via models.build)."""
+def validate(config) -> run_settings.RunSettings:
+  """Config checks that need no data and no compilation: the typed settings of every section
+  (`run_settings.parse`, returned), the task, the checks across sections, and the model's own
+  fields (`models.build`)."""
   tasks.task_for(config.model)
-  for field, ok, want in RANGES:
-    section, key = field.split(".")
-    value = config[section].get(key) if section in config else None
-    if not ok(value):
-      raise ValueError(f"{field}={value!r} must be {want}; set --config.{field}=<value>")
-  t = config.train
-  accum = config.optim.get("grad_accum", 1) or 1
-  if t.batch_size % (accum * jax.process_count()):
+  settings = run_settings.parse(config)
+  t, o = settings.train, settings.optim
+  if t.batch_size % (o.grad_accum * jax.process_count()):
     raise ValueError(f"train.batch_size={t.batch_size} must be divisible by "
-                     f"optim.grad_accum={accum} x {jax.process_count()} processes")
-  metric = t.get("best_metric", "eval_loss")
-  if metric not in ("eval_loss", "eval_accuracy"):
-    raise ValueError(f"train.best_metric={metric!r} must be 'eval_loss' or 'eval_accuracy'")
-  profile = profiling.parse_profile_steps(t.get("profile_steps"))
+                     f"optim.grad_accum={o.grad_accum} x {jax.process_count()} processes")
+  profile = profiling.parse_profile_steps(t.profile_steps)
   if profile and profile[-1] > t.steps:
-    raise ValueError(f"train.profile_steps={t.get('profile_steps')!r} reaches past the run's "
+    raise ValueError(f"train.profile_steps={t.profile_steps!r} reaches past the run's "
                      f"train.steps={t.steps}; profile steps within it, e.g. "
                      f"'{max(1, t.steps - 2)}-{t.steps}'")
-  warmup = config.optim.warmup_steps
-  if config.optim.get("schedule", "cosine") != "rsqrt" and warmup >= t.steps:
+  if o.schedule != "rsqrt" and o.warmup_steps >= t.steps:
     # a warning, not an error: short smoke runs of real configs (CI's) are meant this way
     logging.warning("optim.warmup_steps=%d is not shorter than train.steps=%d: the learning "
                     "rate never reaches optim.lr=%g (lower --config.optim.warmup_steps if that "
-                    "is not meant)", warmup, t.steps, config.optim.lr)
+                    "is not meant)", o.warmup_steps, t.steps, o.lr)
   models.build(config.model)              # every model field is checked here
+  return settings
 
 
 def check_model_matches_data(config, info: dict):
@@ -105,10 +58,14 @@ def check_model_matches_data(config, info: dict):
                      f"--config.model.vocab_size={info['vocab_size']} (or larger)")
   if "image_shape" in info and m.get("image_size") is not None:
     h, w, c = info["image_shape"]
-    if (h, w) != (m.image_size, m.image_size) or c != m.get("channels", c):
+    channels = models.with_defaults(m).get("channels", c)
+    if (h, w) != (m.image_size, m.image_size) or c != channels:
       raise ValueError(f"images are {h}x{w}x{c} but model.image_size={m.image_size}, "
-                       f"model.channels={m.get('channels')}; set them to {h} and {c}")
-  learned = m.get("positions", "learned") == "learned" and m.get("max_len") is not None
+                       f"model.channels={channels}; set them to {h} and {c}")
+  # max_len bounds a learned position table: the decoder's positions="learned", or a family
+  # without a `positions` choice (BERT's table is always learned)
+  learned = m.get("max_len") is not None and models.with_defaults(m).get(
+      "positions", "learned") == "learned"
   lengths = {"data.seq_len": config.data.get("seq_len"), "source length": info.get("src_len"),
              "target length": info.get("tgt_len")}
   for name, length in lengths.items():
@@ -149,7 +106,7 @@ RESUMABLE_CHANGES = {
 def check_workdir_config(config, workdir: str, fresh: bool):
   """Refuse to resume a run whose model, data, seed, batch or schedule differ from the saved
   run's (unless `fresh`): the resumed steps would not continue the steps already taken."""
-  saved = None if fresh else state.read_config(workdir)
+  saved = None if fresh else train_state.read_config(workdir)
   if saved is None:
     return
   model = _with_defaults(saved.get("model", {}))
@@ -175,17 +132,16 @@ def _check_schedule_unchanged(saved: dict, config, workdir: str):
   """train.steps and optim.decay_steps may change on resume (extend or shorten a run) unless
   that moves the learning rate of the steps both runs share (cosine/linear decay over
   train.steps when optim.decay_steps is unset)."""
-  from ml_collections import ConfigDict
-
-  from jaxformer.train import optim
   old_steps, old_optim = saved.get("train", {}).get("steps"), saved.get("optim", {})
   new_steps = config.train.steps
   if old_steps is None or (old_steps == new_steps and old_optim.get("decay_steps")
                            == config.optim.get("decay_steps")):
     return
   shared = jnp.arange(min(old_steps, new_steps))
-  old_lr = optim.learning_rate_schedule(ConfigDict(old_optim), old_steps)(shared)
-  new_lr = optim.learning_rate_schedule(config.optim, new_steps)(shared)
+  old_lr = optim.learning_rate_schedule(run_settings.parse_section("optim", old_optim),
+                                       old_steps)(shared)
+  new_lr = optim.learning_rate_schedule(run_settings.parse_section("optim", config.optim),
+                                        new_steps)(shared)
   if not bool(jnp.allclose(old_lr, new_lr, rtol=1e-6, atol=0)):
     keep = old_optim.get("decay_steps") or old_steps
     raise ValueError(

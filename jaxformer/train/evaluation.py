@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxformer import inference
+from jaxformer import inference, run_files
 from jaxformer.train import attention_maps, tasks
 from jaxformer.train.setup import Run, Steps, Writers
 
@@ -44,15 +44,15 @@ class Evaluator:
 
   def __init__(self, run: Run, steps: Steps, writers: Writers):
     self.run, self.steps, self.writers = run, steps, writers
-    t = run.config.train
+    t = run.settings.train
     # (one process: the snapshot runs on the host's example outside the sharded step)
-    self.show_attention = jax.process_count() == 1 and t.get("attention_maps", True)
+    self.show_attention = jax.process_count() == 1 and t.attention_maps
     if self.show_attention:
       self.snapshot_fn = attention_maps.make_snapshot_fn(run.module, run.task)
       self.labels = (token_labels(run.pipeline, steps.example[run.task.inputs[0]][0])
-                     if run.task.name in ("lm", "mlm") else None)
-    self.samples = run.task.name == "lm" and t.get("sample_tokens", 0)
-    self.sample_every = t.get("sample_every", 0)      # 0: one sample at the end of training
+                     if run.task.text else None)
+    self.samples = run.task.samples and t.sample_tokens
+    self.sample_every = t.sample_every      # 0: one sample at the end of training
 
   def __call__(self, done: int, params) -> dict:
     """The eval record of step `done`."""
@@ -72,14 +72,14 @@ class Evaluator:
       if run.best is not None:
         run.best.maybe_save(done, params, record)
       if (self.samples and self.sample_every and done % self.sample_every == 0
-          and done < run.config.train.steps):
+          and done < run.settings.train.steps):
         write_sample(run, params, done)
     return record
 
   def final_sample(self, params) -> None:
     """The end-of-training sample (language models with train.sample_tokens > 0)."""
     if self.samples:
-      write_sample(self.run, params, self.run.config.train.steps)
+      write_sample(self.run, params, self.run.settings.train.steps)
 
 
 def write_sample(run: Run, params, step: int):
@@ -87,12 +87,12 @@ def write_sample(run: Run, params, step: int):
 
   A sample is a by-product: if it fails, the error is logged and training (or the finished
   run, whose checkpoints are already saved) goes on."""
-  t, tokenizer = run.config.train, run.pipeline.tokenizer
+  t, tokenizer = run.settings.train, run.pipeline.tokenizer
   if jax.process_count() > 1:          # every process samples from the whole params
     params = multihost_utils.process_allgather(params, tiled=True)
   try:
     text = inference.sample_text(run.config, params, tokenizer,
-                                 prompt=t.get("sample_prompt", "\n"),
+                                 prompt=t.sample_prompt,
                                  max_new_tokens=t.sample_tokens, temperature=0.8, top_k=20,
                                  seed=t.seed)
   except Exception as e:  # noqa: BLE001  (never fail a run for its sample)
@@ -102,6 +102,6 @@ def write_sample(run: Run, params, step: int):
           "itself is complete", flush=True)
     return
   if run.is_main:
-    with open(os.path.join(run.workdir, "samples.txt"), "a") as f:
+    with open(os.path.join(run.workdir, run_files.SAMPLES), "a") as f:
       f.write(f"--- step {step}\n{text}\n")
   print(f"\n--- sample after {step} steps ---\n{text}\n", flush=True)

@@ -20,7 +20,7 @@ import signal
 
 import jax
 
-from jaxformer import cli
+from jaxformer import console, run_files
 from jaxformer.train import config_checks, evaluation, plots, setup
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import read
@@ -54,14 +54,14 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
   locked for the run (a second training on it is refused at once). `stop_after` ends the run
   after that many steps as if preempted (for tests/benchmarks).
   """
-  config_checks.validate(config)
+  settings = config_checks.validate(config)
   workdir_lib.check_usable(workdir)
   owner = workdir_lib.Lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
   with owner:
     try:
-      return _train(config, workdir, fresh=fresh, stop_after=stop_after)
+      return _train(config, settings, workdir, fresh=fresh, stop_after=stop_after)
     except Exception as e:  # noqa: BLE001  (re-raised unless the disk is full)
-      where = cli.disk_full_path(e)
+      where = console.disk_full_path(e)
       if where is None:
         raise
       raise ValueError(f"no space left on the device of --workdir={workdir!r} ({where}); free "
@@ -69,19 +69,20 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
                        ) from e
 
 
-def _train(config, workdir: str, *, fresh: bool, stop_after: int | None) -> dict:
+def _train(config, settings, workdir: str, *, fresh: bool, stop_after: int | None) -> dict:
   """The run, with its shutdown in one place: however it ends (done, preempted, an exception,
   Ctrl-C), the pending asynchronous checkpoint is waited for and the writers are closed."""
   with contextlib.ExitStack() as shutdown:
-    return _run(config, workdir, fresh=fresh, stop_after=stop_after, shutdown=shutdown)
+    return _run(config, settings, workdir, fresh=fresh, stop_after=stop_after,
+                shutdown=shutdown)
 
 
-def _run(config, workdir: str, *, fresh: bool, stop_after: int | None,
+def _run(config, settings, workdir: str, *, fresh: bool, stop_after: int | None,
          shutdown: contextlib.ExitStack) -> dict:
   """Set up (or find the run finished), step, shut down; then the curves plot and the
   end-of-training sample, which never hold a checkpoint or a writer open."""
-  run = setup.open_run(config, workdir, fresh=fresh, shutdown=shutdown)
-  if run.start >= config.train.steps:
+  run = setup.open_run(config, settings, workdir, fresh=fresh, shutdown=shutdown)
+  if run.start >= settings.train.steps:
     print(f"{workdir}: already trained for {run.start} steps")
     return _last_eval(run.metrics.path)
   steps = setup.make_steps(run)
@@ -90,7 +91,7 @@ def _run(config, workdir: str, *, fresh: bool, stop_after: int | None,
   state, last_eval, preempted = _step_loop(run, steps, writers, evaluator, stop_after)
   shutdown.close()           # checkpoints written, writers closed, before plots and samples
   if run.is_main:
-    plots.plot_curves(run.metrics.path, os.path.join(workdir, "curves.png"))
+    plots.plot_curves(run.metrics.path, os.path.join(workdir, run_files.CURVES))
   if not preempted:
     evaluator.final_sample(state["params"])
   return last_eval
@@ -100,7 +101,7 @@ def _step_loop(run: setup.Run, steps: setup.Steps, writers: setup.Writers,
                evaluator: evaluation.Evaluator, stop_after: int | None):
   """Train steps from `run.start` until the end, a stop request or `stop_after` steps:
   (state, last eval record, whether it was stopped early)."""
-  t = run.config.train
+  t = run.settings.train
   state, last_eval, preempted, previous = run.state, None, False, None
   with _StopRequest() as stop:
     for s in range(run.start, t.steps):
@@ -133,7 +134,7 @@ def _check_finite(run: setup.Run, done: int, m: dict):
   if bool(m["finite"]):
     return
   logging.warning("step %d: non-finite loss or gradient, update skipped", done)
-  max_skipped = run.config.train.get("max_skipped_steps", 5)
+  max_skipped = run.settings.train.max_skipped_steps
   if int(m["skipped"]) >= max_skipped:
     saved = run.ckpts.manager.latest_step()
     kept = (f"the last checkpoint, step {saved}, in {run.workdir}/checkpoints is intact and "
@@ -148,7 +149,7 @@ def _log(run: setup.Run, steps: setup.Steps, writers: setup.Writers, done: int, 
   """The train record of step `done`: to the progress bar, metrics.jsonl and TensorBoard."""
   record = {"step": done, "loss": float(m["loss"]), "lr": float(steps.schedule(done - 1)),
             "grad_norm": float(m["grad_norm"]), "skipped": int(m["skipped"])}
-  if run.task.name == "classification":
+  if run.task.step_accuracy:
     record["accuracy"] = float(m["accuracy"])
   for key in (k for k in m if k.startswith("moe_")):
     value = jax.device_get(m[key])

@@ -14,6 +14,8 @@ from typing import Sequence
 
 import jax
 
+from jaxformer import run_files
+
 FIELD = "train.profile_steps"
 
 
@@ -59,7 +61,7 @@ class StepProfiler:
 
   def __init__(self, workdir: str | os.PathLike, steps: Sequence[int] | str | None):
     self.steps = parse_profile_steps(steps)
-    self.trace_dir = os.path.join(os.fspath(workdir), "profile")
+    self.trace_dir = os.path.join(os.fspath(workdir), run_files.PROFILE)
     self.active = False
     self._done = False
 

@@ -3,8 +3,9 @@
 Throughput is measured over a sliding window of recent `update` calls, so the first step's
 compilation washes out, and time the loop spends on eval or checkpoints (`pause`/`resume`,
 `paused()`, or `exclude(seconds)`) is left out. MFU (model FLOPs utilisation, as in the PaLM
-paper) is `flops_per_step * steps_per_sec / peak_flops`, where `peak_flops` is the dense peak of
-*all* devices the step runs on: `peak_flops_per_device(...) * jax.device_count()`.
+paper) is `flops_per_step * steps_per_sec / peak_flops`, where `flops_per_step` counts the
+model's FLOPs of one step (`flops_per_step`) and `peak_flops` is the dense peak of *all*
+devices the step runs on: `peak_flops_per_device(...) * jax.device_count()`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Callable, TextIO
 import numpy as np
 
 PEAK_FLOPS_ENV = "JAXFORMER_PEAK_FLOPS"
+
 _UNIT_SHORT = {"tokens": "tok", "images": "img"}
 _DTYPES = ("bfloat16", "float16", "float32")
 
@@ -116,6 +118,21 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s"
   return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
+
+def flops_per_step(model_config, task, batch: dict, process_count: int) -> int:
+  """Model FLOPs of one optimizer step over all processes, Kaplan's 6N + attention convention
+  (`models.counting.flops_per_token`): examples x tokens per example x FLOPs per token, the
+  tokens from the task's batch layout or, for images, the family's `tokens_per_example`."""
+  from jaxformer import models
+  from jaxformer.models import counting
+  rows = batch[task.labels].shape[0] * process_count
+  lengths = task.token_lengths(batch)
+  if lengths is None:
+    cfg = models.with_defaults(model_config)
+    tokens = context = models.get(cfg["family"]).tokens_per_example(cfg)
+  else:
+    tokens, context = lengths
+  return counting.flops_per_token(model_config, context) * tokens * rows
 
 class Progress:
   """Prints `step/total  loss  units/s  MFU  eta  elapsed` on each `update`.

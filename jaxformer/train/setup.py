@@ -18,10 +18,11 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxformer import parallel, scaling
+from jaxformer import models, parallel, run_files, run_settings
 from jaxformer.data.pipeline import make_pipeline
-from jaxformer.train import checkpoint, config_checks, optim, profiling, progress, tasks
-from jaxformer.train import state as state_lib
+from jaxformer.state import checkpoint, optim
+from jaxformer.state import train_state as state_lib
+from jaxformer.train import config_checks, profiling, progress, tasks
 from jaxformer.train import step as step_lib
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import MetricsWriter
@@ -33,6 +34,7 @@ class Run:
   """A run ready to train from step `start`: its data, model and train state, and what saves
   them. `state` is the state at `start` (the first train step donates its buffers)."""
   config: Any
+  settings: run_settings.RunSettings   # the typed train/optim/data/mesh sections of `config`
   workdir: str
   is_main: bool                  # process 0: the one that writes the run's files
   task: tasks.Task
@@ -48,7 +50,8 @@ class Run:
   metrics: MetricsWriter
 
 
-def open_run(config, workdir: str, *, fresh: bool, shutdown: contextlib.ExitStack) -> Run:
+def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh: bool,
+             shutdown: contextlib.ExitStack) -> Run:
   """The run in `workdir`, resumed or started. config.json is written only once the config has
   passed the checks that need the data and the mesh (a rejected first attempt leaves none
   behind to refuse the corrected rerun)."""
@@ -61,14 +64,15 @@ def open_run(config, workdir: str, *, fresh: bool, shutdown: contextlib.ExitStac
   if is_main:
     workdir_lib.remove_rejected_attempt(workdir)
 
-  t = config.train
+  t = settings.train
   task = tasks.task_for(config.model)
-  plan = parallel.ShardingPlan.from_config(config.mesh)
+  plan = parallel.ShardingPlan.from_config(settings.mesh)
   plan.check_batch_size(t.batch_size)
-  if t.get("eval_batch_size"):
+  if t.eval_batch_size:
     plan.check_batch_size(t.eval_batch_size, "train.eval_batch_size")
   pipeline = parallel.process_zero_first(     # dataset and tokenizer made once, by process 0
-      lambda: make_pipeline(config, workdir=workdir, process_index=jax.process_index(),
+      lambda: make_pipeline(config, settings, task.name, workdir=workdir,
+                            process_index=jax.process_index(),
                             process_count=jax.process_count()),
       "preparing the data")
   config_checks.check_model_matches_data(config, pipeline.info)
@@ -78,15 +82,14 @@ def open_run(config, workdir: str, *, fresh: bool, shutdown: contextlib.ExitStac
   state_shardings = plan.state_shardings(abstract)     # divisibility errors: no compile yet
   if is_main:
     _write_config(config, workdir)
-  ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"),
-                                 keep=t.get("keep_checkpoints", 3))
+  ckpts = checkpoint.Checkpoints(os.path.join(workdir, run_files.CHECKPOINTS),
+                                 keep=t.keep_checkpoints)
   shutdown.callback(ckpts.close)
-  best_metric = t.get("best_metric", "eval_loss")
-  best = checkpoint.BestCheckpoints(os.path.join(workdir, "best"), metric=best_metric,
-                                    keep=t.get("keep_best", 1)) if t.get("keep_best", 1) else None
+  best = checkpoint.BestCheckpoints(os.path.join(workdir, run_files.BEST),
+                                    metric=t.best_metric, keep=t.keep_best) if t.keep_best else None
   if best is not None:
     shutdown.callback(best.close)
-  metrics = MetricsWriter(os.path.join(workdir, "metrics.jsonl"))
+  metrics = MetricsWriter(os.path.join(workdir, run_files.METRICS))
   restored = ckpts.restore_latest(plan.restore_target(abstract))   # from any mesh
   if restored is None:
     state, start = plan.init_state(init_boxed)[0], 0
@@ -98,13 +101,13 @@ def open_run(config, workdir: str, *, fresh: bool, shutdown: contextlib.ExitStac
     metrics.truncate_after(start)
   if best is not None:
     best.forget_after(start)            # saved after the checkpoint we resume from: redone
-  return Run(config, workdir, is_main, task, plan, pipeline, module, tx, state_shardings, state,
+  return Run(config, settings, workdir, is_main, task, plan, pipeline, module, tx, state_shardings, state,
              start, ckpts, best, metrics)
 
 
 def _write_config(config, workdir: str):
   """config.json, atomically: other processes may be reading it."""
-  path = os.path.join(workdir, state_lib.CONFIG_FILE)
+  path = os.path.join(workdir, run_files.CONFIG)
   with open(path + ".tmp", "w") as f:
     f.write(config.to_json(indent=2))
   os.replace(path + ".tmp", path)
@@ -124,14 +127,14 @@ class Steps:
 
 def make_steps(run: Run) -> Steps:
   """The train step (donating the state) and the eval step, jitted for the plan's shardings."""
-  config, plan, t = run.config, run.plan, run.config.train
+  plan, t, o = run.plan, run.settings.train, run.settings.optim
   logging.info("%s", plan.describe())
   first = run.pipeline.train_batch(run.start)
   example = next(iter(run.pipeline.eval_batches()))
   batch_shardings = lambda batch: {k: plan.batch_sharding(np.ndim(v)) for k, v in batch.items()}
   train_step = plan.jit(step_lib.make_train_step(
-      run.module, run.tx, run.task, label_smoothing=t.get("label_smoothing", 0.0),
-      z_loss=t.get("z_loss", 0.0), grad_accum=config.optim.get("grad_accum", 1)),
+      run.module, run.tx, run.task, label_smoothing=t.label_smoothing, z_loss=t.z_loss,
+      grad_accum=o.grad_accum),
       in_shardings=(run.state_shardings, batch_shardings(first), plan.replicated),
       out_shardings=(run.state_shardings, plan.replicated), donate_argnums=(0,),
       name="train_step")
@@ -140,7 +143,7 @@ def make_steps(run: Run) -> Steps:
                        out_shardings=plan.replicated, name="eval_step")
   dropout_key = plan.replicate(jax.random.split(jax.random.key(t.seed))[1])
   # jitted: the logs call it on the host, where eager dispatch compiled ~10 tiny ops (~0.5 s)
-  schedule = jax.jit(optim.learning_rate_schedule(config.optim, t.steps))
+  schedule = jax.jit(optim.learning_rate_schedule(o, t.steps))
   return Steps(train_step, eval_step, dropout_key, schedule, first, example)
 
 
@@ -163,37 +166,22 @@ class Writers:
 def open_writers(run: Run, steps: Steps, shutdown: contextlib.ExitStack) -> Writers:
   """The progress bar (throughput, MFU), TensorBoard (process 0; a resume purges the steps it
   rewrites) and the profiler, each registered for shutdown as it opens."""
-  t = run.config.train
+  t = run.settings.train
   units_per_step = run.task.units_per_batch(steps.first) * jax.process_count()
-  peak = progress.peak_flops_per_device(dtype=run.config.model.get("dtype", "float32"))
+  peak = progress.peak_flops_per_device(dtype=models.with_defaults(run.config.model)["dtype"])
   bar = progress.Progress(
       t.steps, run.start, unit=run.task.unit, units_per_step=units_per_step, window=1,
-      flops_per_step=flops_per_step(run.config, run.task, steps.first, jax.process_count()),
+      flops_per_step=progress.flops_per_step(run.config.model, run.task, steps.first,
+                                            jax.process_count()),
       peak_flops=peak * jax.device_count() if peak else None)
   shutdown.callback(bar.close)
   tb = None
   if run.is_main:
     tb = SummaryWriter(run.workdir, purge_step=run.start + 1 if run.start else None)
     shutdown.callback(tb.close)
-  profiler = profiling.StepProfiler(run.workdir, t.get("profile_steps"))
+  profiler = profiling.StepProfiler(run.workdir, t.profile_steps)
   shutdown.callback(profiler.close)
   return Writers(bar, run.metrics, tb, profiler, units_per_step)
-
-
-def flops_per_step(config, task, batch, process_count: int) -> int:
-  """Model FLOPs of one optimizer step (Kaplan's 6N + attention convention, see
-  `scaling.flops_per_token`), for the MFU estimate."""
-  rows = batch[task.labels].shape[0] * process_count
-  if task.name == "classification":
-    m = config.model
-    tokens = (m.image_size // m.patch_size) ** 2 + (1 if m.get("pool", "cls") == "cls" else 0)
-    return scaling.flops_per_token(m, tokens) * tokens * rows
-  if task.name == "seq2seq":
-    tgt_len = batch["tgt_out"].shape[1]
-    length = max(batch["src"].shape[1], tgt_len)
-    return scaling.flops_per_token(config.model, length) * tgt_len * rows
-  seq_len = batch["inputs"].shape[1]
-  return scaling.flops_per_token(config.model, seq_len) * seq_len * rows
 
 
 def _scalars(record: dict) -> dict:

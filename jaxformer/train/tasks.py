@@ -28,6 +28,21 @@ class Task:
   inputs: tuple[str, ...]        # positional model arguments, by batch key
   optional: tuple[tuple[str, str], ...]   # (batch key, model keyword) passed when present
   labels: str
+  # FLOPs per example (the MFU estimate): the batch key whose length is the tokens counted per
+  # example, and the keys whose longest length is the context a query attends over; None for
+  # inputs that are not token sequences (the family's `tokens_per_example` counts them).
+  counted: str | None = None
+  context: tuple[str, ...] = ()
+  text: bool = False               # ids of a text tokenizer: eval perplexity, labelled maps
+  samples: bool = False            # a language model: text is sampled at evals and the end
+  step_accuracy: bool = False      # each logged step records its accuracy too
+  sequence_accuracy: bool = False  # evals also count the sequences right in every token
+
+  def token_lengths(self, batch: dict) -> tuple[int, int] | None:
+    """(tokens counted per example, context length) of `batch`, or None (see `counted`)."""
+    if self.counted is None:
+      return None
+    return batch[self.counted].shape[1], max(batch[k].shape[1] for k in self.context)
 
   def model_args(self, batch: dict):
     args = tuple(batch[k] for k in self.inputs)
@@ -49,13 +64,17 @@ class Task:
 
 TASKS = {
     "lm": Task("lm", "tokens", ("inputs",),
-               (("segment_ids", "segment_ids"), ("positions", "positions")), "targets"),
+               (("segment_ids", "segment_ids"), ("positions", "positions")), "targets",
+               counted="inputs", context=("inputs",), text=True, samples=True),
     "mlm": Task("mlm", "tokens", ("inputs",),
                 (("attention_mask", "attention_mask"),
-                 ("token_type_ids", "token_type_ids")), "targets"),
-    "classification": Task("classification", "images", ("images",), (), "labels"),
+                 ("token_type_ids", "token_type_ids")), "targets",
+                counted="inputs", context=("inputs",), text=True),
+    "classification": Task("classification", "images", ("images",), (), "labels",
+                           step_accuracy=True),
     "seq2seq": Task("seq2seq", "tokens", ("src", "tgt_in"), (("src_mask", "src_mask"),),
-                    "tgt_out"),
+                    "tgt_out", counted="tgt_out", context=("src", "tgt_out"),
+                    sequence_accuracy=True),
 }
 
 
@@ -84,7 +103,7 @@ def eval_sums(task: Task, logits, batch) -> dict:
   _, nll = cross_entropy(logits, labels)
   correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
   sums = {"nll": jnp.sum(nll * w), "correct": jnp.sum(correct * w), "count": jnp.sum(w)}
-  if task.name == "seq2seq":       # a sequence is right when all its weighted tokens are
+  if task.sequence_accuracy:       # a sequence is right when all its weighted tokens are
     row_ok = jnp.all((correct > 0) | (w == 0), axis=-1).astype(jnp.float32)
     rows = batch[VALID] if VALID in batch else jnp.ones(row_ok.shape, jnp.float32)
     sums.update(seq_correct=jnp.sum(row_ok * rows), seq_count=jnp.sum(rows))
@@ -95,7 +114,7 @@ def finalize_eval(task: Task, totals: dict) -> dict:
   count = max(float(totals["count"]), 1e-9)
   loss = float(totals["nll"]) / count
   out = {"eval_loss": loss, "eval_accuracy": float(totals["correct"]) / count}
-  if task.name in ("lm", "mlm"):
+  if task.text:
     out["eval_perplexity"] = float(np.exp(min(loss, 80.0)))
   if "seq_count" in totals:
     out["eval_sequence_accuracy"] = float(totals["seq_correct"]) / max(

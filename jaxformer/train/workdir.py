@@ -20,17 +20,17 @@ import socket
 import tempfile
 import time
 
+from jaxformer import run_files
 from jaxformer.data import tokenizers
 
-LOCK_NAME = ".lock"
 # flock has no test: `holder` takes a free lock for a moment, so `Lock` retries that long.
 _PROBE_GRACE_S = 0.5
 _TOKENIZER_FILES = (tokenizers.TOKENIZER_FILE, tokenizers.SPM_MODEL_FILE,
                     tokenizers.HF_MODEL_FILE)
 # What a training run writes (all of it goes on --fresh; the lock file stays).
-RUN_FILES = ("checkpoints", "best", "metrics.jsonl", "samples.txt", "curves.png", "attention",
-             "profile", "config.json", *_TOKENIZER_FILES)
-_TB_PREFIX = "events.out.tfevents"
+RUN_FILES = (run_files.CHECKPOINTS, run_files.BEST, run_files.METRICS, run_files.SAMPLES,
+             run_files.CURVES, run_files.ATTENTION, run_files.PROFILE, run_files.CONFIG,
+             *_TOKENIZER_FILES)
 
 
 def check_usable(workdir: str) -> None:
@@ -51,7 +51,7 @@ class Lock:
   """Exclusive ownership of a workdir (see the module docstring)."""
 
   def __init__(self, workdir: str):
-    self.path = os.path.join(workdir, LOCK_NAME)
+    self.path = os.path.join(workdir, run_files.LOCK)
     self._file = None
 
   def __enter__(self) -> "Lock":
@@ -102,7 +102,7 @@ def holder(workdir: str) -> str | None:
   Asking takes a free lock for a moment (see `_PROBE_GRACE_S`); a lock file that cannot be
   locked at all (a file system without flock) counts as free, as `Lock` would fail itself."""
   try:
-    f = open(os.path.join(workdir, LOCK_NAME))
+    f = open(os.path.join(workdir, run_files.LOCK))
   except OSError:                # none yet (or unreadable: `Lock` will say why)
     return None
   with f:
@@ -118,7 +118,7 @@ def remove_rejected_attempt(workdir: str) -> list[str]:
   """Without config.json a workdir holds no accepted run: a tokenizer there was left by an
   attempt whose config was rejected after the data was read, and must not be reused by the
   corrected run (it may describe other data). Removed; returns the names."""
-  if os.path.exists(os.path.join(workdir, "config.json")):
+  if os.path.exists(os.path.join(workdir, run_files.CONFIG)):
     return []
   names = [n for n in _TOKENIZER_FILES if os.path.exists(os.path.join(workdir, n))]
   for name in names:
@@ -130,7 +130,7 @@ def clear(workdir: str) -> list[str]:
   """--fresh: remove the previous run's artifacts (explicitly asked for); returns their names."""
   removed = []
   for name in sorted(os.listdir(workdir)):
-    if name in RUN_FILES or name.startswith(_TB_PREFIX) or name.endswith(".tmp"):
+    if name in RUN_FILES or name.startswith(run_files.TENSORBOARD_PREFIX) or name.endswith(".tmp"):
       path = os.path.join(workdir, name)
       if os.path.isdir(path):
         shutil.rmtree(path)

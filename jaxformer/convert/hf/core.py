@@ -42,7 +42,8 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from jaxformer import models, scaling
+from jaxformer import models
+from jaxformer.models import counting
 from jaxformer.convert.hf.io import (checkpoint_files, read_config, read_tensors,
                                      require_safetensors, write)
 from jaxformer.models.stack import unstack_layers
@@ -217,7 +218,7 @@ def encoder_layer_rules(p: str, t: str, attention: str, *, e: int, h: int, f: in
 
 def _expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
   """path -> shape of the params `models.build(cfg).init` creates (unscanned; no compute)."""
-  flat = traverse_util.flatten_dict(scaling.param_shapes(dict(cfg, scan_layers=False)), sep="/")
+  flat = traverse_util.flatten_dict(counting.param_shapes(dict(cfg, scan_layers=False)), sep="/")
   return {k: tuple(v.shape) for k, v in flat.items()}
 
 

@@ -4,12 +4,12 @@ Counts come from `jax.eval_shape` of `models.build(model_config).init(...)`: sha
 memory is allocated and nothing is compiled, so GPT-3 175B or Mixtral 8x7B count in about a
 second on a laptop.
 
-    from jaxformer import scaling
-    scaling.count_params(config.model)
+    from jaxformer.models import counting       # also `jaxformer.scaling.count_params` etc.
+    counting.count_params(config.model)
     # {'total': ..., 'active': ..., 'non_embedding': ..., 'backbone': ...,
     #  'non_embedding_active': ...}
-    scaling.flops_per_token(config.model, seq_len=2048)                      # Kaplan
-    scaling.flops_per_token(config.model, seq_len=2048, method="hoffmann")   # Chinchilla
+    counting.flops_per_token(config.model, seq_len=2048)                      # Kaplan
+    counting.flops_per_token(config.model, seq_len=2048, method="hoffmann")   # Chinchilla
 """
 
 from __future__ import annotations
@@ -22,17 +22,14 @@ import flax.linen as nn
 import jax
 
 from jaxformer import models
+from jaxformer.layers.moe import EXPERT_PARAMS
 from jaxformer.models.family import head_dim
-
-# Expert weights of a MoE FFN: params named so under a module named 'ffn', with a leading
-# [num_experts] axis (after the [layers] axis when the stack is scanned).
-EXPERT_PARAMS = ("wi_gate", "wi_up", "wi", "wo")
 
 
 def dummy_inputs(model_config: Any, batch: int = 1, length: int = 8) -> tuple:
   """Abstract (ShapeDtypeStruct) inputs of the right kind for `init` of this family."""
-  cfg = models.config_as_dict(model_config)
-  return models.get(cfg.get("family")).example_inputs(cfg, batch, length)
+  cfg = models.with_defaults(model_config)
+  return models.get(cfg["family"]).example_inputs(cfg, batch, length)
 
 
 def param_shapes(model_config: Any) -> dict:
@@ -110,12 +107,12 @@ def _count_params(cfg: dict) -> dict[str, int]:
 def attention_layers(model_config: Any, seq_len: int) -> tuple[int, int, int]:
   """(number of attention layers, keys seen per query, attention width d_attn) for the
   FLOPs attention term; see `flops_per_token`."""
-  cfg = models.config_as_dict(model_config)
-  entry = models.get(cfg.get("family"))
+  cfg = models.with_defaults(model_config)
+  entry = models.get(cfg["family"])
   if entry.attention_flops is not None:
     return entry.attention_flops(cfg, seq_len)
   keys = seq_len
-  window = cfg.get("window")
+  window = cfg.get("window")         # families without blocks have none
   if window is not None:
     left = window[0] if isinstance(window, (tuple, list)) else window
     if left is not None:

@@ -14,15 +14,14 @@ import jax.numpy as jnp
 
 from jaxformer import models
 from jaxformer.layers import parametrization
-from jaxformer.train import optim
+from jaxformer import run_files, run_settings
 from jaxformer.jsonfile import read_json
-
-CONFIG_FILE = "config.json"
+from jaxformer.state import optim
 
 
 def read_config(workdir: str) -> dict | None:
   """The config a run saved in `workdir` as JSON data (None if there is none yet)."""
-  path = os.path.join(workdir, CONFIG_FILE)
+  path = os.path.join(workdir, run_files.CONFIG)
   if not os.path.exists(path):
     return None
   return read_json(path, fix="it is written by training: restore it or retrain in a new "
@@ -32,9 +31,9 @@ def read_config(workdir: str) -> dict | None:
 def init_inputs(model_config) -> tuple:
   """Zero positional inputs for `module.init`, of the kind the family's registry entry says
   (parameter shapes do not depend on the batch or the length)."""
-  cfg = models.config_as_dict(model_config)
+  cfg = models.with_defaults(model_config)
   return tuple(jnp.zeros(x.shape, x.dtype)
-               for x in models.get(cfg.get("family")).example_inputs(cfg, 1, 2))
+               for x in models.get(cfg["family"]).example_inputs(cfg, 1, 2))
 
 
 def lr_multipliers(module, init_params):
@@ -55,7 +54,8 @@ def train_state_fns(config):
   module = models.build(config.model)
   init_key = jax.random.split(jax.random.key(config.train.seed))[0]
   init_params = lambda: module.init(init_key, *init_inputs(config.model))["params"]
-  tx = optim.make_optimizer(config.optim, config.train.steps,
+  tx = optim.make_optimizer(run_settings.parse_section("optim", config.optim),
+                            config.train.steps,
                             lr_multipliers=lr_multipliers(module, init_params))
 
   def init_boxed():

@@ -1,4 +1,4 @@
-"""Optax optimizer from `config.optim`: AdamW with a decay mask, warmup + decay schedules,
+"""Optax optimizer from the `optim` settings (`run_settings.OptimSettings`): AdamW with a decay mask, warmup + decay schedules,
 global-norm clipping and, under μP, per-parameter learning-rate multipliers. (Gradient
 accumulation lives in the train step: `optim.grad_accum` micro-batches per optimizer step,
 so `train.steps` always counts optimizer updates.)"""
@@ -11,17 +11,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
-SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
+from jaxformer.run_settings import OptimSettings
 
 
-def learning_rate_schedule(optim, total_steps: int) -> optax.Schedule:
+def learning_rate_schedule(optim: OptimSettings, total_steps: int) -> optax.Schedule:
   """Linear warmup to `lr`, then cosine / linear decay to `min_lr_ratio * lr` at
   `decay_steps` (default: total_steps), constant, or Vaswani's inverse square root."""
-  if optim.schedule not in SCHEDULES:
-    raise ValueError(f"optim.schedule={optim.schedule!r} is not one of {SCHEDULES}")
-  lr, warmup = float(optim.lr), int(optim.warmup_steps)
-  decay_steps = int(optim.get("decay_steps") or total_steps)
-  final = lr * float(optim.get("min_lr_ratio", 0.1))
+  lr, warmup = optim.lr, optim.warmup_steps
+  decay_steps = optim.decay_steps or total_steps
+  final = lr * optim.min_lr_ratio
 
   def schedule(step):
     step = jnp.asarray(step, jnp.float32)
@@ -58,17 +56,14 @@ def scale_by_multipliers(multipliers) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def make_optimizer(optim, total_steps: int, lr_multipliers=None
+def make_optimizer(optim: OptimSettings, total_steps: int, lr_multipliers=None
                    ) -> optax.GradientTransformation:
-  """AdamW from `config.optim`; `lr_multipliers` (a tree of floats shaped like the params,
-  `layers.parametrization.learning_rate_multipliers`) scales each parameter's LR."""
-  if optim.get("name", "adamw") != "adamw":
-    raise ValueError(f"optim.name={optim.name!r}: only 'adamw' is available")
+  """AdamW (the only `optim.name`); `lr_multipliers` (a tree of floats shaped like the
+  params, `layers.parametrization.learning_rate_multipliers`) scales each parameter's LR."""
   parts = [
-      optax.clip_by_global_norm(float(optim.clip)) if optim.clip else optax.identity(),
-      optax.adamw(learning_rate_schedule(optim, total_steps), b1=float(optim.b1),
-                  b2=float(optim.b2), eps=float(optim.get("eps", 1e-8)),
-                  weight_decay=float(optim.weight_decay), mask=decay_mask)]
+      optax.clip_by_global_norm(optim.clip) if optim.clip else optax.identity(),
+      optax.adamw(learning_rate_schedule(optim, total_steps), b1=optim.b1, b2=optim.b2,
+                  eps=optim.eps, weight_decay=optim.weight_decay, mask=decay_mask)]
   if lr_multipliers is not None:
     parts.append(scale_by_multipliers(lr_multipliers))
   return optax.chain(*parts)

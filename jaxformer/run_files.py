@@ -1,0 +1,15 @@
+"""The names of what a training run writes in its workdir, in one place: training writes them,
+inference and the sweep driver read them, and `--fresh` removes them (`train.workdir`). The
+tokenizer's own files are named by `jaxformer.data.tokenizers`, which also saves elsewhere."""
+
+CONFIG = "config.json"                 # the run's config, as JSON
+CHECKPOINTS = "checkpoints"            # Orbax checkpoints of the latest steps
+BEST = "best"                          # params of the best evals
+METRICS = "metrics.jsonl"              # one JSON record per logged step and eval
+SAMPLES = "samples.txt"                # text sampled at evals and at the end
+CURVES = "curves.png"                  # loss curves plotted at the end
+ATTENTION = "attention"                # attention-map heatmaps, one PNG per eval
+PROFILE = "profile"                    # jax.profiler traces
+LOGS = "logs"                          # process i > 0: its console output
+LOCK = ".lock"                         # the advisory lock of the training that owns it
+TENSORBOARD_PREFIX = "events.out.tfevents"

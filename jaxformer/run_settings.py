@@ -1,0 +1,201 @@
+"""The typed settings of a run's `train`, `optim`, `data` and `mesh` config sections: every key
+with its default and its valid range, in one place.
+
+    settings = run_settings.parse(config)     # RunSettings; ValueError naming field and fix
+    settings.train.keep_best, settings.optim.lr, settings.data.seq_len, settings.mesh.fsdp
+
+`configs/common.py` writes the sections from these defaults (so `--config.train.<key>=...` can
+set any key, and grep finds every key here), `train`, `sample` and `sweep` read a config through
+`parse` (`train.config_checks.validate` calls it first), and no other module repeats a default.
+The `model` section has its own typed home: the family registry (`models.build`). A data
+source's own keys (`data.packing`, `data.augment`, ...) belong to its pipeline, which reads and
+checks them; `DataSettings` holds the keys every source shares.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _field(default: Any = dataclasses.MISSING, *, check: Callable[[Any], bool] | None = None,
+           want: str = "", optional: bool = False):
+  """A settings field with its range: `check(value)` must hold (None passes when `optional`);
+  `want` says what the value must be, for the error message."""
+  return dataclasses.field(default=default, metadata={"check": check, "want": want,
+                                                      "optional": optional})
+
+
+def _int(minimum: int, default: Any = dataclasses.MISSING, *, optional: bool = False,
+         note: str = ""):
+  return _field(default, check=lambda v: _is_int(v) and v >= minimum,
+                want=f"an int >= {minimum}{note}", optional=optional)
+
+
+def _number(check: Callable[[float], bool], want: str, default: Any = dataclasses.MISSING,
+            *, optional: bool = False):
+  return _field(default, check=lambda v: _is_number(v) and check(v), want=want,
+                optional=optional)
+
+
+def _choice(options: tuple, default: Any):
+  return _field(default, check=lambda v: v in options,
+                want="one of " + ", ".join(repr(o) for o in options))
+
+
+def _typed(kind: type, default: Any, *, optional: bool = False):
+  return _field(default, check=lambda v: isinstance(v, kind), want=f"a {kind.__name__}",
+                optional=optional)
+
+
+BEST_METRICS = ("eval_loss", "eval_accuracy")
+SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+  """`train`: the loop. batch_size counts sequences (or images) per optimizer step."""
+  steps: int = _int(1)
+  batch_size: int = _int(1)
+  seed: int = _field(0, check=_is_int, want="an int")
+  eval_every: int = _int(1, 500)
+  log_every: int = _int(1, 50)
+  checkpoint_every: int = _int(1, 1000)
+  eval_batch_size: int | None = _int(1, None, optional=True)   # None: batch_size
+  keep_checkpoints: int = _int(1, 3)             # last N Orbax checkpoints
+  keep_best: int = _int(0, 1, note=" (0: off)")   # params of the N best evals
+  best_metric: str = _choice(BEST_METRICS, "eval_loss")
+  label_smoothing: float = _number(lambda v: 0 <= v < 1, "a number in [0, 1)", 0.0)
+  z_loss: float = _number(lambda v: v >= 0, "a number >= 0", 0.0)
+  max_skipped_steps: int = _int(1, 5)           # non-finite steps in a row before stopping
+  profile_steps: str = _typed(str, "")         # e.g. "10-12": a trace into <workdir>/profile
+  attention_maps: bool = _typed(bool, True)    # heatmaps + entropy of an eval example
+  sample_tokens: int = _int(0, 0)              # LMs: tokens sampled at the end (0: none)
+  sample_prompt: str = _typed(str, "\n")
+  sample_every: int = _int(0, 0, note=" (0: only at the end)")   # and at evals every N steps
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSettings:
+  """`optim`: AdamW; `lr` is the peak of `schedule`, reached after `warmup_steps`; cosine and
+  linear decay to `min_lr_ratio * lr` at `decay_steps` (None: `train.steps`) and stay there;
+  "rsqrt" is Vaswani et al.'s lr * min(step / warmup, sqrt(warmup / step))."""
+  lr: float = _number(lambda v: v > 0, "a finite number > 0")
+  name: str = _choice(("adamw",), "adamw")
+  schedule: str = _choice(SCHEDULES, "cosine")
+  warmup_steps: int = _int(0, 0)
+  decay_steps: int | None = _int(1, None, optional=True)
+  min_lr_ratio: float = _number(lambda v: 0 <= v <= 1, "a number in [0, 1]", 0.1)
+  weight_decay: float = _number(lambda v: v >= 0, "a number >= 0", 0.1)
+  clip: float = _number(lambda v: v >= 0, "a number >= 0 (0: off)", 1.0)
+  grad_accum: int = _int(1, 1)
+  b1: float = _number(lambda v: 0 <= v < 1, "a number in [0, 1)", 0.9)
+  b2: float = _number(lambda v: 0 <= v < 1, "a number in [0, 1)", 0.95)
+  eps: float = _number(lambda v: v > 0, "a number > 0", 1e-8)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+  """`data`: the keys every source shares (see `jaxformer.data.pipeline` for the sources);
+  `data_dir` is the prepared-data cache (None: under ~/.cache), `eval_batches` the eval
+  windows of a text source (None: the whole split)."""
+  source: str = _field(check=lambda v: isinstance(v, str) and bool(v),
+                       want="a dataset name (see jaxformer.data.pipeline)")
+  tokenizer: str | None = _typed(str, None, optional=True)
+  seq_len: int | None = _int(1, None, optional=True)
+  data_dir: str | None = _typed(str, None, optional=True)
+  eval_batches: int | None = _int(1, None, optional=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSettings:
+  """`mesh`: device-mesh axis sizes (-1 takes all remaining devices); `fsdp` shards parameters
+  over `data` too. `jaxformer.parallel` checks them against the devices."""
+  data: int = _field(-1, check=lambda v: _is_int(v) and (v >= 1 or v == -1),
+                     want="an int >= 1, or -1 for the remaining devices")
+  model: int = _field(1, check=lambda v: _is_int(v) and (v >= 1 or v == -1),
+                      want="an int >= 1, or -1 for the remaining devices")
+  expert: int = _field(1, check=lambda v: _is_int(v) and (v >= 1 or v == -1),
+                       want="an int >= 1, or -1 for the remaining devices")
+  fsdp: bool = _typed(bool, False)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+  train: TrainSettings
+  optim: OptimSettings
+  data: DataSettings
+  mesh: MeshSettings
+
+
+SECTIONS = {"train": TrainSettings, "optim": OptimSettings, "data": DataSettings,
+            "mesh": MeshSettings}
+
+
+def defaults(section: str) -> dict:
+  """The default of every key of `section` that has one (what configs/common.py writes)."""
+  return {f.name: f.default for f in dataclasses.fields(SECTIONS[section])
+          if f.default is not dataclasses.MISSING}
+
+
+def optional_keys(section: str) -> dict[str, type]:
+  """Keys of `section` that may be None, with the type a command-line value parses to."""
+  kinds = {"int | None": int, "str | None": str}
+  return {f.name: kinds[f.type] for f in dataclasses.fields(SECTIONS[section])
+          if f.type in kinds}
+
+
+def parse_section(section: str, values: Mapping[str, Any] | None, *,
+                  strict: bool = False):
+  """`values` (a config section, a dict of a saved config.json) as typed settings: missing keys
+  at their defaults, every value checked. Keys the settings do not name are a source's own
+  (`data`) or from a newer version; `strict` refuses them (train, optim and mesh)."""
+  kind = SECTIONS[section]
+  values = dict(values.items()) if values is not None else {}
+  names = {f.name for f in dataclasses.fields(kind)}
+  if strict:
+    unknown = sorted(set(values) - names)
+    if unknown:
+      raise ValueError(f"{section}.{unknown[0]} is not a {section} setting; the settings are "
+                       f"{sorted(names)}")
+  chosen = {}
+  for f in dataclasses.fields(kind):
+    if f.name not in values:
+      if f.default is dataclasses.MISSING:
+        raise ValueError(f"{section}.{f.name} is required; set --config.{section}.{f.name}="
+                         "<value>")
+      chosen[f.name] = f.default
+      continue
+    value = values[f.name]
+    if isinstance(value, int) and not isinstance(value, bool) and "float" in str(f.type):
+      value = float(value)                 # lr=1 in a config is the float 1.0
+    if not (value is None and f.metadata["optional"]) and not f.metadata["check"](value):
+      raise ValueError(f"{section}.{f.name}={value!r} must be {f.metadata['want']}; set "
+                       f"--config.{section}.{f.name}=<value>")
+    chosen[f.name] = value
+  return kind(**chosen)
+
+
+def parse(config) -> RunSettings:
+  """The typed settings of a full training config (a ConfigDict or the dict of a saved
+  config.json); a ValueError names the first bad field and the fix."""
+  return RunSettings(**{name: parse_section(name, _section(config, name),
+                                            strict=name != "data")
+                        for name in SECTIONS})
+
+
+def _section(config, name: str):
+  if hasattr(config, "keys") and name in config.keys():
+    value = config[name]
+    return value.to_dict() if hasattr(value, "to_dict") else value
+  return None
