@@ -13,7 +13,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from jaxformer.data import batching, images
+from jaxformer.data import batching
+from jaxformer.data.images import cache as image_cache
+from jaxformer.data.images.augment import translate
+from jaxformer.data.images.pipeline import describe, make_image_pipeline
+from jaxformer.data.images.stats import ChannelStats
 from tests.user_errors import user_error as _user_error
 
 MNIST_DIR = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
@@ -25,7 +29,7 @@ def _config(source, **fields):
 
 def _pipeline(source, data_dir, *, batch=8, eval_batch=16, seed=0, process_index=0,
               process_count=1, **fields):
-  return images.make_image_pipeline(
+  return make_image_pipeline(
       _config(source, **fields), seed=seed, global_batch_size=batch,
       eval_batch_size=eval_batch, process_index=process_index, process_count=process_count,
       workdir="unused", data_dir=str(data_dir))
@@ -73,7 +77,7 @@ def test_digits_split_stats_and_batches(cache):
 def test_channel_stats_match_float64_reference():
   x = np.random.default_rng(0).integers(0, 256, size=(5, 7, 3, 3), dtype=np.uint8)
   x[..., 2] = 9                                          # a constant channel: std falls back to 1
-  stats = images._ChannelStats(3)
+  stats = ChannelStats(3)
   stats.add(x[:2])
   stats.add(x[2:])
   result = stats.result()
@@ -125,7 +129,7 @@ def test_shift_augmentation_matches_translate(cache):
   offsets = shifted.shifts(2)
   assert offsets.shape == (6, 2) and np.abs(offsets).max() <= 3 and np.abs(offsets).max() > 0
   u8 = np.round((plain.train_batch(2)["images"] * plain.std + plain.mean) * 255)
-  expected = np.stack([images.translate(x, int(dy), int(dx)) for x, (dy, dx) in zip(u8, offsets)])
+  expected = np.stack([translate(x, int(dy), int(dx)) for x, (dy, dx) in zip(u8, offsets)])
   np.testing.assert_allclose(shifted.train_batch(2)["images"],
                              (expected / 255 - plain.mean) / plain.std, atol=1e-5)
   for a, b in zip(plain.eval_batches(), shifted.eval_batches()):   # eval is never augmented
@@ -141,7 +145,7 @@ def test_translate_reference(dy, dx):
     for x in range(w):
       if 0 <= y - dy < h and 0 <= x - dx < w:
         ref[y, x] = image[y - dy, x - dx]
-  np.testing.assert_array_equal(images.translate(image, dy, dx), ref)
+  np.testing.assert_array_equal(translate(image, dy, dx), ref)
 
 
 def test_batches_feed_the_vit(cache):
@@ -163,7 +167,7 @@ def test_batches_feed_the_vit(cache):
 
 
 def test_cache_is_reused_and_conversion_is_atomic(tmp_path, monkeypatch):
-  real_write = images._write_split
+  real_write = image_cache._write_split
   calls = []
 
   def failing_write(path, examples, channels):
@@ -172,7 +176,7 @@ def test_cache_is_reused_and_conversion_is_atomic(tmp_path, monkeypatch):
       raise RuntimeError("killed mid-conversion")
     return real_write(path, examples, channels)
 
-  monkeypatch.setattr(images, "_write_split", failing_write)
+  monkeypatch.setattr(image_cache, "_write_split", failing_write)
   with pytest.raises(RuntimeError, match="killed"):
     _pipeline("digits", tmp_path)
   assert os.listdir(tmp_path) == [], "a failed conversion leaves nothing behind"
@@ -387,7 +391,7 @@ def test_tfds_prepared_array_record(tmp_path):
 
   data_dir = str(tmp_path / "tfds")
   JaxformerTinyImages(data_dir=data_dir, file_format="array_record").download_and_prepare()
-  p = images.make_image_pipeline(
+  p = make_image_pipeline(
       _config("tfds:jaxformer_tiny_images", image_key="pixels"), seed=0, global_batch_size=3,
       eval_batch_size=3, workdir="unused", data_dir=data_dir)
   assert p.info == {"num_classes": 3, "image_shape": (4, 6, 1), "num_train": 9, "num_eval": 4}
@@ -397,7 +401,7 @@ def test_tfds_prepared_array_record(tmp_path):
   assert p.train_batch(2)["images"].shape == (3, 4, 6, 1)
   assert sum(b[batching.VALID].sum() for b in p.eval_batches()) == 4
   with pytest.raises(ValueError, match=r"data.eval_split='validation'.*\['test', 'train'\]"):
-    images.make_image_pipeline(
+    make_image_pipeline(
         _config("tfds:jaxformer_tiny_images", image_key="pixels", eval_split="validation"),
         seed=0, global_batch_size=3, eval_batch_size=3, data_dir=data_dir)
 
@@ -415,10 +419,10 @@ def test_tfds_prepared_array_record(tmp_path):
 ])
 def test_bad_config_raises(cache, fields, match):
   with pytest.raises(ValueError, match=match):
-    images.make_image_pipeline(ml_collections.ConfigDict(fields), seed=0,
-                               global_batch_size=4, eval_batch_size=4, data_dir=str(cache))
+    make_image_pipeline(ml_collections.ConfigDict(fields), seed=0, global_batch_size=4,
+                        eval_batch_size=4, data_dir=str(cache))
 
 
 def test_describe_is_one_line(cache):
-  line = images.describe(_pipeline("digits", cache))
+  line = describe(_pipeline("digits", cache))
   assert line.startswith("digits: 1437 train / 360 eval") and "10 classes" in line

@@ -29,7 +29,7 @@ def make_pipeline(config, settings: run_settings.RunSettings, task: str, *, work
     from jaxformer.data.text import make_text_pipeline
     return make_text_pipeline(data, task, **kw)
   if task == "classification":
-    from jaxformer.data.images import make_image_pipeline
+    from jaxformer.data.images.pipeline import make_image_pipeline
     return make_image_pipeline(data, **kw)
   if not source.startswith("synthetic:"):
     raise ValueError(f"data.source={source!r}: seq2seq models train on the synthetic tasks "
