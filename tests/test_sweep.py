@@ -15,6 +15,7 @@ import time
 import pytest
 
 from jaxformer import sweep as sweep_lib
+from jaxformer.sweep import runner as sweep_runner, status as sweep_status
 
 BASE = "configs/shakespeare_char.py:tiny"
 REPO = sweep_lib.REPO_ROOT
@@ -310,15 +311,16 @@ DRIVER = r'''
 import sys
 from ml_collections import ConfigDict
 from jaxformer import cli, sweep as sweep_lib
+from jaxformer.sweep import __main__ as sweep_cli, config as sweep_config
 
 fake = sys.argv.pop(1)
-sweep_lib._validated = lambda base, overrides, name: (
+sweep_config.validated = lambda base, overrides, name: (
     ConfigDict({"train": {"steps": 6, "batch_size": 8}, "data": {}}), None)
 train_command = sweep_lib.Point.command
 sweep_lib.Point.command = lambda self, base, workdir: [
     sys.executable, fake, *train_command(self, base, workdir)[3:]]
-sweep_lib._define_flags()
-cli.run_absl(sweep_lib.main)
+sweep_cli._define_flags()
+cli.run_absl(sweep_cli.main)
 '''
 
 
@@ -445,8 +447,8 @@ def test_rerun_after_the_driver_was_killed_never_starts_a_second_training(
     return sweep_lib.subprocess_runner(command, log)
 
   # Waiting (the default): s0's orphan finishes meanwhile; the point is done, never failed.
-  monkeypatch.setattr(sweep_lib, "WAIT_POLL_S", 0.05)
-  ask, held = sweep_lib._lock_holder, []
+  monkeypatch.setattr(sweep_runner, "WAIT_POLL_S", 0.05)
+  ask, held = sweep_status.lock_holder, []
 
   def lock_holder(point_dir):              # let s0's orphan finish once the sweep waits on it
     owner = ask(point_dir)
@@ -455,7 +457,7 @@ def test_rerun_after_the_driver_was_killed_never_starts_a_second_training(
       if len(held) == 2:                   # the initial summary asked, then the point did
         (out / "s0" / "go").touch()
     return owner
-  monkeypatch.setattr(sweep_lib, "_lock_holder", lock_holder)
+  monkeypatch.setattr(sweep_status, "lock_holder", lock_holder)
   rows = sweep_lib.run(spec, str(out), runner=runner, only="s0")
   printed = capsys.readouterr().out
   assert f"pid {orphans['s0']} on " in printed and "waiting for it to exit" in printed
