@@ -27,6 +27,7 @@ def load_run(workdir: str, *, which: str = "latest"):
   if saved is None:
     raise ValueError(f"--workdir={workdir!r} holds no training run (no {run_files.CONFIG})")
   config = ConfigDict(saved)
+  settings = run_settings.parse(config)          # the typed sections, as training read them
   directory = os.path.join(workdir, run_files.BEST if which == "best" else run_files.CHECKPOINTS)
   if not os.path.isdir(directory) or not os.listdir(directory):   # read-only: create nothing
     raise ValueError(f"--workdir={workdir!r} has no {which} checkpoint yet ({directory} is "
@@ -36,8 +37,7 @@ def load_run(workdir: str, *, which: str = "latest"):
   if which == "best":
     try:           # Orbax reads the kept metrics when it opens the directory
       best = checkpoint.BestCheckpoints(directory, read_only=True,
-                                        metric=run_settings.parse_section(
-                                            "train", config.train).best_metric)
+                                        metric=settings.train.best_metric)
       try:
         params = best.restore(abstract["params"])
       finally:

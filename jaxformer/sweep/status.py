@@ -8,10 +8,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jaxformer import run_files
+
 
 def read_metrics(point_dir: str) -> list[dict]:
   from jaxformer.train import metrics       # light: no JAX
-  path = os.path.join(point_dir, "metrics.jsonl")
+  path = os.path.join(point_dir, run_files.METRICS)
   return metrics.read(path) if os.path.exists(path) else []
 
 
