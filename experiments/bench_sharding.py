@@ -3,11 +3,14 @@ one GPU when there is one.
 
     python -m experiments.bench_sharding [--steps=10] [--gpu_batch=8]
 
-CPU part: a small GPT (d_model 128, 8 heads, 4 layers, context 64, batch 16) trained with
-AdamW through `ShardingPlan` on every (data, model, expert) mesh of 8 fake CPU devices, with
-and without FSDP: step compile time, median step time, per-device parameter bytes; printed as
-a markdown table. (CPU "devices" share the host's cores, so step times show partitioning
-overhead, not speed-ups.)
+Both parts time the training's own step (`jaxformer.state.train_state` and `jaxformer.train.step`:
+GPT-2 small's AdamW settings, clipping, dropout as the model sets it, the non-finite-step
+guard) jitted through `ShardingPlan`.
+
+CPU part: a small GPT (d_model 128, 8 heads, 4 layers, context 64, batch 16) on every
+(data, model, expert) mesh of 8 fake CPU devices, with and without FSDP: step compile time,
+median step time, per-device parameter bytes; printed as a markdown table. (CPU "devices"
+share the host's cores, so step times show partitioning overhead, not speed-ups.)
 
 GPU part (skipped without a GPU): GPT-2 small in bfloat16 on one device, context 1024:
 tokens/s and model FLOPs utilisation = flops_per_token * tokens/s / peak bf16 FLOP/s.
@@ -28,14 +31,13 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
+from ml_collections import ConfigDict  # noqa: E402
 
 from configs import gpt2  # noqa: E402
-from jaxformer import models, scaling  # noqa: E402
+from jaxformer import scaling  # noqa: E402
 from jaxformer.parallel import ShardingPlan, per_device_bytes  # noqa: E402
-from jaxformer.train import progress  # noqa: E402
+from jaxformer.train import progress, state as state_lib, step as step_lib, tasks  # noqa: E402
 
 MESHES = [(8, 1, 1), (4, 2, 1), (2, 4, 1), (1, 8, 1)]
 CPU_MODEL = dict(family="decoder", vocab_size=256, d_model=128, num_layers=4, num_heads=8,
@@ -43,54 +45,33 @@ CPU_MODEL = dict(family="decoder", vocab_size=256, d_model=128, num_layers=4, nu
                  use_bias=False, tie_embeddings=True, attention_impl="xla")
 
 
-def lm_step(module, tx):
-  """AdamW on mean next-token cross-entropy (float32 loss)."""
-  def step(state, batch):
-    def loss_fn(params):
-      logits = module.apply({"params": params}, batch["inputs"])
-      return optax.softmax_cross_entropy_with_integer_labels(
-          logits.astype(jnp.float32), batch["targets"]).mean()
-    loss, grads = jax.value_and_grad(loss_fn)(state["params"])
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    return {"params": optax.apply_updates(state["params"], updates),
-            "opt_state": opt_state}, loss
-  return step
-
-
-def boxed_init(module, tx, seq_len):
-  def init():
-    params = module.init(jax.random.key(0), jnp.zeros((1, seq_len), jnp.int32))["params"]
-    return {"params": params, "opt_state": tx.init(params)}
-  return init
-
-
-def token_batch(batch, seq_len, vocab, seed=0):
-  tokens = np.random.default_rng(seed).integers(0, vocab, (batch, seq_len + 1), np.int32)
-  return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
-
-
-def time_steps(plan, model_config, batch_size, seq_len, steps):
-  """(compile seconds, median step seconds, per-device param bytes)."""
-  module, tx = models.build(model_config), optax.adamw(1e-3)
-  state, shardings = plan.init_state(boxed_init(module, tx, seq_len))
-  local = token_batch(batch_size, seq_len, model_config["vocab_size"])
-  batch = plan.global_batch(local)
-  step = plan.jit(lm_step(module, tx),
-                  in_shardings=(shardings, {k: plan.batch_sharding(2) for k in local}),
+def time_steps(plan, config, batch_size, seq_len, steps):
+  """(compile seconds, median step seconds, per-device param bytes) of the training step."""
+  module, tx, init_boxed = state_lib.train_state_fns(config)
+  state, shardings = plan.init_state(init_boxed)
+  tokens = np.random.default_rng(0).integers(0, config.model.vocab_size,
+                                             (batch_size, seq_len + 1), np.int32)
+  batch = plan.global_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:]})
+  step = plan.jit(step_lib.make_train_step(module, tx, tasks.task_for(config.model)),
+                  in_shardings=(shardings, {k: plan.batch_sharding(2) for k in batch},
+                                plan.replicated),
                   out_shardings=(shardings, plan.replicated), donate_argnums=(0,))
-  state, loss = step(state, batch)
-  loss.block_until_ready()
+  dropout_key = plan.replicate(jax.random.key(0))
+  state, metrics = step(state, batch, dropout_key)
+  metrics["loss"].block_until_ready()
   times = []
   for _ in range(steps):
     start = time.perf_counter()
-    state, loss = step(state, batch)
-    loss.block_until_ready()
+    state, metrics = step(state, batch, dropout_key)
+    metrics["loss"].block_until_ready()
     times.append(time.perf_counter() - start)
   return step.compile_seconds[0], statistics.median(times), per_device_bytes(state["params"])
 
 
 def cpu_table(steps: int, batch_size: int = 16, seq_len: int = 64) -> str:
   devices = jax.devices("cpu")
+  config = gpt2.get_config("small")
+  config.model = ConfigDict(CPU_MODEL)
   rows = ["| mesh (data, model, expert) | fsdp | compile s | step ms | param KiB / device |",
           "|---|---|---|---|---|"]
   for shape in MESHES:
@@ -99,7 +80,7 @@ def cpu_table(steps: int, batch_size: int = 16, seq_len: int = 64) -> str:
         continue                      # FSDP over a data axis of size 1 is plain TP
       plan = ShardingPlan.from_config(dict(data=shape[0], model=shape[1], expert=shape[2],
                                            fsdp=fsdp), devices)
-      compile_s, step_s, nbytes = time_steps(plan, CPU_MODEL, batch_size, seq_len, steps)
+      compile_s, step_s, nbytes = time_steps(plan, config, batch_size, seq_len, steps)
       rows.append(f"| {shape} | {fsdp} | {compile_s:.2f} | {1e3 * step_s:.1f} | "
                   f"{nbytes / 1024:.0f} |")
       print(rows[-1], file=sys.stderr, flush=True)       # progress
@@ -109,11 +90,11 @@ def cpu_table(steps: int, batch_size: int = 16, seq_len: int = 64) -> str:
 def gpu_report(batch_size: int, steps: int, seq_len: int = 1024) -> str:
   """GPT-2 small (bf16 compute, float32 params) on one GPU: tokens/s and MFU."""
   device = jax.devices("gpu")[0]
-  config = gpt2.get_config("small").model.to_dict()
+  config = gpt2.get_config("small")
   plan = ShardingPlan.from_config(dict(data=1, model=1, expert=1), [device])
   _, step_s, _ = time_steps(plan, config, batch_size, seq_len, steps)
   tokens_per_s = batch_size * seq_len / step_s
-  flops = scaling.flops_per_token(config, seq_len) * tokens_per_s
+  flops = scaling.flops_per_token(config.model, seq_len) * tokens_per_s
   peak = progress.peak_flops_per_device(device, dtype="bfloat16")   # the one table
   mfu = f"{100 * flops / peak:.1f}%" if peak else "n/a (unknown peak)"
   return (f"{device.device_kind}: GPT-2 small bf16, batch {batch_size} x {seq_len}: "

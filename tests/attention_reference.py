@@ -1,5 +1,8 @@
-"""Float64 NumPy reference of dot_product_attention: values and analytic gradients."""
+"""Float64 NumPy reference of dot_product_attention (values and analytic gradients), its
+random inputs, and the harness that checks an implementation against it."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -65,6 +68,17 @@ def attention_grads(q, k, v, d_out, *, bias=None, scale=None, **mask_kw):
   return dq, fold(dk), fold(dv), ds
 
 
+def reference_kwargs(kw):
+  """`dot_product_attention` keyword arguments as `attention`/`attention_grads` take them:
+  segment_ids (one array, or a (query, key) pair) as q_seg/kv_seg; the bias left out (it is
+  passed on its own)."""
+  out = {key: val for key, val in kw.items() if key not in ("bias", "segment_ids")}
+  seg = kw.get("segment_ids")
+  if seg is not None:
+    out["q_seg"], out["kv_seg"] = seg if isinstance(seg, tuple) else (seg, seg)
+  return out
+
+
 def random_inputs(b, tq, tk, h, hkv, d, seed=0):
   """float32 q [b, tq, h, d], k/v [b, tk, hkv, d] and an output cotangent d_out."""
   rng = np.random.default_rng(seed)
@@ -79,6 +93,21 @@ def sorted_segments(b, t, num_segments, seed=1):
   """[b, t] int32 packed-sequence ids in 0..num_segments-1 (sorted: contiguous segments)."""
   rng = np.random.default_rng(seed)
   return np.sort(rng.integers(0, num_segments, size=(b, t)), axis=1).astype(np.int32)
+
+
+def grad_fn(kw, attention):
+  """jit(grad) of sum(attention(q, k, v, **kw) * d_out) w.r.t. q, k, v (and the bias if kw
+  has one): (q, k, v, d_out) -> (grads, out)."""
+  kw = dict(kw)
+  bias = kw.pop("bias", None)
+
+  def loss(q, k, v, bias, d_out):
+    out = attention(q, k, v, **kw, **({} if bias is None else dict(bias=bias)))
+    return jnp.sum(out * d_out), out
+
+  argnums = (0, 1, 2) + ((3,) if bias is not None else ())
+  grad = jax.jit(jax.grad(loss, argnums=argnums, has_aux=True))
+  return lambda q, k, v, d_out: grad(q, k, v, bias, d_out)
 
 
 def assert_matches(out, grads, expected, ref_grads, bias=None):

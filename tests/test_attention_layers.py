@@ -9,15 +9,12 @@ import pytest
 
 from jaxformer.layers import MultiHeadAttention
 from tests import attention_reference as ref
+from tests.arrays import rand
 from tests.gradcheck import numeric_grad
 from tests.modules import make_block
 from tests.np_reference import ACT_NP, layernorm_np, rope_np
 
 B, T, E = 2, 13, 48
-
-
-def rand(*shape, seed=0):
-  return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
 
 
 def init(module, *args, seed=0, **kw):
@@ -71,7 +68,7 @@ MHA_CASES = {
 def test_mha_matches_numpy_values_and_grads(name):
   cfg, _ = MHA_CASES[name]
   module = MultiHeadAttention(**cfg)
-  x = rand(B, T, E)
+  x = rand((B, T, E))
   variables = init(module, x)
   p = variables["params"]
   mask_kw = dict(causal=cfg.get("causal", False), window=cfg.get("window"))
@@ -80,7 +77,7 @@ def test_mha_matches_numpy_values_and_grads(name):
   out = module.apply(variables, x)
   np.testing.assert_allclose(out, np_mha(p, x, **np_kw), atol=1e-4, rtol=1e-4)
 
-  ct = rand(B, T, E, seed=7)
+  ct = rand((B, T, E), seed=7)
   loss = lambda params, x: jnp.sum(module.apply({"params": params}, x) * ct)
   g_params, g_x = jax.jit(jax.grad(loss, argnums=(0, 1)))(p, x)
   idx, num = numeric_grad(lambda xx: np.sum(np_mha(p, xx, **np_kw) * ct), x)
@@ -96,7 +93,7 @@ def test_mha_matches_numpy_values_and_grads(name):
 
 def test_cross_attention_with_empty_rows_matches_numpy():
   module = MultiHeadAttention(num_heads=6, num_kv_heads=2, head_dim=8)
-  x, ctx = rand(B, T, E), rand(B, 7, 24, seed=3)
+  x, ctx = rand((B, T, E)), rand((B, 7, 24), seed=3)
   mask = np.random.default_rng(4).random((B, 1, T, 7)) > 0.4
   mask[:, :, 2] = False
   variables = init(module, x, ctx)
@@ -109,7 +106,7 @@ def test_cross_attention_with_empty_rows_matches_numpy():
 
 @pytest.mark.parametrize("impl", ["blocked", "auto"])
 def test_impls_agree_in_layer(impl):
-  x = rand(B, T, E)
+  x = rand((B, T, E))
   kw = dict(num_heads=4, num_kv_heads=2, causal=True, window=5, positions="alibi")
   variables = init(MultiHeadAttention(impl="xla", **kw), x)
   np.testing.assert_allclose(MultiHeadAttention(impl=impl, **kw).apply(variables, x),
@@ -118,7 +115,7 @@ def test_impls_agree_in_layer(impl):
 
 def test_permutation_equivariant_without_positions():
   module = MultiHeadAttention(num_heads=4)
-  x = rand(1, T, E)
+  x = rand((1, T, E))
   variables = init(module, x)
   perm = np.random.default_rng(1).permutation(T)
   np.testing.assert_allclose(module.apply(variables, x[:, perm]),
@@ -127,7 +124,7 @@ def test_permutation_equivariant_without_positions():
 
 def test_rope_layer_depends_on_relative_positions_only():
   module = MultiHeadAttention(num_heads=4, positions="rope", causal=True)
-  x = rand(B, T, E)
+  x = rand((B, T, E))
   variables = init(module, x)
   base = module.apply(variables, x, positions=jnp.arange(T))
   shifted = module.apply(variables, x, positions=jnp.arange(T) + 1000)
@@ -146,7 +143,7 @@ def test_rope_layer_depends_on_relative_positions_only():
 def test_kv_cache_decoding_equals_full_forward(kw, prefill):
   full = MultiHeadAttention(causal=True, **kw)
   dec = MultiHeadAttention(causal=True, decode=True, **kw)
-  x = rand(B, T, E)
+  x = rand((B, T, E))
   variables = init(full, x)
   want = full.apply(variables, x)
   cache = dec.init(jax.random.key(0), jnp.zeros((B, 16, E)))["cache"]
@@ -184,7 +181,7 @@ def test_kv_cache_overflow_raises():
 
 def test_mutable_attention_weights_collection_returns_probabilities():
   module = MultiHeadAttention(num_heads=4, causal=True)
-  x = rand(B, T, E)
+  x = rand((B, T, E))
   variables = init(module, x)
   out, state = module.apply(variables, x, mutable=["attention_weights"])
   (w,) = state["attention_weights"]["weights"]
@@ -196,7 +193,7 @@ def test_mutable_attention_weights_collection_returns_probabilities():
 
 def test_attention_dropout_uses_rng_and_is_off_when_deterministic():
   module = MultiHeadAttention(num_heads=4, dropout_rate=0.5)
-  x = rand(B, T, E)
+  x = rand((B, T, E))
   variables = init(module, x)
   plain = MultiHeadAttention(num_heads=4).apply(variables, x)
   np.testing.assert_allclose(module.apply(variables, x, deterministic=True), plain, atol=1e-6)
@@ -207,7 +204,7 @@ def test_attention_dropout_uses_rng_and_is_off_when_deterministic():
 
 
 def test_bfloat16_compute_keeps_float32_params():
-  x = rand(B, T, E)
+  x = rand((B, T, E))
   kw = dict(num_heads=4, num_kv_heads=2, causal=True, positions="rope")
   variables = init(MultiHeadAttention(**kw), x)
   boxed = MultiHeadAttention(dtype=jnp.bfloat16, **kw).init(jax.random.key(0), x)
@@ -221,11 +218,11 @@ def test_bfloat16_compute_keeps_float32_params():
 
 def test_cross_attention_batch_mismatch_is_caught_at_the_boundary():
   with pytest.raises(AssertionError, match="shape"):
-    MultiHeadAttention(num_heads=4).init(jax.random.key(0), rand(2, 5, E), rand(3, 4, E))
+    MultiHeadAttention(num_heads=4).init(jax.random.key(0), rand((2, 5, E)), rand((3, 4, E)))
 
 
 def test_param_logical_axes():
-  x = rand(B, T, E)
+  x = rand((B, T, E))
   specs = nn.get_partition_spec(MultiHeadAttention(num_heads=4).init(jax.random.key(0), x))
   assert tuple(specs["params"]["qkv"]["kernel"]) == ("embed", "qkv", "heads", "kv")
   assert tuple(specs["params"]["out"]["kernel"]) == ("heads", "kv", "embed")
@@ -246,8 +243,8 @@ def test_param_logical_axes():
     (dict(num_heads=4, causal=True, window=-2), (), "window"),
 ])
 def test_mha_bad_config_raises(kw, args, match):
-  x = rand(1, 5, E)
-  extra = (rand(1, 3, E),) if args else ()
+  x = rand((1, 5, E))
+  extra = (rand((1, 3, E)),) if args else ()
   with pytest.raises(ValueError, match=match):
     MultiHeadAttention(**kw).init(jax.random.key(0), x, *extra)
 
@@ -280,15 +277,15 @@ def np_block(p, x, context=None, *, pre_norm, num_heads, eps=1e-5, causal=False)
 def test_block_matches_numpy_values_and_grads(pre_norm, cross):
   module = make_block(num_heads=4, mlp_dim=64, pre_norm=pre_norm, causal=not cross,
                             cross_attention=cross)
-  x = rand(B, 9, E)
-  context = rand(B, 5, E, seed=5) if cross else None
+  x = rand((B, 9, E))
+  context = rand((B, 5, E), seed=5) if cross else None
   args = (x, context) if cross else (x,)
   variables = init(module, *args)
   p = variables["params"]
   kw = dict(pre_norm=pre_norm, num_heads=4, causal=not cross)
   np.testing.assert_allclose(module.apply(variables, *args), np_block(p, x, context, **kw),
                              atol=1e-4, rtol=1e-4)
-  ct = rand(B, 9, E, seed=9)
+  ct = rand((B, 9, E), seed=9)
   g_x = jax.jit(jax.grad(lambda x: jnp.sum(module.apply(variables, x, *args[1:]) * ct)))(x)
   idx, num = numeric_grad(lambda xx: np.sum(np_block(p, xx, context, **kw) * ct), x)
   np.testing.assert_allclose(np.ravel(g_x)[idx], num, atol=1e-3, rtol=1e-3)
@@ -297,7 +294,7 @@ def test_block_matches_numpy_values_and_grads(pre_norm, cross):
 def test_block_llama_style_runs_and_decodes():
   kw = dict(num_heads=4, num_kv_heads=2, mlp_dim=96, norm="rmsnorm", ffn="swiglu",
             activation="silu", use_bias=False, positions="rope", causal=True)
-  x = rand(B, T, E)
+  x = rand((B, T, E))
   full = make_block(**kw)
   variables = init(full, x)
   assert set(variables["params"]["ffn"]) == {"wi_gate", "wi_up", "wo"}
@@ -314,7 +311,7 @@ def test_block_llama_style_runs_and_decodes():
 
 
 def test_block_ffn_activation_defaults_to_the_ffn_kind():
-  x = rand(1, 5, E)
+  x = rand((1, 5, E))
   for ffn, default, other in (("mlp", "gelu", "relu"), ("swiglu", "silu", "gelu")):
     variables = init(make_block(num_heads=4, mlp_dim=32, ffn=ffn), x)
     run = lambda **kw: make_block(num_heads=4, mlp_dim=32, ffn=ffn, **kw).apply(
@@ -325,7 +322,7 @@ def test_block_ffn_activation_defaults_to_the_ffn_kind():
 
 def test_block_dropout_only_when_training():
   module = make_block(num_heads=4, mlp_dim=64, dropout_rate=0.3)
-  x = rand(B, T, E)
+  x = rand((B, T, E))
   variables = init(module, x)
   det = module.apply(variables, x)
   np.testing.assert_allclose(det, make_block(num_heads=4, mlp_dim=64).apply(variables, x))
@@ -341,7 +338,7 @@ def test_block_dropout_only_when_training():
     (dict(activation="tanh"), False, "activation='tanh'"),
 ])
 def test_block_bad_config_raises(kw, with_context, match):
-  x = rand(1, 5, E)
-  args = (x, rand(1, 3, E)) if with_context else (x,)
+  x = rand((1, 5, E))
+  args = (x, rand((1, 3, E))) if with_context else (x,)
   with pytest.raises(ValueError, match=match):
     make_block(num_heads=4, mlp_dim=32, **kw).init(jax.random.key(0), *args)

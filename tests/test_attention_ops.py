@@ -1,5 +1,7 @@
 """dot_product_attention: every impl against the float64 NumPy reference, values and grads."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -14,12 +16,8 @@ from tests import attention_reference as ref
 RNG = np.random.default_rng(0)
 
 
-def make_inputs(b=2, tq=37, tk=37, h=12, hkv=4, d=48, seed=0):
-  return ref.random_inputs(b, tq, tk, h, hkv, d, seed)
-
-
-def segments(b, t, seed=1):
-  return ref.sorted_segments(b, t, 4, seed)
+make_inputs = functools.partial(ref.random_inputs, b=2, tq=37, tk=37, h=12, hkv=4, d=48)
+segments = functools.partial(ref.sorted_segments, num_segments=4)
 
 
 # name -> (shape kwargs, attention kwargs builder)
@@ -54,20 +52,8 @@ def cases():
 CASES = cases()
 
 
-def _ref_kwargs(kw):
-  out = dict(kw)
-  seg = out.pop("segment_ids", None)
-  if seg is not None:
-    out["q_seg"], out["kv_seg"] = seg if isinstance(seg, tuple) else (seg, seg)
-  return out
-
-
-def _loss(impl, kw):
-  def loss(q, k, v, bias, d_out):
-    extra = {} if bias is None else dict(bias=bias)
-    o = dot_product_attention(q, k, v, impl=impl, **kw, **extra)
-    return jnp.sum(o * d_out), o
-  return loss
+def _grads(impl, kw):
+  return ref.grad_fn(kw, functools.partial(dot_product_attention, impl=impl))
 
 
 @pytest.mark.parametrize("impl", ["xla", "blocked"])
@@ -78,14 +64,12 @@ def test_matches_float64_reference(name, impl, monkeypatch):
   if "bias" in kw and kw["bias"].shape[1] != 1 and shape_kw.get("h", 12) != kw["bias"].shape[1]:
     pytest.skip("bias heads")
   q, k, v, d_out = make_inputs(**shape_kw)
-  kw = dict(kw)
-  bias = kw.pop("bias", None)
-  expected, _ = ref.attention(q, k, v, bias=bias, **_ref_kwargs(kw))
-  dq_r, dk_r, dv_r, ds_r = ref.attention_grads(q, k, v, d_out, bias=bias, **_ref_kwargs(kw))
+  bias = kw.get("bias")
+  expected, _ = ref.attention(q, k, v, bias=bias, **ref.reference_kwargs(kw))
+  dq_r, dk_r, dv_r, ds_r = ref.attention_grads(q, k, v, d_out, bias=bias,
+                                               **ref.reference_kwargs(kw))
 
-  grad_fn = jax.jit(jax.grad(_loss(impl, kw), argnums=(0, 1, 2) + ((3,) if bias is not None
-                                                                   else ()), has_aux=True))
-  grads, out = grad_fn(q, k, v, bias, d_out)
+  grads, out = _grads(impl, kw)(q, k, v, d_out)
   ref.assert_matches(out, grads, expected, (dq_r, dk_r, dv_r, ds_r), bias)
 
 
@@ -94,15 +78,10 @@ def test_blocked_equals_xla(name, monkeypatch):
   monkeypatch.setattr(blocked, "DEFAULT_BLOCK_K", 16)
   shape_kw, kw = CASES[name]
   q, k, v, d_out = make_inputs(**shape_kw, seed=3)
-  kw = dict(kw)
-  bias = kw.pop("bias", None)
+  bias = kw.get("bias")
   if bias is not None and bias.shape[1] not in (1, q.shape[2]):
     pytest.skip("bias heads")
-  results = {}
-  for impl in ("xla", "blocked"):
-    argnums = (0, 1, 2) + ((3,) if bias is not None else ())
-    results[impl] = jax.jit(jax.grad(_loss(impl, kw), argnums=argnums, has_aux=True))(
-        q, k, v, bias, d_out)
+  results = {impl: _grads(impl, kw)(q, k, v, d_out) for impl in ("xla", "blocked")}
   chex.assert_trees_all_close(results["blocked"], results["xla"], atol=2e-5, rtol=2e-5)
 
 
@@ -177,7 +156,7 @@ def test_jax_nn_translation_matches_reference(name):
   kw.pop("causal", None)
   out = attn_ops._jax_nn_attention(q, k, v, a, implementation="xla")
   bias = kw.pop("bias", None)
-  want, _ = ref.attention(q, k, v, bias=bias, causal=a["causal"], **_ref_kwargs(kw))
+  want, _ = ref.attention(q, k, v, bias=bias, causal=a["causal"], **ref.reference_kwargs(kw))
   np.testing.assert_allclose(out, want, atol=2e-5, rtol=1e-5)
 
 

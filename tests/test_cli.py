@@ -15,6 +15,7 @@ import pytest
 from jaxformer import cli, run_files
 from jaxformer.state import checkpoint
 from jaxformer.train import metrics, workdir as workdir_lib
+from tests.runs import config_flags, tiny_run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "shakespeare_char.py") + ":tiny"
@@ -130,10 +131,9 @@ def test_a_really_full_disk_is_one_line_and_the_rerun_resumes_identically(tmp_pa
   run."""
   from jaxformer.train import loop
   from jaxformer.train.metrics import read
-  flags = ["--config.train.steps=16", "--config.train.checkpoint_every=2",
-           "--config.train.keep_checkpoints=8", "--config.train.log_every=2",
-           "--config.train.eval_every=8", "--config.data.eval_batches=1",
-           "--config.train.sample_tokens=0", "--config.train.attention_maps=False"]
+  cfg = tiny_run_config(steps=16, checkpoint_every=2, keep_checkpoints=8, log_every=2,
+                        eval_every=8, eval_batches=1)
+  flags = config_flags(cfg)
   with _small_tmpfs(tmp_path / "disk", "2m") as disk:       # fills after ~6 checkpoints
     run = disk / "run"
     args = [f"--config={CONFIG}", f"--workdir={run}", *flags]
@@ -146,13 +146,6 @@ def test_a_really_full_disk_is_one_line_and_the_rerun_resumes_identically(tmp_pa
     result = _train(run, *flags)
     assert result.returncode == 0, result.stderr           # from its last complete checkpoint
     resumed = read(run / "metrics.jsonl")
-  from configs import shakespeare_char
-  cfg = shakespeare_char.get_config("tiny")
-  for flag in flags:
-    key, value = flag[len("--config."):].split("=")
-    section, name = key.split(".")
-    cfg[section][name] = type(cfg[section][name])(value == "True" if value in ("True", "False")
-                                                  else value)
   loop.train(cfg, str(tmp_path / "whole"))
   keep = ("step", "loss", "grad_norm", "eval_loss")
   whole = read(tmp_path / "whole" / "metrics.jsonl")
@@ -166,11 +159,8 @@ def test_rejected_first_attempt_does_not_block_the_corrected_rerun(tmp_path, cap
   _assert_user_error(_train(run, "--config.model.vocab_size=32"),
                      "model.vocab_size=32", "--config.model.vocab_size=65")
   assert not (run / "config.json").exists()
-  from configs import shakespeare_char
   from jaxformer.train import loop
-  cfg = shakespeare_char.get_config("tiny")
-  cfg.train.update(steps=1, eval_every=1, log_every=1, sample_tokens=0, attention_maps=False)
-  cfg.data.eval_batches = 1
+  cfg = tiny_run_config(steps=1, eval_every=1, log_every=1, eval_batches=1)
   assert loop.train(cfg, str(run))["step"] == 1
   assert f"{run}: starting fresh" in capsys.readouterr().out
   assert (run / "config.json").exists()

@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxformer.layers import (AdditiveAttention, Embed, LayerNorm, LearnedPositionEmbedding,
                               Mlp, PatchEmbed, RMSNorm, SwiGLU, make_norm)
+from tests.arrays import rand
 from tests.gradcheck import numeric_grad
 from tests.np_reference import ACT_NP, layernorm_np, rmsnorm_np
 
@@ -103,10 +104,6 @@ def check_grads(fn, np_fn, params, args, ct, param_paths=()):
 
 def applier(model, **kwargs):
   return lambda p, *a: model.apply({"params": p}, *a, **kwargs)
-
-
-def rand(shape, seed, scale=1.0):
-  return (scale * np.random.default_rng(seed).normal(size=shape)).astype(np.float32)
 
 
 def specs(variables):

@@ -17,6 +17,7 @@ from jaxformer.layers.moe import (MOE_COLLECTION, capacity_positions, collect_mo
                                   expert_capacity)
 from jaxformer.models.stack import stack_layers
 from jaxformer.parallel.rules import MESH_AXES, logical_axis_rules
+from tests.arrays import rand
 from tests.gradcheck import numeric_grad
 from tests.modules import make_moe
 
@@ -78,10 +79,6 @@ def run(module, params, x, **kwargs):
   """module.apply jitted (one compile instead of one per op), with the sown MoE metrics."""
   fn = jax.jit(lambda p, x: module.apply({"params": p}, x, mutable=[MOE_COLLECTION], **kwargs))
   return fn(params, x)
-
-
-def rand(shape, seed=0):
-  return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
 
 
 @pytest.mark.parametrize("fields", [

@@ -14,23 +14,14 @@ import numpy as np
 import pytest
 
 from launch.local import process_env, run_local
+from tests.runs import config_flags, tiny_run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-TRAIN_FLAGS = ["--config.train.steps={steps}", "--config.train.log_every=1",
-               "--config.train.eval_every={steps}", "--config.train.checkpoint_every={steps}",
-               "--config.data.eval_batches=1", "--config.train.sample_tokens=0",
-               "--config.optim.schedule=constant", "--config.optim.warmup_steps=0",
-               "--config.model.vocab_size=66", "--config.train.attention_maps=False"]
-
-
 def _config(steps, data, model, fsdp):
-  from configs import shakespeare_char
-  cfg = shakespeare_char.get_config("tiny")
-  cfg.train.update(steps=steps, log_every=1, eval_every=steps, checkpoint_every=steps,
-                   sample_tokens=0, attention_maps=False)
-  cfg.data.eval_batches = 1
+  cfg = tiny_run_config(steps=steps, log_every=1, eval_every=steps, checkpoint_every=steps,
+                        eval_batches=1)
   cfg.optim.update(schedule="constant", warmup_steps=0)
   cfg.model.vocab_size = 66                 # divisible by mesh.model=2 (vocab is sharded)
   cfg.mesh.update(data=data, model=model, fsdp=fsdp)
@@ -50,10 +41,10 @@ def _assert_records_close(got, want):
       np.testing.assert_allclose(g[key], w[key], rtol=2e-5, err_msg=f"{key} at {g['step']}")
 
 
-def _train_cli(workdir, steps, num_processes, devices_per_process, *mesh_flags, home):
+def _train_cli(workdir, cfg, num_processes, devices_per_process, *, home):
   cmd = [sys.executable, "-m", "jaxformer.train",
          "--config=" + os.path.join(ROOT, "configs", "shakespeare_char.py") + ":tiny",
-         f"--workdir={workdir}"] + [f.format(steps=steps) for f in TRAIN_FLAGS] + list(mesh_flags)
+         f"--workdir={workdir}", *config_flags(cfg)]
   try:
     results = run_local(cmd, num_processes, devices_per_process,
                         env={"PYTHONPATH": ROOT, "HOME": str(home)}, timeout=300)
@@ -85,15 +76,14 @@ def _assert_one_console(outputs, workdir, steps):
 def test_two_processes_train_like_one_and_their_checkpoint_continues_on_one_device(tmp_path):
   from jaxformer.train import loop
   two, one, home = str(tmp_path / "two"), str(tmp_path / "one"), tmp_path / "home"
-  outputs = _train_cli(two, 3, 2, 4, "--config.mesh.data=4", "--config.mesh.model=2",
-                       "--config.mesh.fsdp=True", home=home)      # 2 processes x 4 devices
+  outputs = _train_cli(two, _config(3, 4, 2, True), 2, 4, home=home)   # 2 processes x 4 devices
   _assert_one_console(outputs, two, 3)                            # with an empty data cache
   loop.train(_config(3, -1, 1, False), one)                       # 1 process x 8 devices
   _assert_records_close(_records(two), _records(one))
 
   # the 2-process (4 x 2 mesh, FSDP) checkpoint restores in a single process on one device
   # and continues exactly like the 8-device run
-  _train_cli(two, 5, 1, 1, "--config.mesh.data=1", home=home)
+  _train_cli(two, _config(5, 1, 1, False), 1, 1, home=home)
   loop.train(_config(5, -1, 1, False), one)
   _assert_records_close(_records(two), _records(one))
   assert [r["step"] for r in _records(two) if "loss" in r] == [1, 2, 3, 4, 5]

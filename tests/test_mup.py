@@ -14,7 +14,8 @@ from jaxformer import models, parallel, scaling
 from jaxformer.layers import parametrization
 from jaxformer.scaling import mup
 from jaxformer.state import train_state as state_lib
-from jaxformer.train import coord_check, step as step_lib, tasks
+from jaxformer.train import coord_check
+from tests import sharded_gpt
 
 
 def tiny(parametrization="mup", base=16, **model):
@@ -279,24 +280,16 @@ def test_coordinate_check_is_flat_under_mup_and_grows_under_standard(coord_check
 def test_mup_sharded_training_matches_one_device():
   cfg = tiny(d_model=64, mlp_dim=128, num_heads=8, vocab_size=64, max_len=16, num_layers=1,
              attention_impl="xla")
-  module, tx, init_boxed = state_lib.train_state_fns(cfg)
-  step = step_lib.make_train_step(module, tx, tasks.task_for(cfg.model))
   rng = np.random.default_rng(0)
-  batches = [rng.integers(0, 64, (8, 17)).astype(np.int32) for _ in range(2)]
+  tokens = [rng.integers(0, 64, (8, 17)).astype(np.int32) for _ in range(2)]
+  batches = [{"inputs": b[:, :-1], "targets": b[:, 1:]} for b in tokens]
   results = []
   for shape, fsdp in (((1, 1, 1), False), ((2, 4, 1), True)):
     devices = jax.devices()[:math.prod(shape)]
     plan = parallel.ShardingPlan.from_config(dict(zip(("data", "model", "expert"), shape),
                                                   fsdp=fsdp), devices)
-    state, shardings = plan.init_state(init_boxed)
-    batch_sh = {k: plan.batch_sharding(2) for k in ("inputs", "targets")}
-    jitted = plan.jit(step, in_shardings=(shardings, batch_sh, plan.replicated),
-                      out_shardings=(shardings, plan.replicated))
-    for b in batches:
-      state, metrics = jitted(state, plan.global_batch({"inputs": b[:, :-1],
-                                                        "targets": b[:, 1:]}),
-                              plan.replicate(jax.random.key(0)))
-    results.append((float(metrics["loss"]), jax.device_get(state["params"])))
+    losses, state, _ = sharded_gpt.train(plan, cfg, batches)
+    results.append((losses[-1], jax.device_get(state["params"])))
   assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6),
                results[0][1], results[1][1])

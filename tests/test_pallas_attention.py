@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import chex
@@ -18,12 +19,8 @@ from tests import attention_reference as ref
 BLOCK = 16
 
 
-def make_inputs(b=2, tq=33, tk=33, h=4, hkv=2, d=8, seed=0):
-  return ref.random_inputs(b, tq, tk, h, hkv, d, seed)
-
-
-def segments(b, t, seed=1):
-  return ref.sorted_segments(b, t, 3, seed)
+make_inputs = functools.partial(ref.random_inputs, b=2, tq=33, tk=33, h=4, hkv=2, d=8)
+segments = functools.partial(ref.sorted_segments, num_segments=3)
 
 
 def alibi_bias(h, tq, tk):
@@ -59,14 +56,6 @@ def cases():
 CASES = cases()
 
 
-def _ref_kwargs(kw):
-  out = {key: val for key, val in kw.items() if key not in ("bias", "segment_ids")}
-  seg = kw.get("segment_ids")
-  if seg is not None:
-    out["q_seg"], out["kv_seg"] = seg if isinstance(seg, tuple) else (seg, seg)
-  return out
-
-
 def _pallas(q, k, v, *, bias=None, mask=None, segment_ids=None, causal=False, window=None,
             scale=None, **block_kw):
   """`pallas_attention` with `dot_product_attention`'s argument conventions."""
@@ -77,20 +66,6 @@ def _pallas(q, k, v, *, bias=None, mask=None, segment_ids=None, causal=False, wi
       q, k, v, bias=bias, mask=mask, q_segment_ids=q_seg, kv_segment_ids=kv_seg,
       causal=causal, window=window,
       scale=1 / np.sqrt(q.shape[-1]) if scale is None else scale, **block_kw)
-
-
-def _grad_fn(kw, attention):
-  """jit(grad) of sum(attention(q, k, v, **kw) * d_out) w.r.t. q, k, v (and bias if given)."""
-  kw = dict(kw)
-  bias = kw.pop("bias", None)
-
-  def loss(q, k, v, bias, d_out):
-    out = attention(q, k, v, **kw, **({} if bias is None else dict(bias=bias)))
-    return jnp.sum(out * d_out), out
-
-  argnums = (0, 1, 2) + ((3,) if bias is not None else ())
-  grad = jax.jit(jax.grad(loss, argnums=argnums, has_aux=True))
-  return lambda q, k, v, d_out: grad(q, k, v, bias, d_out)
 
 
 def _with_impl(impl):
@@ -106,13 +81,13 @@ def test_values_and_grads_match_float64_reference(name):
   shape_kw, kw = CASES[name]
   q, k, v, d_out = make_inputs(**shape_kw)
   bias = kw.get("bias")
-  expected, _ = ref.attention(q, k, v, bias=bias, **_ref_kwargs(kw))
-  dq, dk, dv, ds = ref.attention_grads(q, k, v, d_out, bias=bias, **_ref_kwargs(kw))
+  expected, _ = ref.attention(q, k, v, bias=bias, **ref.reference_kwargs(kw))
+  dq, dk, dv, ds = ref.attention_grads(q, k, v, d_out, bias=bias, **ref.reference_kwargs(kw))
 
-  grads, out = _grad_fn(kw, _with_blocks(BLOCK, BLOCK))(q, k, v, d_out)
+  grads, out = ref.grad_fn(kw, _with_blocks(BLOCK, BLOCK))(q, k, v, d_out)
   ref.assert_matches(out, grads, expected, (dq, dk, dv, ds), bias)
   visible = ref.visible_mask(q.shape[0], q.shape[2], q.shape[1], k.shape[1],
-                             **{key: val for key, val in _ref_kwargs(kw).items()
+                             **{key: val for key, val in ref.reference_kwargs(kw).items()
                                 if key != "scale"})
   empty_rows = ~visible.any(-1)                 # [B, H, Tq]
   if empty_rows.any():
@@ -124,8 +99,8 @@ def test_dot_product_attention_pallas_equals_xla_under_jit_grad():
   """Default block sizes, two-sided window, segments, MQA (ratio 8)."""
   q, k, v, d_out = make_inputs(b=1, tq=21, tk=21, h=8, hkv=1, d=16, seed=3)
   kw = dict(causal=True, window=(6, 2), segment_ids=segments(1, 21))
-  got = _grad_fn(kw, _with_impl("pallas"))(q, k, v, d_out)
-  want = _grad_fn(kw, _with_impl("xla"))(q, k, v, d_out)
+  got = ref.grad_fn(kw, _with_impl("pallas"))(q, k, v, d_out)
+  want = ref.grad_fn(kw, _with_impl("xla"))(q, k, v, d_out)
   chex.assert_trees_all_close(got, want, atol=2e-5, rtol=2e-5)
 
 
@@ -146,7 +121,7 @@ def test_skipped_key_blocks_are_never_read():
   k[:, :32], v[:, :32] = np.nan, np.nan       # key blocks 0 and 1 (block 16) are invisible
   blocked = dot_product_attention(q, k, v, impl="blocked", **kw)
   assert np.isnan(np.asarray(blocked)).all(), "poisoning must be able to fail this test"
-  grads, out = _grad_fn(kw, _with_blocks(BLOCK, BLOCK))(q, k, v, d_out)
+  grads, out = ref.grad_fn(kw, _with_blocks(BLOCK, BLOCK))(q, k, v, d_out)
   want, _ = ref.attention(q, np.nan_to_num(k), np.nan_to_num(v), **kw)
   np.testing.assert_allclose(out, want, atol=2e-5, rtol=1e-5)
   chex.assert_tree_all_finite(grads[0])

@@ -12,7 +12,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import AxisType, PartitionSpec as P
@@ -43,10 +42,7 @@ def plan_for(shape, fsdp=False):
 @functools.cache
 def gpt_initial_state():
   """The tiny GPT's initial train state on the host (initialised once, on one device)."""
-  config = worker.tiny_gpt_config()
-  module, tx = models.build(config), optax.adamw(worker.LR, eps=worker.EPS)
-  init = worker.boxed_init(module, tx, jnp.zeros((1, worker.SEQ_LEN), jnp.int32))
-  return jax.device_get(plan_for((1, 1, 1)).init_state(init)[0])
+  return worker.host_state(worker.tiny_gpt_config())
 
 
 @functools.cache
@@ -54,7 +50,7 @@ def gpt_run(shape, fsdp):
   """(losses, state, step) of 3 AdamW steps of the tiny GPT on this mesh. The state starts
   from the shared host copy (one step compile per mesh); SHARDED_INIT uses `plan.init_state`."""
   config = worker.tiny_gpt_config()
-  batches = [worker.token_batch(s, config["vocab_size"]) for s in range(3)]
+  batches = [worker.token_batch(s, config.model.vocab_size) for s in range(3)]
   initial = None if (shape, fsdp) == SHARDED_INIT else gpt_initial_state()
   return worker.train(plan_for(shape, fsdp), config, batches, initial_state=initial)
 
@@ -69,7 +65,7 @@ def _expected_param_bytes(shape, fsdp):
   """Per-device parameter bytes from the logical names, by the rules' promise."""
   sizes = dict(zip(("data", "model", "expert"), shape))
   axes = dict(PARAM_AXES, embed="data") if fsdp else PARAM_AXES
-  module = models.build(worker.tiny_gpt_config())
+  module = models.build(worker.tiny_gpt_config().model)
   boxed = jax.eval_shape(module.init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
   total = 0
   for box in jax.tree.leaves(boxed["params"], is_leaf=lambda x: isinstance(x, nn.Partitioned)):
@@ -145,7 +141,7 @@ def test_sharded_gpt_training_matches_one_device(shape, fsdp):
   qkv = state["params"]["decoder"]["layers_0"]["block"]["self_attention"]["qkv"]["kernel"]
   data_axis = "data" if fsdp and shape[0] > 1 else None
   assert qkv.sharding.spec == P(data_axis, None, "model", None)
-  mu = state["opt_state"][0].mu["decoder"]["layers_0"]["block"]["self_attention"]["qkv"]
+  mu = state["opt_state"][1][0].mu["decoder"]["layers_0"]["block"]["self_attention"]["qkv"]
   assert mu["kernel"].sharding.spec == qkv.sharding.spec            # moments follow params
   assert state["step"].sharding.is_fully_replicated
 
@@ -159,14 +155,13 @@ def test_sharded_gpt_training_matches_one_device(shape, fsdp):
 
 @pytest.mark.slow
 def test_vit_sharded_training_matches_one_device():
-  config = dict(vit.get_config("tiny").model.to_dict(), num_layers=1)
+  config = worker.constant_lr(vit.get_config("tiny"))
+  config.model.num_layers = 1
   rng = np.random.default_rng(0)
   batches = [{"images": rng.normal(size=(8, 8, 8, 1)).astype(np.float32),
-              "targets": rng.integers(0, 10, 8).astype(np.int32)} for _ in range(3)]
-  module, tx = models.build(config), optax.adamw(worker.LR, eps=worker.EPS)
-  init = worker.boxed_init(module, tx, jnp.zeros((1, 8, 8, 1), jnp.float32))
-  initial = jax.device_get(plan_for((1, 1, 1)).init_state(init)[0])
-  runs = [worker.train(plan_for(shape, fsdp), config, batches, "images", initial)
+              "labels": rng.integers(0, 10, 8).astype(np.int32)} for _ in range(3)]
+  initial = worker.host_state(config)
+  runs = [worker.train(plan_for(shape, fsdp), config, batches, initial)
           for shape, fsdp in [((1, 1, 1), False), ((2, 4, 1), True)]]
   (want_losses, want_state, _), (losses, state, _) = runs
   np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
@@ -181,15 +176,14 @@ def test_pallas_attention_runs_per_device_under_sharded_training():
   device, and the traced step really holds the kernel inside a shard_map. (GQA and biases
   under shard_map: the per_device_attention test below.)"""
   want_losses, want_state, _ = gpt_run((1, 1, 1), False)
-  config = worker.tiny_gpt_config()
-  batches = [worker.token_batch(s, config["vocab_size"]) for s in range(3)]
-  pallas = dict(config, attention_impl="pallas", attention_block_sizes=(8, 8))
+  pallas = worker.tiny_gpt_config(attention_impl="pallas", attention_block_sizes=(8, 8))
+  batches = [worker.token_batch(s, pallas.model.vocab_size) for s in range(3)]
   plan = plan_for((2, 4, 1), fsdp=True)
   losses, state, _ = worker.train(plan, pallas, batches, initial_state=gpt_initial_state())
   np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
   _assert_trees_close(state["params"], want_state["params"], atol=1e-5)   # kernel != xla sums
 
-  module = models.build(pallas)
+  module = models.build(pallas.model)
   with plan.scope():
     jaxpr = str(jax.make_jaxpr(lambda p, x: module.apply({"params": p}, x))(
         state["params"], batches[0]["inputs"]))
@@ -236,8 +230,7 @@ def test_per_device_attention_with_bias_mask_and_segments_matches_one_device():
      "model.vocab_size to a multiple of 2 (66)"),
 ])
 def test_indivisible_parameter_fails_before_compiling(overrides, shape, message, monkeypatch):
-  module, tx = models.build(worker.tiny_gpt_config(**overrides)), optax.adamw(1e-3)
-  init = worker.boxed_init(module, tx, jnp.zeros((1, 4), jnp.int32))
+  init = worker.init_boxed(worker.tiny_gpt_config(**overrides))
   plan = plan_for(shape)
   monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled before validating"))
   with pytest.raises(ValueError) as error:
@@ -246,13 +239,11 @@ def test_indivisible_parameter_fails_before_compiling(overrides, shape, message,
 
 
 def test_fsdp_embed_divisibility_names_the_fix():
-  module, tx = models.build(worker.tiny_gpt_config()), optax.adamw(1e-3)
-  abstract = jax.eval_shape(worker.boxed_init(module, tx, jnp.zeros((1, 4), jnp.int32)))
+  abstract = jax.eval_shape(worker.init_boxed(worker.tiny_gpt_config()))
   plan = ShardingPlan.from_config(mesh_config((8, 1, 1), fsdp=True))
   plan.check_divisible(abstract)
   wide = worker.tiny_gpt_config(d_model=36, num_heads=4)
-  abstract = jax.eval_shape(worker.boxed_init(models.build(wide), tx,
-                                              jnp.zeros((1, 4), jnp.int32)))
+  abstract = jax.eval_shape(worker.init_boxed(wide))
   with pytest.raises(ValueError, match=r"\(embed=36\) is not divisible by mesh.data=8; choose "
                                        r"a mesh.data that divides model.d_model"):
     plan.check_divisible(abstract)
@@ -299,7 +290,7 @@ def test_sharded_init_and_checkpoint_restore_onto_a_different_mesh(tmp_path):
   np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
   with ocp.StandardCheckpointer() as ckpt:
     ckpt.save(tmp_path / "ckpt", state["params"])
-  module = models.build(worker.tiny_gpt_config())
+  module = models.build(worker.tiny_gpt_config().model)
   boxed = jax.eval_shape(module.init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
   one = plan_for((1, 1, 1))
   with ocp.StandardCheckpointer() as ckpt:

@@ -14,19 +14,9 @@ from jaxformer.state import optim
 from jaxformer.inference import load_run, sample_text
 from jaxformer.train import config_checks, evaluation, loop
 from jaxformer.train.metrics import read
+from tests.runs import tiny_run_config
 
 DETERMINISTIC = ("step", "loss", "lr", "grad_norm", "skipped", "eval_loss", "eval_accuracy")
-
-
-def tiny_config(**train):
-  import configs.shakespeare_char as sc
-  cfg = sc.get_config("tiny")
-  cfg.train.steps, cfg.train.log_every, cfg.train.eval_every = 24, 4, 12
-  cfg.train.checkpoint_every, cfg.data.eval_batches = 8, 2
-  cfg.train.attention_maps = False        # tested once, in the ViT run
-  cfg.train.sample_tokens = 0             # sampling is tested in the short-run test
-  cfg.train.update(train)
-  return cfg
 
 
 def deterministic(records):
@@ -35,7 +25,7 @@ def deterministic(records):
 
 @pytest.mark.slow
 def test_short_run_learns_and_resume_reproduces_uninterrupted_run(tmp_path):
-  cfg = tiny_config(sample_tokens=80, sample_every=12)
+  cfg = tiny_run_config(sample_tokens=80, sample_every=12)
   full = str(tmp_path / "full")
   loop.train(cfg, full)
   records = read(os.path.join(full, "metrics.jsonl"))
@@ -73,7 +63,7 @@ def test_short_run_learns_and_resume_reproduces_uninterrupted_run(tmp_path):
 def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
   """Under μP (width 32, base 16: LR groups in the optimizer, logits and attention
   multipliers), so the resume also checks that μP's train state round-trips exactly."""
-  cfg = tiny_config(steps=16)
+  cfg = tiny_run_config(steps=16)
   cfg.model.update(parametrization="mup", mup_base_width=16)
   workdir = str(tmp_path / "run")
   loop.train(cfg, workdir)
@@ -134,7 +124,7 @@ def test_sample_reads_a_run_whose_training_deletes_the_checkpoint_it_reads(tmp_p
   it gone when it restores takes the next one, and writes nothing."""
   import orbax.checkpoint as ocp
   workdir = str(tmp_path / "run")
-  loop.train(tiny_config(steps=16), workdir)
+  loop.train(tiny_run_config(steps=16), workdir)
   restore = ocp.CheckpointManager.restore
   deleted, before = [], {}
 
@@ -154,7 +144,7 @@ def _saved_run(tmp_path, **train):
   """A workdir whose config.json is the tiny config's (what a first run writes)."""
   workdir = tmp_path / "run"
   workdir.mkdir(parents=True)
-  cfg = tiny_config(**train)
+  cfg = tiny_run_config(**train)
   (workdir / "config.json").write_text(cfg.to_json())
   return cfg, str(workdir)
 
@@ -202,7 +192,7 @@ def test_resume_accepts_bookkeeping_changes_and_steps_that_keep_the_schedule(tmp
     ("train.eval_batch_size", 12, "train.eval_batch_size=12 is not divisible by mesh.data=8"),
 ])
 def test_bad_config_is_rejected_naming_the_field(tmp_path, field, value, match):
-  cfg = tiny_config()
+  cfg = tiny_run_config()
   section, key = field.split(".")
   cfg[section][key] = value
   with pytest.raises(ValueError, match=match):
@@ -211,7 +201,7 @@ def test_bad_config_is_rejected_naming_the_field(tmp_path, field, value, match):
 
 
 def test_warmup_longer_than_the_run_is_said_before_the_first_step(caplog):
-  cfg = tiny_config(steps=8)
+  cfg = tiny_run_config(steps=8)
   config_checks.validate(cfg)                            # tiny: warmup 10 > 8 steps
   assert "optim.warmup_steps=10 is not shorter than train.steps=8" in caplog.text
 
@@ -229,7 +219,7 @@ def test_lr_schedule_and_decay_mask():
 
 
 def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path):
-  cfg = tiny_config(max_skipped_steps=3)
+  cfg = tiny_run_config(max_skipped_steps=3)
   cfg.optim.update(lr=1e6, warmup_steps=0, clip=0.0)           # diverges within a few steps
   workdir = str(tmp_path / "run")
   with pytest.raises(FloatingPointError, match=r"3 non-finite steps in a row at step \d+; "
@@ -315,7 +305,7 @@ def test_bfloat16_pallas_run_then_a_changed_model_is_refused_unless_fresh(tmp_pa
   """bf16 compute with model.attention_impl='pallas' end to end: the sharded train step (data
   parallel over the test's 8 devices), eval, checkpoint, KV-cache sampling; float32 params.
   It resumes with attention_impl/dtype changed; another model is refused, unless --fresh."""
-  cfg = tiny_config(steps=6, log_every=2, eval_every=6, sample_tokens=8)
+  cfg = tiny_run_config(steps=6, log_every=2, eval_every=6, sample_tokens=8)
   cfg.model.update(dtype="bfloat16", attention_impl="pallas", attention_block_sizes=(16, 16))
   workdir = str(tmp_path / "bf16")
   loop.train(cfg, workdir)
@@ -346,7 +336,7 @@ def test_bfloat16_pallas_run_then_a_changed_model_is_refused_unless_fresh(tmp_pa
 def test_resume_check_treats_keys_a_saved_run_lacks_as_their_defaults(tmp_path):
   """A run saved before a config key existed (or with a partial model section) resumes when
   the key is at its default, and is refused when it is not."""
-  cfg = tiny_config(steps=2)
+  cfg = tiny_run_config(steps=2)
   saved = json.loads(cfg.to_json())
   for key in ("moe_grouped_matmul", "pre_norm", "param_dtype", "window"):
     del saved["model"][key]
@@ -362,7 +352,7 @@ def test_tensor_parallel_run_with_a_padded_vocabulary_samples(tmp_path):
   """The README's tensor-parallel command pads the vocabulary (65 chars -> a multiple of
   mesh.model); here 512, so most ids have no character: the end-of-training sample and later
   samples decode, for several seeds."""
-  cfg = tiny_config(steps=2, log_every=1, eval_every=2, checkpoint_every=2, sample_tokens=40)
+  cfg = tiny_run_config(steps=2, log_every=1, eval_every=2, checkpoint_every=2, sample_tokens=40)
   cfg.mesh.update(data=-1, model=2, fsdp=True)
   cfg.model.update(vocab_size=512, parametrization="mup", mup_base_width=16)  # μP restores too
   workdir = str(tmp_path / "tp")
@@ -380,7 +370,7 @@ def test_a_failing_end_of_training_sample_does_not_fail_the_run(tmp_path, monkey
     raise RuntimeError("sampler exploded")
   monkeypatch.setattr(inference, "sample_text", broken)
   workdir = str(tmp_path / "run")
-  last = loop.train(tiny_config(steps=4, eval_every=4, checkpoint_every=4, sample_tokens=10),
+  last = loop.train(tiny_run_config(steps=4, eval_every=4, checkpoint_every=4, sample_tokens=10),
                     workdir)
   assert last["step"] == 4 and os.path.isdir(os.path.join(workdir, "checkpoints", "4"))
   assert "sample after 4 steps failed (RuntimeError: sampler exploded)" in capsys.readouterr().out
@@ -399,7 +389,7 @@ def test_an_exception_mid_run_still_finishes_the_checkpoint_and_closes_writers(t
     return real_evaluate(*args, **kwargs)
   monkeypatch.setattr(evaluation, "evaluate", crash_on_second_eval)
   workdir = str(tmp_path / "run")
-  cfg = tiny_config(steps=16, eval_every=8, checkpoint_every=4)
+  cfg = tiny_run_config(steps=16, eval_every=8, checkpoint_every=4)
   with pytest.raises(RuntimeError, match="boom"):
     loop.train(cfg, workdir)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["12", "4", "8"]

@@ -1,0 +1,35 @@
+"""The short training runs of the tests: shakespeare_char:tiny trained a few steps, in-process
+or through `python -m jaxformer.train` with the flags that give the same config.
+
+One factory keeps those runs' programs the same where their settings agree, so the persistent
+compilation cache (conftest.py) serves one test's train and eval steps to the next."""
+
+from __future__ import annotations
+
+from ml_collections import ConfigDict
+
+from configs import shakespeare_char
+
+
+def tiny_run_config(*, eval_batches: int = 2, **train) -> ConfigDict:
+  """shakespeare_char:tiny as a short run: 24 steps, logging every 4, evaluating on
+  `eval_batches` batches every 12, a checkpoint every 8, no samples and no attention maps
+  (each has its own tests); `train` overrides any train.* field."""
+  cfg = shakespeare_char.get_config("tiny")
+  cfg.train.update(steps=24, log_every=4, eval_every=12, checkpoint_every=8, sample_tokens=0,
+                   attention_maps=False)
+  cfg.train.update(train)
+  cfg.data.eval_batches = eval_batches
+  return cfg
+
+
+def config_flags(cfg: ConfigDict) -> list[str]:
+  """The --config.<section>.<field> flags that turn shakespeare_char:tiny into `cfg`."""
+  base = _fields(shakespeare_char.get_config("tiny"))
+  return [f"--config.{key}={value}" for key, value in _fields(cfg).items()
+          if base.get(key) != value]
+
+
+def _fields(cfg: ConfigDict) -> dict:
+  return {f"{section}.{key}": value for section, fields in cfg.to_dict().items()
+          for key, value in fields.items()}
