@@ -21,8 +21,8 @@ from jaxformer.state import optim
 
 def read_config(workdir: str) -> dict | None:
   """The config a run saved in `workdir` as JSON data (None if there is none yet)."""
-  path = os.path.join(workdir, run_files.CONFIG)
-  if not paths.path(path).exists():
+  path = paths.path(workdir) / run_files.CONFIG         # an unusable scheme names --workdir
+  if not path.exists():
     return None
   return read_json(path, fix="it is written by training: restore it or retrain in a new "
                    "--workdir")
