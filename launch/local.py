@@ -8,7 +8,8 @@ JAXFORMER_PROCESS_ID (read by `jaxformer.parallel.initialize()`) and its own CPU
 through XLA_FLAGS, so multi-host code paths (per-process batches, collectives, Orbax
 multi-process saves) can be exercised on a laptop. Output lines are prefixed with the process
 id; SIGINT/SIGTERM are forwarded; when one process fails the others are stopped and the exit
-code of the first failure is returned.
+code of the first failure is returned. From Python: `run_local` (wait for all) or
+`start_local` (a `LocalJob` handle, e.g. to signal one process and see the others stop too).
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ def process_env(base: Mapping[str, str], *, process_id: int, num_processes: int,
   return env
 
 
-class _Job:
-  """The running processes, their prefixed output and the order in which they failed."""
+class LocalJob:
+  """The running processes (`procs`: signal one of them to test what the others do), their
+  prefixed output and the order in which they failed."""
 
   def __init__(self, cmd: Sequence[str], envs: list[dict[str, str]], echo: bool):
     self.cmd, self.echo = list(cmd), echo
@@ -108,8 +110,20 @@ class _Job:
     return [subprocess.CompletedProcess(self.cmd, p.returncode, "".join(lines), None)
             for p, lines in zip(self.procs, self.lines)]
 
+  def finish(self, timeout: float | None) -> list[subprocess.CompletedProcess]:
+    """Wait for all (stopping the rest after a failure); TimeoutExpired, with the output so
+    far, after killing all if `timeout` seconds pass."""
+    if not self.wait(timeout):
+      output = "".join(f"[{i}] {line}" for i, lines in enumerate(self.results())
+                       for line in lines.stdout.splitlines(keepends=True))
+      raise subprocess.TimeoutExpired(self.cmd, timeout, output=output)
+    return self.results()
 
-def _run(cmd, num_processes, devices_per_process, env, timeout, platform, echo) -> _Job:
+
+def start_local(cmd: Sequence[str], num_processes: int, devices_per_process: int,
+                env: Mapping[str, str] | None = None, *, platform: str | None = "cpu",
+                echo: bool = False) -> LocalJob:
+  """Start `cmd` as processes 0..num_processes-1 of one job and return at once."""
   if num_processes < 1 or devices_per_process < 1:
     raise ValueError(f"num_processes={num_processes} and devices_per_process="
                      f"{devices_per_process} must be >= 1")
@@ -119,21 +133,21 @@ def _run(cmd, num_processes, devices_per_process, env, timeout, platform, echo) 
   envs = [process_env(base, process_id=i, num_processes=num_processes, port=port,
                       devices_per_process=devices_per_process, platform=platform)
           for i in range(num_processes)]
-  job = _Job(cmd, envs, echo)
+  return LocalJob(cmd, envs, echo)
+
+
+def _run(cmd, num_processes, devices_per_process, env, timeout, platform, echo) -> LocalJob:
+  job = start_local(cmd, num_processes, devices_per_process, env, platform=platform, echo=echo)
   forward = threading.current_thread() is threading.main_thread()
   previous = {}
   if forward:
     for sig in (signal.SIGINT, signal.SIGTERM):
       previous[sig] = signal.signal(sig, lambda signum, frame: job.signal_all(signum))
   try:
-    finished = job.wait(timeout)
+    job.finish(timeout)
   finally:
     for sig, handler in previous.items():
       signal.signal(sig, handler)
-  if not finished:
-    output = "".join(f"[{i}] {line}" for i, lines in enumerate(job.results())
-                     for line in lines.stdout.splitlines(keepends=True))
-    raise subprocess.TimeoutExpired(cmd, timeout, output=output)
   return job
 
 
