@@ -5,6 +5,7 @@ their checkpoint continues on one device."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from launch.local import process_env, run_local
+from launch.local import process_env, run_local, start_local
 from tests.runs import config_flags, tiny_run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,18 +42,35 @@ def _assert_records_close(got, want):
       np.testing.assert_allclose(g[key], w[key], rtol=2e-5, err_msg=f"{key} at {g['step']}")
 
 
-def _train_cli(workdir, cfg, num_processes, devices_per_process, *, home):
+def _train_cli(workdir, cfg, num_processes, devices_per_process, *, home, signalled=None):
+  """The processes' outputs; `signalled`: the process that gets a SIGTERM once the run has
+  logged a few steps."""
   cmd = [sys.executable, "-m", "jaxformer.train",
          "--config=" + os.path.join(ROOT, "configs", "shakespeare_char.py") + ":tiny",
          f"--workdir={workdir}", *config_flags(cfg)]
+  job = start_local(cmd, num_processes, devices_per_process,
+                    env={"PYTHONPATH": ROOT, "HOME": str(home)})
+  if signalled is not None:
+    _when_logged(job, os.path.join(workdir, "metrics.jsonl"), steps=5)
+    os.kill(job.procs[signalled].pid, signal.SIGTERM)
   try:
-    results = run_local(cmd, num_processes, devices_per_process,
-                        env={"PYTHONPATH": ROOT, "HOME": str(home)}, timeout=300)
+    results = job.finish(timeout=300)
   except subprocess.TimeoutExpired as e:    # show where the processes stopped
     raise AssertionError(f"timed out after 300 s; output:\n{(e.output or '')[-6000:]}") from e
   for i, result in enumerate(results):
     assert result.returncode == 0, f"process {i} failed:\n{result.stdout[-3000:]}"
   return [r.stdout for r in results]
+
+
+def _when_logged(job, metrics, steps, timeout=300):
+  """Return once `metrics` holds `steps` records (or a process has ended)."""
+  start = time.monotonic()
+  while time.monotonic() - start < timeout and all(p.poll() is None for p in job.procs):
+    if os.path.exists(metrics):
+      with open(metrics) as f:
+        if f.read().count("\n") >= steps:
+          return
+    time.sleep(0.02)
 
 
 def _assert_one_console(outputs, workdir, steps):
@@ -87,6 +105,37 @@ def test_two_processes_train_like_one_and_their_checkpoint_continues_on_one_devi
   loop.train(_config(5, -1, 1, False), one)
   _assert_records_close(_records(two), _records(one))
   assert [r["step"] for r in _records(two) if "loss" in r] == [1, 2, 3, 4, 5]
+
+
+def _stopped_at(output):
+  steps = set(re.findall(r"every process stops after step (\d+) and saves it", output))
+  assert len(steps) == 1, output[-3000:]
+  return int(steps.pop())
+
+
+def _preempted_config(steps):
+  cfg = _config(steps, 4, 2, True)
+  cfg.train.update(eval_every=5, checkpoint_every=steps)
+  return cfg
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signalled", [1, 0])
+def test_a_stop_signal_to_one_process_stops_both_after_the_same_step(tmp_path, signalled):
+  """SIGTERM to one process alone, mid-run: both stop after the same step S and save it
+  together (one Orbax checkpoint), exit 0, and the rerun writes the metrics of an
+  uninterrupted run. The LR is constant, so train.steps changes no step: the run is long
+  enough for any machine to be signalled mid-run, the rerun and the reference end at S + 3."""
+  run, whole, home = str(tmp_path / "run"), str(tmp_path / "whole"), tmp_path / "home"
+  outputs = _train_cli(run, _preempted_config(10_000), 2, 4, home=home, signalled=signalled)
+  step = _stopped_at(outputs[0])
+  assert _stopped_at(outputs[1]) == step and step >= 5      # signalled once 5 were logged
+  assert [d for d in os.listdir(os.path.join(run, "checkpoints")) if d.isdigit()] == [str(step)]
+  assert max(r["step"] for r in _records(run)) == step
+  outputs = _train_cli(run, _preempted_config(step + 3), 2, 4, home=home)
+  assert f"resumed from step {step}" in outputs[0]
+  _train_cli(whole, _preempted_config(step + 3), 2, 4, home=home)
+  assert _records(run) == _records(whole)
 
 
 def test_launcher_stops_the_others_when_one_fails():

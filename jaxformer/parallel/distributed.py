@@ -9,6 +9,8 @@ Where the process topology comes from, first match wins:
    (`slurm_local_device_ids`: JAX's default would give every task only GPU SLURM_LOCALID);
 4. a multi-host TPU VM / pod: `jax.distributed.initialize()` detects everything itself.
 Otherwise (one process) it does nothing. CPU processes talk over gloo collectives.
+`jax.distributed.initialize` also starts JAX's preemption service, which owns SIGTERM from
+then on (`preemption.StopRequest`: a stop signal to any process stops them all at one step).
 """
 
 from __future__ import annotations

@@ -16,35 +16,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 
 import jax
 
 from jaxformer import console, paths, run_files
+from jaxformer.parallel import StopRequest
 from jaxformer.train import config_checks, evaluation, plots, setup
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import read
-
-
-class _StopRequest:
-  """SIGTERM/SIGINT set a flag: the loop saves a checkpoint at the end of the step and exits."""
-
-  def __init__(self):
-    self.requested = False
-    self._previous = {}
-
-  def __enter__(self):
-    for sig in (signal.SIGTERM, signal.SIGINT):
-      self._previous[sig] = signal.signal(sig, self._handle)
-    return self
-
-  def _handle(self, signum, frame):
-    logging.warning("signal %d: saving a checkpoint and stopping", signum)
-    self.requested = True
-
-  def __exit__(self, *exc):
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
 
 
 def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None = None) -> dict:
@@ -103,7 +82,7 @@ def _step_loop(run: setup.Run, steps: setup.Steps, writers: setup.Writers,
   (state, last eval record, whether it was stopped early)."""
   t = run.settings.train
   state, last_eval, preempted, previous = run.state, None, False, None
-  with _StopRequest() as stop:
+  with StopRequest(run.start) as stop:        # on every process at the same step
     for s in range(run.start, t.steps):
       batch = run.plan.global_batch(steps.first if s == run.start
                                     else run.pipeline.train_batch(s))
@@ -118,7 +97,8 @@ def _step_loop(run: setup.Run, steps: setup.Steps, writers: setup.Writers,
         _log(run, steps, writers, done, m)
       if done % t.eval_every == 0 or done == t.steps:
         last_eval = evaluator(done, state["params"])
-      preempted = stop.requested or (stop_after is not None and done - run.start >= stop_after)
+      preempted = stop.reached(done) or (stop_after is not None and
+                                         done - run.start >= stop_after)
       if done % t.checkpoint_every == 0 or done == t.steps or preempted:
         _check_finite(run, *previous)          # never save after the run should have stopped
         with writers.bar.paused():
