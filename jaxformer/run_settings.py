@@ -73,6 +73,7 @@ class TrainSettings:
   checkpoint_every: int = _int(1, 1000)
   eval_batch_size: int | None = _int(1, None, optional=True)   # None: batch_size
   keep_checkpoints: int = _int(1, 3)             # last N Orbax checkpoints
+  keep_checkpoint_every: int = _int(0, 0, note=" (0: off)")   # + multiples of N, never deleted
   keep_best: int = _int(0, 1, note=" (0: off)")   # params of the N best evals
   best_metric: str = _choice(BEST_METRICS, "eval_loss")
   label_smoothing: float = _number(lambda v: 0 <= v < 1, "a number in [0, 1)", 0.0)

@@ -40,6 +40,8 @@ def test_a_saved_config_without_newer_keys_reads_at_their_defaults():
     ("train", "steps", 0, "train.steps=0 must be an int >= 1; set --config.train.steps"),
     ("train", "steps", True, "train.steps=True must be an int >= 1"),
     ("train", "keep_best", -1, "train.keep_best=-1 must be an int >= 0 (0: off)"),
+    ("train", "keep_checkpoint_every", -1,
+     "train.keep_checkpoint_every=-1 must be an int >= 0 (0: off)"),
     ("train", "best_metric", "loss", "train.best_metric='loss' must be one of 'eval_loss', "
      "'eval_accuracy'"),
     ("train", "label_smoothing", 1.0, "train.label_smoothing=1.0 must be a number in [0, 1)"),

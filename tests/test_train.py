@@ -4,13 +4,15 @@ import json
 import os
 import shutil
 
+import flax.linen as nn
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from configs import get_config
 from jaxformer import inference, run_settings
-from jaxformer.state import optim
+from jaxformer.state import checkpoint, optim, train_state
 from jaxformer.inference import load_run, sample_text
 from jaxformer.train import config_checks, evaluation, loop
 from jaxformer.train.metrics import read
@@ -181,6 +183,42 @@ def test_resume_accepts_bookkeeping_changes_and_steps_that_keep_the_schedule(tmp
   config_checks.check_workdir_config(cfg, workdir, fresh=False)
 
 
+def test_resume_may_change_keep_checkpoint_every_only_where_the_kept_ones_stay(tmp_path):
+  cfg, workdir = _saved_run(tmp_path, keep_checkpoint_every=16)
+  for value in (16, 8):                # 8 divides 16: every step kept so far stays kept
+    cfg.train.keep_checkpoint_every = value
+    config_checks.check_workdir_config(cfg, workdir, fresh=False)
+  for value in (0, 32):
+    cfg.train.keep_checkpoint_every = value
+    with pytest.raises(ValueError, match=rf"keeps a checkpoint every 16 steps; "
+                       rf"train.keep_checkpoint_every={value} would delete them.*--fresh"):
+      config_checks.check_workdir_config(cfg, workdir, fresh=False)
+    config_checks.check_workdir_config(cfg, workdir, fresh=True)
+
+
+@pytest.mark.slow
+def test_kept_checkpoints_survive_rotation_and_resume_and_the_latest_still_loads(tmp_path):
+  cfg = tiny_run_config(steps=12, checkpoint_every=2, keep_checkpoints=2,
+                        keep_checkpoint_every=4, eval_every=12)
+  workdir = str(tmp_path / "run")
+  loop.train(cfg, workdir, stop_after=7)      # a save at 7, off the kept grid
+  ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"), read_only=True)
+  assert sorted(ckpts.manager.all_steps()) == [4, 6, 7]
+  ckpts.close()
+  loop.train(cfg, workdir)
+  # the last 2 (10, 12) and the multiples of 4; 2, 6 and 7 rotated away
+  ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"), read_only=True)
+  assert sorted(ckpts.manager.all_steps()) == [4, 8, 10, 12]
+  config, params, _ = load_run(workdir)
+  abstract = nn.unbox(jax.eval_shape(train_state.train_state_fns(config)[2]))
+  step, latest = ckpts.restore_latest(abstract)
+  assert step == 12
+  jax.tree.map(np.testing.assert_array_equal, params, latest["params"])
+  kept = ckpts.manager.restore(4, args=ocp.args.StandardRestore(abstract))
+  assert int(kept["step"]) == 4 and int(latest["step"]) == 12
+  ckpts.close()
+
+
 @pytest.mark.parametrize("field, value, match", [
     ("model.vocab_size", 60, "model.vocab_size=60"),
     ("data.seq_len", 64, "data.seq_len=64 exceeds model.max_len=32"),
@@ -190,6 +228,8 @@ def test_resume_accepts_bookkeeping_changes_and_steps_that_keep_the_schedule(tmp
     ("model.family", "nope", "model.family='nope'"),
     ("train.profile_steps", "23-25", "train.profile_steps='23-25' reaches past"),
     ("train.eval_batch_size", 12, "train.eval_batch_size=12 is not divisible by mesh.data=8"),
+    ("train.keep_checkpoint_every", 12, r"train.keep_checkpoint_every=12 must be a multiple of "
+     r"train.checkpoint_every=8 .*set it to 16, or 0"),
 ])
 def test_bad_config_is_rejected_naming_the_field(tmp_path, field, value, match):
   cfg = tiny_run_config()

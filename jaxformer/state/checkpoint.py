@@ -34,17 +34,25 @@ def _options(name: str, *, read_only: bool = False, **kwargs) -> ocp.CheckpointM
 
 
 class Checkpoints:
-  """Keeps the last `keep` checkpoints of a pytree state under `directory` (saved
-  asynchronously; Orbax writes to a temporary directory and renames, so a killed save
-  never looks finished). `read_only=True`: a reader of a run another process may be training
-  (it restores, never saves, renames or deletes)."""
+  """Keeps the last `keep` checkpoints of a pytree state under `directory`, and with
+  `keep_every=N` also every step that is a multiple of N (intermediate checkpoints for
+  scaling studies; 0: none). Saved asynchronously; Orbax writes to a temporary directory and
+  renames, so a killed save never looks finished. `read_only=True`: a reader of a run another
+  process may be training (it restores, never saves, renames or deletes)."""
 
-  def __init__(self, directory: str | os.PathLike, *, keep: int = 3, read_only: bool = False):
+  def __init__(self, directory: str | os.PathLike, *, keep: int = 3, keep_every: int = 0,
+               read_only: bool = False):
+    if not read_only and (keep < 1 or keep_every < 0):
+      raise ValueError(f"keep={keep} must be >= 1 and keep_every={keep_every} >= 0 (0: off)")
     self.directory = paths.absolute(directory)
     self.read_only = read_only
+    policies = [ocp.checkpoint_managers.LatestN(keep)]
+    if keep_every:
+      policies.append(ocp.checkpoint_managers.EveryNSteps(keep_every))
+    kept = {} if read_only else dict(
+        preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(policies))
     self._open = lambda: ocp.CheckpointManager(
-        self.directory, options=_options("latest", read_only=read_only,
-                                         **({} if read_only else dict(max_to_keep=keep))))
+        self.directory, options=_options("latest", read_only=read_only, **kept))
     self.manager = self._open()
 
   def save(self, step: int, state) -> None:

@@ -28,6 +28,11 @@ def validate(config) -> run_settings.RunSettings:
   if t.batch_size % (o.grad_accum * jax.process_count()):
     raise ValueError(f"train.batch_size={t.batch_size} must be divisible by "
                      f"optim.grad_accum={o.grad_accum} x {jax.process_count()} processes")
+  if t.keep_checkpoint_every % t.checkpoint_every:
+    near = max(1, round(t.keep_checkpoint_every / t.checkpoint_every)) * t.checkpoint_every
+    raise ValueError(f"train.keep_checkpoint_every={t.keep_checkpoint_every} must be a multiple "
+                     f"of train.checkpoint_every={t.checkpoint_every} (only saved steps can be "
+                     f"kept); set it to {near}, or 0 to keep none")
   profile = profiling.parse_profile_steps(t.profile_steps)
   if profile and profile[-1] > t.steps:
     raise ValueError(f"train.profile_steps={t.profile_steps!r} reaches past the run's "
@@ -92,12 +97,13 @@ def _with_defaults(model: dict) -> dict:
 # Run fields that do not change what the training steps compute (what is logged, evaluated,
 # sampled or kept, and where data is cached): they may change on resume. Every other field of
 # `train`, `optim` and `data` is compared (`mesh` may change: a checkpoint restores onto any
-# mesh; `model` has its own EXECUTION_FIELDS); `train.steps` only where it moves the schedule.
+# mesh; `model` has its own EXECUTION_FIELDS); `train.steps` only where it moves the schedule,
+# `train.keep_checkpoint_every` only where it keeps what the run kept.
 RESUMABLE_CHANGES = {
     "train": ("steps", "eval_every", "log_every", "checkpoint_every", "eval_batch_size",
-              "keep_checkpoints", "keep_best", "best_metric", "max_skipped_steps",
-              "profile_steps", "attention_maps", "sample_tokens", "sample_prompt",
-              "sample_every"),
+              "keep_checkpoints", "keep_checkpoint_every", "keep_best", "best_metric",
+              "max_skipped_steps", "profile_steps", "attention_maps", "sample_tokens",
+              "sample_prompt", "sample_every"),
     "data": ("eval_batches", "data_dir"),
     "optim": ("decay_steps",),       # compared through the schedule it gives
 }
@@ -105,7 +111,8 @@ RESUMABLE_CHANGES = {
 
 def check_workdir_config(config, workdir: str, fresh: bool):
   """Refuse to resume a run whose model, data, seed, batch or schedule differ from the saved
-  run's (unless `fresh`): the resumed steps would not continue the steps already taken."""
+  run's (unless `fresh`): the resumed steps would not continue the steps already taken; and
+  a train.keep_checkpoint_every that would delete the checkpoints the run kept."""
   saved = None if fresh else train_state.read_config(workdir)
   if saved is None:
     return
@@ -126,6 +133,20 @@ def check_workdir_config(config, workdir: str, fresh: bool):
             f"{new[key]!r}: resuming would not continue its steps; drop "
             f"--config.{section}.{key}, or use a new --workdir, or --fresh to discard it")
   _check_schedule_unchanged(saved, config, workdir)
+  _check_kept_checkpoints_stay(saved, config, workdir)
+
+
+def _check_kept_checkpoints_stay(saved: dict, config, workdir: str):
+  """train.keep_checkpoint_every may change on resume if the checkpoints the run kept stay
+  kept (the new value divides the old): Orbax applies the new rule to every checkpoint at the
+  next save, so turning it off or raising it would delete them."""
+  old = run_settings.parse_section("train", saved.get("train")).keep_checkpoint_every
+  new = run_settings.parse_section("train", config.train).keep_checkpoint_every
+  if old and (not new or old % new):
+    raise ValueError(f"{workdir} holds a run that keeps a checkpoint every {old} steps; "
+                     f"train.keep_checkpoint_every={new} would delete them at the next save: "
+                     f"set --config.train.keep_checkpoint_every={old} (or a divisor of it), or "
+                     "use --fresh to discard them")
 
 
 def _check_schedule_unchanged(saved: dict, config, workdir: str):
