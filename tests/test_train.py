@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import signal
 
 import flax.linen as nn
 import jax
@@ -11,7 +12,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import get_config
-from jaxformer import inference, run_settings
+from jaxformer import inference, parallel, run_settings
 from jaxformer.state import checkpoint, optim, train_state
 from jaxformer.inference import load_run, sample_text
 from jaxformer.train import config_checks, evaluation, loop
@@ -59,6 +60,15 @@ def test_short_run_learns_and_resume_reproduces_uninterrupted_run(tmp_path):
     load_run(str(tmp_path / "nothing"))
   _, best_params, _ = load_run(full, which="best")      # eval at 24 was the best (lowest)
   jax.tree.map(np.testing.assert_array_equal, best_params, params)
+
+
+def test_one_process_stops_after_the_step_during_which_it_was_signalled():
+  previous = signal.getsignal(signal.SIGTERM)
+  with parallel.StopRequest(3) as stop:
+    assert not stop.reached(4)
+    os.kill(os.getpid(), signal.SIGTERM)       # its handler runs before the next line
+    assert stop.reached(5)
+  assert signal.getsignal(signal.SIGTERM) is previous
 
 
 @pytest.mark.slow
