@@ -1,6 +1,6 @@
 """Two real `python -m jaxformer.train` processes (4 CPU devices each, gloo collectives)
-started by `launch.local` train like one process (one console, the data prepared once), and
-their checkpoint continues on one device."""
+started by `launch.local` train like one process (one console, the data prepared once), their
+checkpoint continues on one device, and a stop signal to either one stops both at one step."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _train_cli(workdir, cfg, num_processes, devices_per_process, *, home, signal
                     env={"PYTHONPATH": ROOT, "HOME": str(home)})
   if signalled is not None:
     _when_logged(job, os.path.join(workdir, "metrics.jsonl"), steps=5)
-    os.kill(job.procs[signalled].pid, signal.SIGTERM)
+    job.procs[signalled].send_signal(signal.SIGTERM)     # to it alone (none if it ended)
   try:
     results = job.finish(timeout=300)
   except subprocess.TimeoutExpired as e:    # show where the processes stopped
