@@ -178,9 +178,12 @@ def route_process_output(process_index: int, process_count: int, workdir: str) -
                          f"started {time.strftime('%Y-%m-%d %H:%M:%S')} (process 0 prints the "
                          "run's progress) ===\n")
   _console = sys.stderr
-  sys.stdout = sys.stderr = log        # absl's handler writes to sys.stderr: the full log
+  sys.stdout = sys.stderr = log
   from absl import logging as absl_logging
   absl_handler = absl_logging.get_absl_handler()
+  # absl's handler keeps the stream it was made with (the console): every record goes to the
+  # log instead, the console handler below shows warnings and errors once
+  absl_handler.python_handler.stream = log
   console_handler = logging.StreamHandler(_console)       # warnings and errors: the console
   console_handler.setLevel(logging.WARNING)
   console_handler.setFormatter(absl_logging.PythonFormatter())

@@ -118,3 +118,32 @@ def test_process_zero_does_one_time_work_first_and_others_learn_of_its_failure(t
     assert "error data.source='x' is empty" in outputs[0]
     assert ("error process 0 failed while preparing the data (ValueError: data.source='x' is "
             "empty); see its output") in outputs[1], outputs[1]
+
+
+_ROUTED = r'''
+import logging, sys
+from absl import flags, logging as absl_logging
+from jaxformer import console
+flags.FLAGS(["prog"])
+absl_logging.use_absl_handler()          # what absl.app.run does
+absl_logging.set_verbosity(absl_logging.INFO)
+console.route_process_output(1, 2, sys.argv[1])
+print("a progress line")
+absl_logging.warning("an absl warning")
+logging.warning("a logging warning")
+absl_logging.info("an info record")
+'''
+
+
+def test_a_routed_process_shows_each_warning_once_and_logs_everything(tmp_path):
+  """Process i > 0: its console shows warnings once (not absl's copy as well), and its log
+  file holds its whole output, warnings included."""
+  result = subprocess.run([sys.executable, "-c", _ROUTED, str(tmp_path)], capture_output=True,
+                          text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+                          timeout=120)
+  assert result.returncode == 0, result.stderr
+  console = result.stdout + result.stderr
+  assert console.count("an absl warning") == 1 and console.count("a logging warning") == 1
+  assert "a progress line" not in console
+  log = (tmp_path / "logs" / "process_1.log").read_text()
+  assert "a progress line" in log and "an absl warning" in log and "a logging warning" in log
