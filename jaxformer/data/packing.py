@@ -8,10 +8,13 @@ little better but reorders documents and needs a search over open rows; with row
 than a typical document (e.g. lm1b sentences of ~30 tokens in rows of 512) next-fit wastes
 under one document per row. A document longer than a row is cut into row-sized pieces, each
 packed as its own segment with positions from 0 (a model never sees a position >= row_len).
+Where the rows fall depends on the document lengths alone (`next_fit`), so a prepared corpus
+indexes its rows from its document lengths without reading a token (corpus/tokens.py).
 """
 
 from __future__ import annotations
 
+import collections
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -31,30 +34,56 @@ def _as_document(doc) -> np.ndarray:
   return doc.astype(np.int32, copy=False)
 
 
-def _pieces(docs: Iterable[np.ndarray], row_len: int) -> Iterator[np.ndarray]:
-  """The non-empty row-sized pieces of each document, in order."""
-  for doc in docs:
-    doc = _as_document(doc)
-    for start in range(0, len(doc), row_len):
-      yield doc[start:start + row_len]
+def next_fit(lengths: Iterable[int], row_len: int) -> Iterator[list[int]]:
+  """The layout of each row from document lengths alone: the lengths of the pieces it holds
+  (consecutive in the token stream). A document longer than a row is cut into row-sized
+  pieces; empty documents are skipped."""
+  pieces, fill = [], 0
+  for length in lengths:
+    while length > 0:
+      n = min(length, row_len)
+      if pieces and fill + n > row_len:
+        yield pieces
+        pieces, fill = [], 0
+      pieces.append(n)
+      fill, length = fill + n, length - n
+  if pieces:
+    yield pieces
+
+
+def layout_row(tokens: np.ndarray, pieces: list[int], row_len: int) -> np.ndarray:
+  """[len(PACKED_FIELDS), row_len] int32: `tokens` (the pieces, concatenated) as segments
+  1..k with positions from 0 in each, then padding (0, 0, 0)."""
+  row = np.zeros((len(PACKED_FIELDS), row_len), np.int32)
+  fill = sum(pieces)
+  row[0, :fill] = tokens
+  row[1, :fill] = np.repeat(np.arange(1, len(pieces) + 1, dtype=np.int32), pieces)
+  row[2, :fill] = np.concatenate([np.arange(n, dtype=np.int32) for n in pieces])
+  return row
+
+
+def _take(pending: collections.deque, count: int) -> np.ndarray:
+  """The first `count` tokens of the documents in `pending`, removed from it."""
+  parts = []
+  while count:
+    doc = pending.popleft()
+    if len(doc) > count:
+      pending.appendleft(doc[count:])
+      doc = doc[:count]
+    parts.append(doc)
+    count -= len(doc)
+  return np.concatenate(parts)
 
 
 def _next_fit_rows(docs: Iterable[np.ndarray], row_len: int) -> Iterator[np.ndarray]:
-  positions = np.arange(row_len, dtype=np.int32)
-  row, fill, segment = None, 0, 0
-  for piece in _pieces(docs, row_len):
-    n = len(piece)
-    if row is None or fill + n > row_len:
-      if row is not None:
-        yield row
-      row, fill, segment = np.zeros((len(PACKED_FIELDS), row_len), np.int32), 0, 0
-    segment += 1
-    row[0, fill:fill + n] = piece
-    row[1, fill:fill + n] = segment
-    row[2, fill:fill + n] = positions[:n]
-    fill += n
-  if row is not None:
-    yield row
+  pending = collections.deque()
+
+  def lengths():
+    for doc in docs:
+      pending.append(_as_document(doc))
+      yield len(pending[-1])
+  for pieces in next_fit(lengths(), row_len):
+    yield layout_row(_take(pending, sum(pieces)), pieces, row_len)
 
 
 def pack_rows(docs: Iterable[np.ndarray], row_len: int) -> Iterator[np.ndarray]:

@@ -148,6 +148,9 @@ class SentencePieceTokenizer:
     self.bos_id, self.eos_id, self.pad_id = (
         self._optional_id(i) for i in (self._sp.bos_id(), self._sp.eos_id(), self._sp.pad_id()))
 
+  def __reduce__(self):                  # for worker processes: the processor is not picklable
+    return type(self), (self.model_proto, self.spec)
+
   @staticmethod
   def _optional_id(i: int) -> int | None:
     return None if i < 0 else int(i)
@@ -225,6 +228,9 @@ class HuggingFaceTokenizer:
     for attr, names in HF_SPECIAL_TOKENS.items():
       ids = (self._tok.token_to_id(n) for n in names)
       setattr(self, attr, next((int(i) for i in ids if i is not None), None))
+
+  def __reduce__(self):
+    return type(self), (self.json_text, self.spec)
 
   @property
   def vocab_size(self) -> int:
