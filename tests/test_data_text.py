@@ -275,12 +275,22 @@ def reference_next_fit(docs, row_len):
   return [row + [(0, 0, 0)] * (row_len - len(row)) for row in rows]
 
 
+def pack_documents(docs, row_len):
+  """{field: [rows, row_len]}: next_fit over the lengths, each row laid out from its tokens."""
+  tokens, rows, start = np.concatenate([*docs, np.zeros(0, np.int32)]), [], 0
+  for pieces in packing.next_fit(map(len, docs), row_len):
+    rows.append(packing.layout_row(tokens[start:start + sum(pieces)], pieces, row_len))
+    start += sum(pieces)
+  stacked = np.stack(rows) if rows else np.zeros((0, len(packing.PACKED_FIELDS), row_len))
+  return {k: stacked[:, i] for i, k in enumerate(packing.PACKED_FIELDS)}
+
+
 @pytest.mark.parametrize("row_len", [1, 7, 13])
-def test_pack_documents_matches_reference_and_invariants(row_len):
+def test_packing_matches_reference_and_invariants(row_len):
   rng = np.random.default_rng(row_len)
   docs = [rng.integers(1, 50, size=n).astype(np.int32)
           for n in rng.integers(0, 3 * row_len, size=23)]
-  packed = packing.pack_documents(docs, row_len)
+  packed = pack_documents(docs, row_len)
   expected = np.asarray(reference_next_fit(docs, row_len), np.int32)
   for i, key in enumerate(packing.PACKED_FIELDS):
     assert packed[key].dtype == np.int32 and packed[key].shape == expected.shape[:2]
@@ -294,32 +304,29 @@ def test_pack_documents_matches_reference_and_invariants(row_len):
     assert np.all(np.diff(used) >= 0) and np.all(np.diff(np.unique(used)) == 1)
     for s in np.unique(used):                                # contiguous, positions 0..n-1
       np.testing.assert_array_equal(row_pos[row_seg == s], np.arange(np.sum(row_seg == s)))
-  assert packing.pack_documents([], 4)["tokens"].shape == (0, 4)
+  assert pack_documents([], 4)["tokens"].shape == (0, 4)
   with pytest.raises(ValueError, match="row_len=0"):
-    packing.pack_documents(docs, 0)
+    packing.next_fit([3], 0)                                 # checked at the call
 
 
-def test_streaming_packer_yields_rows_as_documents_arrive():
+def test_next_fit_yields_rows_as_lengths_arrive():
   row_len, rng = 11, np.random.default_rng(0)
-  docs = [rng.integers(1, 99, size=n).astype(np.int32)       # many longer than a row
-          for n in rng.integers(0, 4 * row_len, size=300)]
+  lengths = rng.integers(0, 4 * row_len, size=300).tolist()   # many longer than a row
   pulled = []
 
   def stream():
-    for doc in docs:
-      pulled.append(len(doc))
-      yield doc
-  rows = packing.pack_rows(stream(), row_len)
+    for n in lengths:
+      pulled.append(n)
+      yield n
+  rows = packing.next_fit(stream(), row_len)
   first = next(rows)
   assert len(pulled) < 5                                     # not the whole corpus first
-  got = np.stack([first, *rows])
-  expected = np.asarray(reference_next_fit(docs, row_len), np.int32)   # [rows, len, field]
-  assert got.dtype == np.int32 and len(pulled) == len(docs)
-  np.testing.assert_array_equal(got, expected.transpose(0, 2, 1))
-  with pytest.raises(ValueError, match="row_len=0"):          # checked at the call
-    packing.pack_rows(stream(), 0)
-  with pytest.raises(ValueError, match="1-D token array"):
-    list(packing.pack_rows([np.ones((2, 3))], row_len))
+  layouts = [first, *rows]
+  assert len(pulled) == len(lengths) and sum(map(sum, layouts)) == sum(lengths)
+  docs = [np.arange(n, dtype=np.int32) for n in lengths]
+  expected = reference_next_fit(docs, row_len)
+  assert [[sum(1 for _, s, _ in row if s == k) for k in range(1, 1 + max(s for _, s, _ in row))]
+          for row in expected] == layouts
 
 
 # --------------------------------------------------------------------------- pipelines
@@ -371,7 +378,7 @@ def test_packed_lm_pipeline_batches_cache_and_processes(tmp_path, data_dir, smal
   p = pipeline(cfg, workdir=tmp_path, data_dir=data_dir)
   tok, row_len = p.tokenizer, 25
   train_text = SMALL_TEXT[:int(len(SMALL_TEXT) * 0.7)]
-  expected = packing.pack_documents([tok.encode(train_text)], row_len)   # one document
+  expected = pack_documents([tok.encode(train_text)], row_len)           # one document
   records = p.records["train"]
   assert len(records) == len(expected["tokens"])
   for i in range(len(records)):                        # the cached rows, in order

@@ -35,19 +35,17 @@ def digest_role(digest: bytes, train_fraction: float) -> str:
 
 
 def scan_unit(unit: Unit, *, field: str, data_dir=None) -> dict:
-  """{'chars': its distinct characters, 'count': characters, 'docs': documents ended,
-  'blank': only whitespace, 'sha256': of its UTF-8 text}."""
-  seen = np.zeros(0x110000, bool)
-  count = docs = 0
+  """{'chars': its distinct characters, 'count': characters, 'blank': only whitespace,
+  'sha256': of its UTF-8 text}."""
+  seen, count = np.zeros(0x110000, bool), 0
   blank, digest = True, hashlib.sha256()
-  for text, ends in readers.texts(unit, field, data_dir):
+  for text, _ in readers.texts(unit, field, data_dir):
     seen[np.frombuffer(text.encode("utf-32-le"), np.uint32)] = True
-    encoded = text.encode("utf-8")
-    digest.update(encoded)
-    count, docs = count + len(text), docs + ends
+    digest.update(text.encode("utf-8"))
+    count += len(text)
     blank = blank and not text.replace("\ufeff", "").strip()
-  return {"chars": "".join(map(chr, np.flatnonzero(seen))), "count": count, "docs": docs,
-          "blank": blank, "sha256": digest.hexdigest()}
+  return {"chars": "".join(map(chr, np.flatnonzero(seen))), "count": count, "blank": blank,
+          "sha256": digest.hexdigest()}
 
 
 def role_texts(unit: Unit, *, field: str, data_dir=None, train_chars: int | None,
