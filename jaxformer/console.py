@@ -25,7 +25,7 @@ import time
 import traceback
 from typing import TextIO
 
-from jaxformer import run_files
+from jaxformer import paths, run_files
 
 # Where our own and JAX's records come from (others' are third-party at the default verbosity).
 _OWN_PATHS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d)
@@ -161,7 +161,10 @@ class _LazyFile:
 
 
 def log_path(workdir: str, process_index: int) -> str:
-  return os.path.join(workdir, run_files.LOGS, f"process_{process_index}.log")
+  """`<workdir>/logs/process_<i>.log` (for a remote workdir: in its local mirror, as a log is
+  appended line by line, which object stores cannot do)."""
+  return os.path.join(paths.local_mirror(os.path.join(workdir, run_files.LOGS), run_files.LOGS),
+                      f"process_{process_index}.log")
 
 
 def route_process_output(process_index: int, process_count: int, workdir: str) -> None:

@@ -15,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "jaxformer"
 # Lowest first. A unit is a sub-package or a top-level module of jaxformer; it may import units
 # of lower layers only (units of one layer do not import each other).
 LAYERS = (
-    ("run_files", "run_settings", "jsonfile", "optional"),   # no jaxformer imports
+    ("run_files", "run_settings", "paths", "jsonfile", "optional"),   # no jaxformer imports
     ("console",),                             # what reaches the terminal
     ("compilation",),                         # the compilation cache and compiler options
     ("cli",),                                 # the one error policy of the command lines

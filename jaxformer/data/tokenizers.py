@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Protocol
 
 import numpy as np
 
-from jaxformer import console
+from jaxformer import console, paths
 from jaxformer.optional import require
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -55,11 +55,8 @@ class Tokenizer(Protocol):
 
 def _write_atomically(directory, name: str, data: bytes):
   """`directory/name` replaced whole: a kill mid-write leaves the old file or none."""
-  os.makedirs(directory, exist_ok=True)
-  tmp = os.path.join(directory, f"{name}.tmp")
-  with open(tmp, "wb") as f:
-    f.write(data)
-  os.replace(tmp, os.path.join(directory, name))
+  paths.path(directory).mkdir(parents=True, exist_ok=True)
+  paths.write_bytes(os.path.join(os.fspath(directory), name), data)
 
 
 def _write_spec(directory, spec: dict):
@@ -290,7 +287,7 @@ KINDS = {cls.kind: cls for cls in (CharTokenizer, SentencePieceTokenizer, Huggin
 def _spec_file(path: str | os.PathLike) -> str:
   """`path` itself if it is a tokenizer.json file, else `path`/tokenizer.json."""
   path = os.fspath(path)
-  if path.endswith(".json") and os.path.isfile(path):
+  if path.endswith(".json") and paths.path(path).is_file():
     return path
   return os.path.join(path, TOKENIZER_FILE)
 
@@ -306,10 +303,9 @@ def _read_saved(path) -> dict | None:
   """The checked contents of a saved tokenizer.json, or None if there is none: a damaged file
   is a ValueError naming it (a resumed run must not silently get another vocabulary)."""
   file = _spec_file(path)
-  if not os.path.isfile(file):
+  if not paths.path(file).is_file():
     return None
-  with open(file, "rb") as f:
-    data = f.read()
+  data = paths.path(file).read_bytes()
   try:
     saved = json.loads(data)
   except ValueError as e:       # JSONDecodeError and UnicodeDecodeError (truncated or binary)
@@ -335,12 +331,11 @@ def _read_saved(path) -> dict | None:
 def _read_model_file(directory, saved: dict) -> tuple[str, bytes]:
   """(path, bytes) of the model file a saved tokenizer.json names, checked against its
   sha256 where the spec records one (every save does)."""
-  file = os.path.join(directory, saved["model_file"])
-  if not os.path.isfile(file):
+  file = os.path.join(os.fspath(directory), saved["model_file"])
+  if not paths.path(file).is_file():
     raise ValueError(f"{file} is missing, but {os.path.join(directory, TOKENIZER_FILE)} names "
                      f"it; {_RETRAIN}")
-  with open(file, "rb") as f:
-    data = f.read()
+  data = paths.path(file).read_bytes()
   if "sha256" in saved and _sha256(data) != saved["sha256"]:
     raise ValueError(f"{file} does not match its {TOKENIZER_FILE} (changed or truncated after "
                      f"it was saved); {_RETRAIN}")

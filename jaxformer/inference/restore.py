@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 from ml_collections import ConfigDict
 
-from jaxformer import run_files, run_settings
+from jaxformer import paths, run_files, run_settings
 from jaxformer.data import tokenizers
 from jaxformer.state import checkpoint, train_state
 
@@ -29,7 +29,8 @@ def load_run(workdir: str, *, which: str = "latest"):
   config = ConfigDict(saved)
   settings = run_settings.parse(config)          # the typed sections, as training read them
   directory = os.path.join(workdir, run_files.BEST if which == "best" else run_files.CHECKPOINTS)
-  if not os.path.isdir(directory) or not os.listdir(directory):   # read-only: create nothing
+  found = paths.path(directory, "--workdir")
+  if not found.is_dir() or not any(found.iterdir()):        # read-only: create nothing
     raise ValueError(f"--workdir={workdir!r} has no {which} checkpoint yet ({directory} is "
                      "empty or missing); train it first, or pick --checkpoint=latest|best")
   _, _, init_boxed = train_state.train_state_fns(config)
@@ -53,6 +54,6 @@ def load_run(workdir: str, *, which: str = "latest"):
     params = None if restored is None else restored[1]["params"]
   if params is None:
     raise ValueError(f"--workdir={workdir!r} has no {which} checkpoint yet")
-  has_tokenizer = os.path.exists(os.path.join(workdir, tokenizers.TOKENIZER_FILE))
+  has_tokenizer = paths.path(os.path.join(workdir, tokenizers.TOKENIZER_FILE)).exists()
   tokenizer = tokenizers.load_tokenizer(workdir) if has_tokenizer else None
   return config, params, tokenizer

@@ -11,6 +11,8 @@ import shutil
 import jax
 import orbax.checkpoint as ocp
 
+from jaxformer import paths
+
 
 def _options(name: str, *, read_only: bool = False, **kwargs) -> ocp.CheckpointManagerOptions:
   """Async manager options with a barrier-key prefix of its own.
@@ -38,7 +40,7 @@ class Checkpoints:
   (it restores, never saves, renames or deletes)."""
 
   def __init__(self, directory: str | os.PathLike, *, keep: int = 3, read_only: bool = False):
-    self.directory = os.path.abspath(directory)
+    self.directory = paths.absolute(directory)
     self.read_only = read_only
     self._open = lambda: ocp.CheckpointManager(
         self.directory, options=_options("latest", read_only=read_only,
@@ -72,7 +74,7 @@ class Checkpoints:
         path = os.path.join(self.directory, str(step))
         reason = (str(e).strip().splitlines() or [""])[0][:200]
         if self.read_only:
-          if os.path.exists(path):
+          if paths.path(path).exists():
             logging.warning("checkpoint at step %d is unreadable (%s: %s); trying an older one",
                             step, type(e).__name__, reason)
           self.manager.close()        # a manager whose restore failed may not restore again
@@ -81,7 +83,7 @@ class Checkpoints:
           aside = _unused_name(f"{path}.unreadable")
           logging.warning("checkpoint at step %d is unreadable (%s: %s); moved to %s, trying "
                           "an older one", step, type(e).__name__, reason, aside)
-          os.replace(path, aside)
+          paths.path(path).rename(aside)
           self.manager.reload()
 
   def close(self) -> None:
@@ -107,7 +109,7 @@ def _unused_name(path: str) -> str:
   """path, or path.1, path.2, ...: the first that does not exist (moving a checkpoint aside
   never fails because an earlier one was moved to the same name)."""
   candidate, i = path, 0
-  while os.path.exists(candidate):
+  while paths.path(candidate).exists():
     i += 1
     candidate = f"{path}.{i}"
   return candidate
@@ -119,6 +121,8 @@ def check_free_space(directory: str, tree, *, margin: float = 1.1, slack: int = 
   Why check first: a full disk found by Orbax's asynchronous writers fails hundreds of
   TensorStore tasks at once in background threads (~1,400 lines of tracebacks), while a
   check here stops the run in its own thread with one message, before a byte is written."""
+  if paths.is_remote(directory):
+    return                               # a bucket has no free space to ask about
   needed = sum(shard.data.nbytes for leaf in jax.tree.leaves(tree)
                if isinstance(leaf, jax.Array) for shard in leaf.addressable_shards
                if shard.replica_id == 0)
@@ -142,7 +146,7 @@ class BestCheckpoints:
                keep: int = 1, read_only: bool = False):
     self.metric, self.mode = metric, ("min" if metric.endswith("loss") else "max")
     self.keep = keep
-    self.directory = os.path.abspath(directory)
+    self.directory = paths.absolute(directory)
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=_options("best", read_only=read_only, best_fn=lambda m: m[metric],

@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from jaxformer import paths
 from jaxformer.sweep import spec, status as status_lib, summary as summary_lib, trainings
 
 IF_RUNNING = ("wait", "skip")       # what `run` does about a point another process is training
@@ -29,8 +30,12 @@ def process_index() -> int:
 
 
 def _log_path(point_dir: str) -> str:
+  """The training's console log: in the point's directory (a remote one: in its local
+  mirror, uploaded when the training ends, as the child appends to it line by line)."""
   index = process_index()
-  return os.path.join(point_dir, "train.log" if index == 0 else f"train.{index}.log")
+  directory = paths.local_mirror(point_dir, "sweep")
+  os.makedirs(directory, exist_ok=True)
+  return os.path.join(directory, "train.log" if index == 0 else f"train.{index}.log")
 
 
 def _held_line(name: str, owner: str, what: str) -> str:
@@ -63,7 +68,7 @@ def run(sweep: spec.Sweep | Mapping[str, Any], workdir: str, *, parallel: int = 
   points = spec.expand(sweep)
   chosen = spec.select(points, only=only, only_index=only_index)
   primary = process_index() == 0
-  os.makedirs(workdir, exist_ok=True)
+  paths.path(workdir, "--workdir").mkdir(parents=True, exist_ok=True)
   lock = threading.Lock()                  # sweep.json and summary writes, `running`
   running: set[str] = set()                # trained by this process right now
   started: set[str] = set()                # started by this run (for the stop message)
@@ -113,14 +118,15 @@ def run(sweep: spec.Sweep | Mapping[str, Any], workdir: str, *, parallel: int = 
       return
     if not may_start(point, point_dir) or stop.signum is not None:
       return
-    os.makedirs(point_dir, exist_ok=True)
+    paths.path(point_dir).mkdir(parents=True, exist_ok=True)
     log = _log_path(point_dir)
     command = point.command(sweep.base, workdir)
     with lock:
       running.add(point.name)
       started.add(point.name)
-      if primary and os.path.exists(os.path.join(point_dir, "sweep.json")):
-        os.remove(os.path.join(point_dir, "sweep.json"))      # about an earlier attempt
+      record = paths.path(os.path.join(point_dir, "sweep.json"))
+      if primary and record.exists():
+        record.unlink()                                       # about an earlier attempt
     print(f"[sweep] {point.name}: running, log {log}", flush=True)
     start = time.perf_counter()
     try:
@@ -130,6 +136,7 @@ def run(sweep: spec.Sweep | Mapping[str, Any], workdir: str, *, parallel: int = 
         running.discard(point.name)
       return
     wall = time.perf_counter() - start
+    paths.upload(os.path.dirname(log), point_dir)
     record = {"returncode": code, "wall_time_s": round(wall, 3), "command": command}
     if stop.signum is not None:                # it was running when the sweep was stopped
       record["signal"] = signal.Signals(stop.signum).name     # returncode -9: killed

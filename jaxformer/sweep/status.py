@@ -8,13 +8,13 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jaxformer import run_files
+from jaxformer import paths, run_files
 
 
 def read_metrics(point_dir: str) -> list[dict]:
   from jaxformer.train import metrics       # light: no JAX
   path = os.path.join(point_dir, run_files.METRICS)
-  return metrics.read(path) if os.path.exists(path) else []
+  return metrics.read(path) if paths.path(path).exists() else []
 
 
 def _finished(records: Sequence[Mapping[str, Any]], steps: int) -> bool:
@@ -58,7 +58,7 @@ def point_status(*, finished: bool, owner: str | None, record: Mapping[str, Any]
 
 def lock_holder(point_dir: str) -> str | None:
   from jaxformer.train import workdir      # light: no JAX
-  return workdir.holder(point_dir) if os.path.isdir(point_dir) else None
+  return workdir.holder(point_dir) if paths.path(point_dir).is_dir() else None
 
 
 def state(point_dir: str, steps: int | None, records: Sequence[Mapping[str, Any]],

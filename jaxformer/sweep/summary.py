@@ -8,33 +8,23 @@ import csv
 import io
 import json
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jaxformer import paths
 from jaxformer.sweep import config as config_lib, spec, status as status_lib
 
 SUMMARY_FIELDS = ("name", "status", "final_step", "loss", "eval_loss", "eval_accuracy",
                   "params", "params_total", "tokens", "wall_time_s", "log")
 
 
-def _atomic_write(path: str, text: str):
-  tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
 def read_record(point_dir: str) -> dict:
-  path = os.path.join(point_dir, "sweep.json")
-  if not os.path.exists(path):
-    return {}
-  with open(path) as f:
-    return json.load(f)
+  path = paths.path(os.path.join(point_dir, "sweep.json"))
+  return json.loads(path.read_text()) if path.exists() else {}
 
 
 def write_record(point_dir: str, record: Mapping[str, Any]):
-  _atomic_write(os.path.join(point_dir, "sweep.json"), json.dumps(dict(record), indent=2))
+  paths.write_text(os.path.join(point_dir, "sweep.json"), json.dumps(dict(record), indent=2))
 
 
 def summary_row(point: spec.Point, workdir: str, *, running_here: bool = False) -> dict[str, Any]:
@@ -65,7 +55,7 @@ def summary_row(point: spec.Point, workdir: str, *, running_here: bool = False) 
 
 def write_summary(workdir: str, rows: Sequence[Mapping[str, Any]]):
   """DIR/summary.json (rows as given) and DIR/summary.csv (one column per override field)."""
-  _atomic_write(os.path.join(workdir, "summary.json"), json.dumps(list(rows), indent=2) + "\n")
+  paths.write_text(os.path.join(workdir, "summary.json"), json.dumps(list(rows), indent=2) + "\n")
   fields = list(dict.fromkeys(k for row in rows for k in row["overrides"]))
   buffer = io.StringIO()
   writer = csv.writer(buffer)
@@ -74,7 +64,7 @@ def write_summary(workdir: str, rows: Sequence[Mapping[str, Any]]):
     writer.writerow([row["name"], *(config_lib.format_value(row["overrides"][f])
                                     if f in row["overrides"] else "" for f in fields),
                      *("" if row[k] is None else row[k] for k in SUMMARY_FIELDS[1:])])
-  _atomic_write(os.path.join(workdir, "summary.csv"), buffer.getvalue())
+  paths.write_text(os.path.join(workdir, "summary.csv"), buffer.getvalue())
 
 
 def summarize(points: Sequence[spec.Point], workdir: str, running: set[str]):

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import logging
 import os
-import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxformer import inference, run_files
+from jaxformer import inference, paths, run_files
 from jaxformer.train import attention_maps, tasks
 from jaxformer.train.setup import Run, Steps, Writers
 
@@ -65,7 +64,7 @@ class Evaluator:
             self.snapshot_fn, params, self.steps.example, step=done, workdir=run.workdir,
             tokens=self.labels)
         record["attention_entropy"] = float(np.mean(entropy))
-        self.writers.tb.image("attention", pathlib.Path(png).read_bytes(), done)
+        self.writers.tb.image("attention", paths.path(png).read_bytes(), done)
       bar.log(f"step {done:>6d}  " + "  ".join(
           f"{k} {v:.4f}" for k, v in record.items() if k != "step"))
       self.writers.write(record)
@@ -102,6 +101,5 @@ def write_sample(run: Run, params, step: int):
           "itself is complete", flush=True)
     return
   if run.is_main:
-    with open(os.path.join(run.workdir, run_files.SAMPLES), "a") as f:
-      f.write(f"--- step {step}\n{text}\n")
+    paths.append_text(os.path.join(run.workdir, run_files.SAMPLES), f"--- step {step}\n{text}\n")
   print(f"\n--- sample after {step} steps ---\n{text}\n", flush=True)

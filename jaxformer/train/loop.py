@@ -20,7 +20,7 @@ import signal
 
 import jax
 
-from jaxformer import console, run_files
+from jaxformer import console, paths, run_files
 from jaxformer.train import config_checks, evaluation, plots, setup
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import read
@@ -164,5 +164,5 @@ def _log(run: setup.Run, steps: setup.Steps, writers: setup.Writers, done: int, 
 
 
 def _last_eval(path):
-  evals = [r for r in read(path) if "eval_loss" in r] if os.path.exists(path) else []
+  evals = [r for r in read(path) if "eval_loss" in r] if paths.path(path).exists() else []
   return evals[-1] if evals else None

@@ -12,6 +12,8 @@ import logging
 import math
 import os
 
+from jaxformer import paths
+
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -38,21 +40,18 @@ class MetricsWriter:
   def truncate_after(self, step: int) -> None:
     """Drop records past `step` (written after the checkpoint we resume from), and a torn
     last line (what a kill or a full disk mid-write leaves), atomically."""
-    if not os.path.exists(self.path):
+    if not paths.path(self.path).exists():
       return
-    with open(self.path) as f:
-      lines = f.readlines()
+    lines = _lines(self.path)
     records = _parse(lines, self.path)
     keep = [line for line, record in zip(lines, records)
             if record is not None and record["step"] <= step]
-    tmp = f"{self.path}.tmp"
-    with open(tmp, "w") as f:
-      f.writelines(line if line.endswith("\n") else line + "\n" for line in keep)
-    os.replace(tmp, self.path)
+    paths.write_text(self.path, "".join(line if line.endswith("\n") else line + "\n"
+                                        for line in keep))
 
   def write(self, record: dict) -> None:
-    with open(self.path, "a") as f:
-      f.write(json.dumps({k: _strict(v) for k, v in record.items()}, allow_nan=False) + "\n")
+    paths.append_text(self.path, json.dumps({k: _strict(v) for k, v in record.items()},
+                                            allow_nan=False) + "\n")
 
 
 def _parse(lines: list[str], path) -> list[dict | None]:
@@ -79,7 +78,10 @@ def _parse(lines: list[str], path) -> list[dict | None]:
   return records
 
 
+def _lines(path) -> list[str]:
+  return paths.path(path).read_text().splitlines(keepends=True)
+
+
 def read(path: str | os.PathLike) -> list[dict]:
   """The records of a metrics.jsonl (a torn last line dropped, see `_parse`)."""
-  with open(path) as f:
-    return [r for r in _parse(f.readlines(), path) if r is not None]
+  return [r for r in _parse(_lines(path), path) if r is not None]

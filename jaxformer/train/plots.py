@@ -8,6 +8,7 @@ to focused (near 0).
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from typing import Sequence
@@ -16,9 +17,18 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from jaxformer import paths
 from jaxformer.train.metrics import read
 
 MAX_LABELED_TOKENS = 40
+
+
+def _save(figure: Figure, out_png: str | os.PathLike) -> str:
+  """The figure as a PNG at `out_png` (a local path or a URL), written whole."""
+  buffer = io.BytesIO()
+  figure.savefig(buffer, format="png")
+  paths.write_bytes(out_png, buffer.getvalue())
+  return os.fspath(out_png)
 
 
 def _new_figure(width_in: float, height_in: float, dpi: int) -> Figure:
@@ -56,8 +66,7 @@ def plot_curves(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLik
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
   axes[-1].set_xlabel("step")
-  figure.savefig(out_png, format="png")
-  return os.fspath(out_png)
+  return _save(figure, out_png)
 
 
 def _check_weights(weights) -> np.ndarray:
@@ -111,8 +120,7 @@ def plot_attention(weights, tokens: Sequence[str] | None, out_png: str | os.Path
   figure.colorbar(image, ax=list(axes[:heads]), shrink=0.8)
   if title:
     figure.suptitle(title)
-  figure.savefig(out_png, format="png")
-  return os.fspath(out_png)
+  return _save(figure, out_png)
 
 
 def attention_entropy(weights) -> np.ndarray:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import jax
 
-from jaxformer import run_files
+from jaxformer import paths, run_files
 
 FIELD = "train.profile_steps"
 
@@ -61,7 +61,8 @@ class StepProfiler:
 
   def __init__(self, workdir: str | os.PathLike, steps: Sequence[int] | str | None):
     self.steps = parse_profile_steps(steps)
-    self.trace_dir = os.path.join(os.fspath(workdir), run_files.PROFILE)
+    self.target = os.path.join(os.fspath(workdir), run_files.PROFILE)
+    self.trace_dir = paths.local_mirror(self.target, run_files.PROFILE)   # jax traces locally
     self.active = False
     self._done = False
 
@@ -90,4 +91,5 @@ class StepProfiler:
   def _stop(self) -> None:
     jax.profiler.stop_trace()
     self.active, self._done = False, True
-    logging.info("profile written to %s", self.trace_dir)
+    paths.upload(self.trace_dir, self.target)
+    logging.info("profile written to %s", self.target)

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxformer import models, parallel, run_files, run_settings
+from jaxformer import models, parallel, paths, run_files, run_settings
 from jaxformer.data.pipeline import make_pipeline
 from jaxformer.state import checkpoint, optim
 from jaxformer.state import train_state as state_lib
@@ -107,10 +107,7 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
 
 def _write_config(config, workdir: str):
   """config.json, atomically: other processes may be reading it."""
-  path = os.path.join(workdir, run_files.CONFIG)
-  with open(path + ".tmp", "w") as f:
-    f.write(config.to_json(indent=2))
-  os.replace(path + ".tmp", path)
+  paths.write_text(os.path.join(workdir, run_files.CONFIG), config.to_json(indent=2))
 
 
 @dataclasses.dataclass

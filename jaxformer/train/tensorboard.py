@@ -4,7 +4,9 @@ A thin adapter that keeps the loop's calls short: `scalars` writes a dict of sca
 step, `image` takes PNG bytes (what the attention-map plots produce) or a uint8 array. Each
 writer starts a new `events.out.tfevents.*` file, so a resumed run appends a file to the same
 logdir and TensorBoard merges them; `purge_step` makes TensorBoard drop the points at steps
->= purge_step that the interrupted run wrote and the resumed run rewrites.
+>= purge_step that the interrupted run wrote and the resumed run rewrites. tensorboardX writes
+local files only: for a remote logdir (a bucket) the events go to a local mirror and are
+uploaded every `flush_secs` and at close.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ from __future__ import annotations
 import io
 import logging
 import os
+import shutil
 import sys
+import time
 
 import numpy as np
+
+from jaxformer import paths
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -57,9 +63,13 @@ class SummaryWriter:
     if purge_step is not None and purge_step < 0:
       raise ValueError(f"purge_step={purge_step} must be >= 0 (the step the run resumes at)")
     tensorboardX = _import_tensorboardx()
-    self.logdir = os.fspath(logdir)
+    self.target = os.fspath(logdir)
+    self.logdir = paths.local_mirror(self.target, "tensorboard")
+    if self.logdir != self.target:       # an earlier run's mirrored events are uploaded already
+      shutil.rmtree(self.logdir, ignore_errors=True)
     self._writer = tensorboardX.SummaryWriter(self.logdir, purge_step=purge_step,
                                               flush_secs=flush_secs)
+    self._upload_secs, self._uploaded = flush_secs, time.monotonic()
 
   def scalar(self, tag: str, value: float, step: int) -> None:
     self._writer.add_scalar(tag, float(value), global_step=step)
@@ -67,6 +77,9 @@ class SummaryWriter:
   def scalars(self, values: dict[str, float], step: int) -> None:
     for tag, value in values.items():
       self.scalar(tag, value, step)
+    if paths.is_remote(self.target) and (
+        time.monotonic() - self._uploaded > self._upload_secs):
+      self.flush()
 
   def image(self, tag: str, image, step: int) -> None:
     """`image`: PNG bytes, or a uint8 array [H, W, C] (C = 1, 3 or 4) or [H, W]."""
@@ -74,6 +87,8 @@ class SummaryWriter:
 
   def flush(self) -> None:
     self._writer.flush()
+    paths.upload(self.logdir, self.target)
+    self._uploaded = time.monotonic()
 
   def close(self) -> None:
     """Flush and close. A failed flush (a full disk) is logged and the event writer is closed
@@ -81,6 +96,7 @@ class SummaryWriter:
     atexit hook and its worker thread) after the run has reported the disk itself."""
     try:
       self._writer.close()
+      paths.upload(self.logdir, self.target)
     except OSError as e:
       logging.warning("TensorBoard events in %s are incomplete: %s", self.logdir, e)
       for file_writer in (self._writer.all_writers or {}).values():

@@ -15,12 +15,11 @@ import datetime
 import errno
 import fcntl
 import os
-import shutil
 import socket
 import tempfile
 import time
 
-from jaxformer import run_files
+from jaxformer import paths, run_files
 from jaxformer.data import tokenizers
 
 # flock has no test: `holder` takes a free lock for a moment, so `Lock` retries that long.
@@ -34,24 +33,52 @@ RUN_FILES = (run_files.CHECKPOINTS, run_files.BEST, run_files.METRICS, run_files
 
 
 def check_usable(workdir: str) -> None:
-  """Create `workdir` if needed and prove it is writable, before any work: a file in the way,
-  a read-only or pseudo file system (/proc) and missing permissions are named here."""
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
+  """Create `workdir` if needed and prove it is writable, before any work: a scheme that
+  cannot be served, a file in the way, a read-only or pseudo file system (/proc), missing
+  permissions and an unreachable bucket are named here."""
+  p = paths.path(workdir)
+  if paths.is_remote(workdir):
+    _check_remote_writable(p, workdir)
+    return
+  if p.exists() and not p.is_dir():
     raise ValueError(f"--workdir={workdir!r} is a file, not a directory; pick another path")
   try:
-    os.makedirs(workdir, exist_ok=True)
-    with tempfile.TemporaryFile(dir=workdir):
+    p.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=p):
       pass
   except OSError as e:
     raise ValueError(f"--workdir={workdir!r} is not a writable directory ({e.strerror}); "
                      "pick a path you can write to") from e
 
 
+def _check_remote_writable(p, workdir: str) -> None:
+  """An object store has no directories to create: write and delete a probe object."""
+  probe = p / f".jaxformer-probe-{socket.gethostname()}-{os.getpid()}"
+  try:
+    probe.write_text("")
+    probe.unlink()
+  except Exception as e:  # noqa: BLE001  (fsspec backends raise many types)
+    reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    raise ValueError(f"--workdir={workdir!r} is not writable ({reason}); check the bucket "
+                     "name and your credentials") from e
+
+
+def lock_path(workdir: str) -> str:
+  """The lock file: in the workdir, or for a remote workdir (object stores have no flock) in
+  its local mirror, which excludes other trainings on this machine only."""
+  if paths.is_remote(workdir):
+    directory = paths.local_mirror(workdir, "lock")
+    os.makedirs(directory, exist_ok=True)
+    return os.path.join(directory, run_files.LOCK)
+  return os.path.join(workdir, run_files.LOCK)
+
+
 class Lock:
   """Exclusive ownership of a workdir (see the module docstring)."""
 
   def __init__(self, workdir: str):
-    self.path = os.path.join(workdir, run_files.LOCK)
+    self.workdir = workdir
+    self.path = lock_path(workdir)
     self._file = None
 
   def __enter__(self) -> "Lock":
@@ -68,7 +95,7 @@ class Lock:
       f.close()
       if e.errno not in (errno.EAGAIN, errno.EACCES):
         raise
-      raise ValueError(f"--workdir={os.path.dirname(self.path)!r} is in use by another "
+      raise ValueError(f"--workdir={self.workdir!r} is in use by another "
                        f"training ({owner}); wait for it to finish, or use another "
                        "--workdir") from None
     f.seek(0)
@@ -102,7 +129,7 @@ def holder(workdir: str) -> str | None:
   Asking takes a free lock for a moment (see `_PROBE_GRACE_S`); a lock file that cannot be
   locked at all (a file system without flock) counts as free, as `Lock` would fail itself."""
   try:
-    f = open(os.path.join(workdir, run_files.LOCK))
+    f = open(lock_path(workdir))
   except OSError:                # none yet (or unreadable: `Lock` will say why)
     return None
   with f:
@@ -118,23 +145,24 @@ def remove_rejected_attempt(workdir: str) -> list[str]:
   """Without config.json a workdir holds no accepted run: a tokenizer there was left by an
   attempt whose config was rejected after the data was read, and must not be reused by the
   corrected run (it may describe other data). Removed; returns the names."""
-  if os.path.exists(os.path.join(workdir, run_files.CONFIG)):
+  p = paths.path(workdir)
+  if (p / run_files.CONFIG).exists():
     return []
-  names = [n for n in _TOKENIZER_FILES if os.path.exists(os.path.join(workdir, n))]
+  names = [n for n in _TOKENIZER_FILES if (p / n).exists()]
   for name in names:
-    os.remove(os.path.join(workdir, name))
+    (p / name).unlink()
   return names
 
 
 def clear(workdir: str) -> list[str]:
   """--fresh: remove the previous run's artifacts (explicitly asked for); returns their names."""
   removed = []
-  for name in sorted(os.listdir(workdir)):
+  for path in sorted(paths.path(workdir).iterdir()):
+    name = path.name
     if name in RUN_FILES or name.startswith(run_files.TENSORBOARD_PREFIX) or name.endswith(".tmp"):
-      path = os.path.join(workdir, name)
-      if os.path.isdir(path):
-        shutil.rmtree(path)
+      if path.is_dir():
+        path.rmtree()
       else:
-        os.remove(path)
+        path.unlink()
       removed.append(name)
   return removed

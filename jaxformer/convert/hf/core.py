@@ -42,7 +42,7 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from jaxformer import models
+from jaxformer import models, paths, run_files
 from jaxformer.models import counting
 from jaxformer.convert.hf.io import (checkpoint_files, read_config, read_tensors,
                                      require_safetensors, write)
@@ -343,18 +343,17 @@ def _normalise_names(tensors: dict, conv: ModuleType, kind: str) -> dict:
   return out
 
 
-# What marks a jaxformer training workdir (see RUN_FILES in jaxformer/train/workdir.py): its
-# config.json is the run's, which an HF config.json must never replace.
-_RUN_MARKERS = ("checkpoints", "best", "metrics.jsonl")
+# What marks a jaxformer training workdir: its config.json is the run's, which an HF
+# config.json must never replace.
+_RUN_MARKERS = (run_files.CHECKPOINTS, run_files.BEST, run_files.METRICS)
 
 
 def _training_run_files(out_dir: str) -> list[str]:
   """What in out_dir shows a training run lives there (empty if none)."""
-  found = [n + "/" * os.path.isdir(os.path.join(out_dir, n)) for n in _RUN_MARKERS
-           if os.path.exists(os.path.join(out_dir, n))]
+  directory = paths.path(out_dir, "out_dir")
+  found = [n + "/" * (directory / n).is_dir() for n in _RUN_MARKERS if (directory / n).exists()]
   try:
-    with open(os.path.join(out_dir, "config.json"), "rb") as f:
-      config = json.load(f)
+    config = json.loads((directory / run_files.CONFIG).read_bytes())
   except (OSError, ValueError):         # absent or not JSON: not a training config
     config = None
   if isinstance(config, dict) and {"model", "train"} <= set(config):
@@ -365,7 +364,7 @@ def _training_run_files(out_dir: str) -> list[str]:
 def _check_out_dir(out_dir: str, overwrite: bool):
   """out_dir may be new, empty, or hold files other than a checkpoint's; an earlier
   Hugging Face save there is replaced only with overwrite=True; a training run never."""
-  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+  if paths.path(out_dir, "out_dir").is_file():
     raise ValueError(f"hf.save: {out_dir} is a file, not a directory; give a directory path")
   run = _training_run_files(out_dir)
   if run:

@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 
+from jaxformer import paths
 from jaxformer.jsonfile import read_json
 from jaxformer.optional import require
 
@@ -232,26 +233,29 @@ _SHARD = re.compile(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)")
 def checkpoint_files(path: str) -> list[str]:
   """Names of the transformers config and weight files in directory `path` (what a save there
   replaces, or would leave stale): config.json, single-file weights, indexes and shards."""
-  if not os.path.isdir(path):
+  directory = paths.path(path, "out_dir")
+  if not directory.is_dir():
     return []
   fixed = ("config.json", SAFE, SAFE_INDEX, BIN, BIN_INDEX)
-  return sorted(n for n in os.listdir(path) if (n in fixed or _SHARD.fullmatch(n))
-                and os.path.isfile(os.path.join(path, n)))
+  return sorted(p.name for p in directory.iterdir()
+                if (p.name in fixed or _SHARD.fullmatch(p.name)) and p.is_file())
 
 
 def write(out_dir: str, hf_config: dict, tensors: dict[str, np.ndarray]) -> str:
   """`config.json` + `model.safetensors` in out_dir (created if absent), each written to a
   temporary name and renamed, then the weight files of an earlier save that the new ones
   replace (shards, indexes, .bin) are removed; returns out_dir."""
-  save_file = require_safetensors().numpy.save_file
-  os.makedirs(out_dir, exist_ok=True)
+  safetensors = require_safetensors().numpy
+  directory = paths.path(out_dir, "out_dir")
+  directory.mkdir(parents=True, exist_ok=True)
   stale = [n for n in checkpoint_files(out_dir) if n not in ("config.json", SAFE)]
   weights, config = os.path.join(out_dir, SAFE), os.path.join(out_dir, "config.json")
-  save_file(tensors, weights + ".tmp", metadata={"format": "pt"})
-  with open(config + ".tmp", "w") as f:
-    json.dump(hf_config, f, indent=2, sort_keys=True)
-  os.replace(weights + ".tmp", weights)
-  os.replace(config + ".tmp", config)
+  if paths.is_remote(out_dir):          # an object is written whole: from bytes in memory
+    paths.write_bytes(weights, safetensors.save(tensors, metadata={"format": "pt"}))
+  else:                                 # streamed to a temporary file, then renamed
+    safetensors.save_file(tensors, weights + ".tmp", metadata={"format": "pt"})
+    os.replace(weights + ".tmp", weights)
+  paths.write_text(config, json.dumps(hf_config, indent=2, sort_keys=True))
   for name in stale:
-    os.remove(os.path.join(out_dir, name))
+    (directory / name).unlink()
   return out_dir

@@ -1,0 +1,114 @@
+"""One path layer for everything jaxformer reads or writes: a local path, or a URL of an object
+store that `etils.epath` serves through fsspec (`gs://` with gcsfs, `s3://` with s3fs).
+
+Why one layer: `os.makedirs("gs://bucket/run")` creates a local directory `gs:/bucket/run`,
+so a run "saved" to a bucket was lost with the VM. Every file operation on a user path goes
+through `path()` (which refuses a scheme it cannot serve, naming the flag, before anything is
+written) and the helpers here, which hide the two differences that matter:
+
+- object stores have no rename and no append: an object write is atomic (readers see the old
+  or the new object), so `write_*` replaces in place there and writes a temporary file plus
+  `os.replace` locally; `append_text` rewrites the object (metrics and samples are small);
+- some libraries write local files only (TensorBoard's event writer, the profiler, a process
+  log): `local_mirror` gives them a local directory and `upload` copies what they wrote.
+Orbax and TensorStore read and write checkpoints at the URL themselves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import threading
+
+from etils import epath
+
+# scheme -> the fsspec package that serves it
+SCHEMES = {"gs": "gcsfs", "s3": "s3fs"}
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+MIRROR_ROOT = os.path.join("~", ".cache", "jaxformer", "mirror")
+
+
+def scheme(value: str | os.PathLike) -> str | None:
+  """'gs' for 'gs://b/x', None for a local path."""
+  match = _URL.match(os.fspath(value))
+  return match.group(1).lower() if match else None
+
+
+def is_remote(value: str | os.PathLike) -> bool:
+  return scheme(value) is not None
+
+
+def path(value: str | os.PathLike, field: str = "--workdir") -> epath.Path:
+  """`value` as an epath.Path (a local path with ~ expanded). A URL whose scheme jaxformer
+  cannot serve, or whose fsspec package is missing, is a ValueError naming `field`."""
+  text = os.fspath(value)
+  kind = scheme(text)
+  if kind is None:
+    return epath.Path(os.path.expanduser(text))
+  if kind not in SCHEMES:
+    raise ValueError(f"{field}={text!r}: {kind}:// is not a storage jaxformer can use; give a "
+                     f"local path or a URL of {', '.join(s + '://' for s in SCHEMES)}")
+  if importlib.util.find_spec(SCHEMES[kind]) is None:
+    raise ValueError(f"{field}={text!r} needs the {SCHEMES[kind]} package to reach {kind}://; "
+                     f"install it: pip install {SCHEMES[kind]}")
+  return epath.Path(text)
+
+
+def absolute(value: str | os.PathLike) -> str:
+  """An absolute local path (~ expanded), or the URL itself (os.path.abspath would turn
+  'gs://b/x' into '<cwd>/gs:/b/x')."""
+  text = os.fspath(value)
+  return text if is_remote(text) else os.path.abspath(os.path.expanduser(text))
+
+
+def write_bytes(target: str | os.PathLike, data: bytes) -> None:
+  """Write `data` so that a reader (or a crash) never sees half of it."""
+  p = path(target)
+  if is_remote(target):
+    p.write_bytes(data)
+    return
+  # unique per writer thread; `--fresh` removes a leftover *.tmp
+  tmp = f"{os.fspath(p)}.{os.getpid()}.{threading.get_ident()}.tmp"
+  with open(tmp, "wb") as f:
+    f.write(data)
+  os.replace(tmp, p)
+
+
+def write_text(target: str | os.PathLike, text: str) -> None:
+  write_bytes(target, text.encode("utf-8"))
+
+
+def append_text(target: str | os.PathLike, text: str) -> None:
+  """Append `text`: in place locally; an object store rewrites the object (it cannot append)."""
+  p = path(target)
+  if is_remote(target):
+    p.write_text((p.read_text() if p.exists() else "") + text)
+    return
+  with open(p, "a", encoding="utf-8") as f:
+    f.write(text)
+
+
+def local_mirror(target: str | os.PathLike, what: str) -> str:
+  """The local directory standing in for `target` (a remote directory) where a library
+  writes only local files; `target` itself when it is local."""
+  if not is_remote(target):
+    return os.fspath(target)
+  digest = hashlib.sha256(os.fspath(target).encode()).hexdigest()[:16]
+  return os.path.join(os.path.expanduser(MIRROR_ROOT), digest, what)
+
+
+def upload(local_dir: str, target: str | os.PathLike) -> None:
+  """Copy the files under `local_dir` that are new or changed to `target` (a no-op when
+  `target` is `local_dir` itself)."""
+  if not is_remote(target) or not os.path.isdir(local_dir):
+    return
+  for root, _, files in os.walk(local_dir):
+    for name in files:
+      local = os.path.join(root, name)
+      remote = path(target) / os.path.relpath(local, local_dir)
+      if remote.exists() and remote.stat().length == os.path.getsize(local):
+        continue
+      remote.parent.mkdir(parents=True, exist_ok=True)
+      remote.write_bytes(open(local, "rb").read())
