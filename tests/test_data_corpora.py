@@ -19,6 +19,7 @@ from ml_collections import ConfigDict
 from jaxformer.data import text, tfds_catalog
 from jaxformer.data.corpus import prepare, readers, sources, tokens, units, work
 from tests.runs import tiny_run_config
+from tests.test_cloud_storage import BUCKET, gcs  # noqa: F401  (the emulator fixture)
 from tests.user_errors import user_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -389,3 +390,26 @@ def test_trained_tokenizers_learn_from_a_bounded_sample_of_the_train_split(tmp_p
   train_docs = {d for d in docs if work.digest_role(
       hashlib.sha256(d.encode()).digest(), 0.9) == "train"}
   assert all(any(g in d for d in train_docs) for g in given)
+
+
+def test_gs_sources_and_caches_go_through_the_path_layer(gcs, tmp_path):
+  """A glob of .jsonl files in a bucket (prepared into a local cache) and a .txt file in a
+  bucket prepared into a cache in the bucket: the same tokens as the local copies."""
+  from etils import epath
+  bucket = epath.Path(f"gs://{BUCKET}/corpus")
+  docs = documents(120)
+  for name, data in (("a.jsonl", _jsonl(docs[:60])), ("b.jsonl", _jsonl(docs[60:])),
+                     ("one.txt", "\n".join(docs).encode())):
+    (bucket / name).write_bytes(data)
+    _write(tmp_path / "local" / name, data)
+  for pattern, data_dir in (("*.jsonl", str(tmp_path / "dd")), ("one.txt", f"gs://{BUCKET}/dd")):
+    remote, local = (text.make_text_pipeline(
+        data_config(f"{root}/{pattern}", packing="stream", workers=1), seed=0,
+        global_batch_size=4, eval_batch_size=4, workdir=str(tmp_path / run / pattern[-4:]),
+        data_dir=dd) for root, run, dd in ((bucket, "remote", data_dir),
+                                           (tmp_path / "local", "local", str(tmp_path / "dd2"))))
+    for role in work.ROLES:
+      a, b = remote.corpus.stream(role), local.corpus.stream(role)
+      np.testing.assert_array_equal(a.read(0, len(a)), b.read(0, len(b)))
+  user_error(lambda: pipeline(data_config("ftp://host/x.txt"), tmp_path),
+             "data.source='ftp://host/x.txt': ftp:// is not a storage jaxformer can use")

@@ -1,5 +1,7 @@
-"""Files of the prepared-corpus cache, each written whole under a temporary name and renamed:
-a killed writer leaves a `*.tmp-*` file that nothing reads, never a file that looks complete."""
+"""Files of the prepared-corpus cache, each complete or absent: a local file is written under
+a temporary name and renamed (a killed writer leaves a `*.tmp-*` file that nothing reads); an
+object store has no rename (gcsfs copies) but shows an object only once it is written whole,
+so there the final name is written directly (`jaxformer.paths` does the same)."""
 
 from __future__ import annotations
 
@@ -10,16 +12,24 @@ from typing import Iterable
 
 from etils import epath
 
+from jaxformer import paths
+
 
 def temporary(path: epath.Path) -> epath.Path:
-  """A unique temporary name next to `path`."""
+  """Where to write `path`: a unique temporary name next to it (`path` itself remotely)."""
+  if paths.is_remote(path):
+    return path
   return path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
+def finish(tmp: epath.Path, path: epath.Path):
+  """Give the written `tmp` its final name."""
+  if tmp != path:
+    tmp.rename(path)
+
+
 def write_json(path: epath.Path, value):
-  tmp = temporary(path)
-  tmp.write_text(json.dumps(value))
-  tmp.rename(path)
+  paths.write_text(path, json.dumps(value))
 
 
 def write_array_record(path: epath.Path, rows: Iterable[bytes]):
@@ -36,4 +46,4 @@ def write_array_record(path: epath.Path, rows: Iterable[bytes]):
     writer.close()
     if not complete:
       tmp.unlink()
-  tmp.rename(path)
+  finish(tmp, path)

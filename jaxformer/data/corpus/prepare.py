@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 import grain
 from etils import epath
 
-from jaxformer import console
+from jaxformer import console, paths
 from jaxformer.data.corpus import files, sources, tokens, units, work
 from jaxformer.data.tokenizers import Tokenizer, make_tokenizer, parse_spec
 
@@ -232,7 +232,8 @@ def prepare(spec: str, tokenizer_spec: str, *, options: Options, workdir,
       _dataset_splits(source, options, data_dir))
   key = json.dumps([CORPUS_FORMAT, source.kind, fingerprint, options.text_field,
                     options.train_fraction, options.split_names, splits])
-  directory = epath.Path(data_dir) / CACHE_NAME / hashlib.sha256(key.encode()).hexdigest()[:24]
+  directory = paths.path(data_dir, "data.data_dir") / CACHE_NAME / hashlib.sha256(
+      key.encode()).hexdigest()[:24]
   workers = options.workers or os.cpu_count() or 1
   scan = _scan(source, splits, directory, options, data_dir, workers)
   tasks = _tasks(source, scan, options)

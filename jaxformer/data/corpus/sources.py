@@ -4,8 +4,8 @@ Accepted: a `.txt`, `.jsonl` or `.parquet` file, each optionally gzip-compressed
 directory holding such files (recursively, hidden files skipped) or a glob of them; a Hugging
 Face `datasets` dataset saved with `save_to_disk` (a directory with `state.json` or
 `dataset_dict.json`); a TFDS catalog builder `tfds:<name>[/<config>][:<version>]` (also
-`tfds:huggingface:<name>`); or the bundled `tinyshakespeare`. Every path is an
-`etils.epath.Path`, so `gs://` sources work where a local path does.
+`tfds:huggingface:<name>`); or the bundled `tinyshakespeare`. Every path goes through
+`jaxformer.paths` (etils.epath), so `gs://` sources work where a local path does.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import dataclasses
 import os
 
 from etils import epath
+
+from jaxformer import paths
 
 BUNDLED = {"tinyshakespeare": epath.Path(__file__).parent.parent / "assets" / "tinyshakespeare.txt"}
 DEFAULT_DATA_DIR = os.path.join("~", ".cache", "jaxformer", "tfds")
@@ -43,7 +45,7 @@ class Source:
 
 def resolve_data_dir(data_dir: str | os.PathLike | None) -> str:
   """`data.data_dir` (prepared corpora and TFDS datasets), or the default, expanded."""
-  return os.fspath(epath.Path(data_dir or DEFAULT_DATA_DIR).expanduser())
+  return os.fspath(paths.path(data_dir or DEFAULT_DATA_DIR, "data.data_dir"))
 
 
 def file_format(path: epath.Path) -> str | None:
@@ -79,7 +81,7 @@ def _accepted_files(paths, spec: str) -> tuple[epath.Path, ...]:
 def _glob(spec: str) -> tuple[epath.Path, ...]:
   parts = spec.split("/")
   first = next(i for i, part in enumerate(parts) if any(c in part for c in _GLOB_CHARS))
-  root = epath.Path("/".join(parts[:first]) or ".").expanduser()
+  root = paths.path("/".join(parts[:first]) or ".", "data.source")
   return _accepted_files(root.glob("/".join(parts[first:])), spec)
 
 
@@ -95,7 +97,7 @@ def resolve(spec) -> Source:
     return Source(spec, "files", (BUNDLED[spec],))
   if any(c in spec for c in _GLOB_CHARS):
     return Source(spec, "files", _glob(spec))
-  path = epath.Path(spec).expanduser()
+  path = paths.path(spec, "data.source")
   if path.is_dir():
     if any((path / marker).exists() for marker in HF_MARKERS):
       return Source(spec, "hf", (path,))

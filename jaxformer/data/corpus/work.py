@@ -103,8 +103,8 @@ class _RoleFiles:
       ends = self.path.with_suffix(".ends")
       tmp = files.temporary(ends)
       tmp.write_bytes(np.asarray(self.ends, "<i8").tobytes())
-      tmp.rename(ends)
-      self.tmp.rename(self.path)
+      files.finish(tmp, ends)
+      files.finish(self.tmp, self.path)
     return {"tokens": self.tokens, "docs": len(self.ends)}
 
 
