@@ -9,8 +9,11 @@ The corpus key is a cheap fingerprint, computed at every start without reading t
 every file's name, size, mtime and a SHA-256 of 3 x 64 KiB samples (head, middle, tail), plus
 the reading options. A changed, added or removed file gives a new key (and a new
 preparation); the full SHA-256 of the text is computed only while preparing (`index.json`
-records it). Both passes (scan, tokenize) run over the units in `workers` spawned processes;
-each worker streams its unit, so memory does not grow with the corpus.
+records it). Both passes (scan, tokenize) run over the units in `workers` spawned processes
+(spawned, not forked: the caller may run JAX's threads); each worker streams its unit, so
+memory does not grow with the corpus. Spawned workers import the caller's main module, so a
+script (not `python -m jaxformer.train`) that prepares a corpus with several workers needs
+the usual `if __name__ == "__main__":` guard.
 """
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ def _dataset_splits(source: sources.Source, options: Options, data_dir: str) -> 
 
 def _run(fn: Callable, tasks: list, workers: int) -> list:
   """[fn(t) for t in tasks], over `workers` spawned processes when there is more than one
-  task (spawned: the caller may have started JAX's threads, which fork would copy)."""
+  task."""
   if workers <= 1 or len(tasks) <= 1:
     return [fn(t) for t in tasks]
   with multiprocessing.get_context("spawn").Pool(min(workers, len(tasks))) as pool:

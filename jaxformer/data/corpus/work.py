@@ -10,8 +10,8 @@ duplicated documents share a split).
 
 Output per unit and role: `<index>.<role>.tok` (the token ids, little-endian uint16 or uint32)
 and `<index>.<role>.ends` (int64 token offsets where a document ends), then `<index>.json`
-(the counts), each written under a temporary name and renamed: a unit whose json exists is
-complete, so a killed preparation resumes at the first unit without one.
+(the counts), each complete or absent (files.py): a unit whose json exists is complete, so a
+killed preparation resumes at the units without one.
 """
 
 from __future__ import annotations
