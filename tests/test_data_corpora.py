@@ -226,7 +226,7 @@ def test_killed_preparation_never_looks_complete_and_resumes(tmp_path, monkeypat
   resumed = prepare.prepare(str(source), "char", options=options, workdir=run, data_dir=str(dd))
   out = capsys.readouterr().out
   assert re.search(r"tokenizing .* once \(\d+ of \d+ parts left\)", out), out
-  assert "reading" not in out                              # the scan was complete: kept
+  assert "preparing" not in out                            # the scan was complete: kept
   clean = prepare.prepare(str(source), "char", options=options, workdir=tmp_path / "run2",
                           data_dir=str(tmp_path / "dd2"))
   for role in work.ROLES:

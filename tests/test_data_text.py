@@ -212,10 +212,12 @@ def test_preparation_says_what_it_does_once(tmp_path, capsys):
   pipeline(data_config(str(source)), workdir=tmp_path, data_dir=str(tmp_path / "dd2"))
   out = capsys.readouterr().out.splitlines()
   assert len(out) == 2, out
-  assert re.fullmatch(r"reading data.source='.*t.txt' \(0.0 MB, 1 parts\) once, into .*dd2/"
-                      r"jaxformer_corpora/\w+ \.\.\. done in \d+\.\d s", out[0]), out
+  assert re.fullmatch(r"preparing data.source='.*t.txt' \(0.0 MB\) once, into .*dd2/"
+                      r"jaxformer_corpora/\w+ \.\.\. done in \d+\.\d s \(12,\d{3} characters, "
+                      r"1 part\)", out[0]), out
   assert re.fullmatch(r"tokenizing data.source='.*t.txt' with data.tokenizer='char' once "
-                      r"\(1 parts\), into .*tokens-\w+ \.\.\. done in \d+\.\d s", out[1]), out
+                      r"\(1 part\), into .*tokens-\w+ \.\.\. done in \d+\.\d s \(10,8\d\d "
+                      r"train \+ 1,2\d\d validation tokens\)", out[1]), out
 
 
 def test_bad_sources_name_data_source(tmp_path, data_dir):

@@ -113,6 +113,10 @@ def _dataset_splits(source: sources.Source, options: Options, data_dir: str) -> 
   return splits, _file_fingerprints(sources.walk_files(source.paths[0]))
 
 
+def _parts(n: int) -> str:
+  return f"{n} part{'s' * (n != 1)}"
+
+
 def _run(fn: Callable, tasks: list, workers: int) -> list:
   """[fn(t) for t in tasks], over `workers` spawned processes when there is more than one
   task."""
@@ -132,10 +136,11 @@ def _scan(source: sources.Source, splits: list, directory: epath.Path, options: 
     return json.loads(path.read_text())
   plan = units.plan(source, splits)
   size = sum(u.size for u in plan)
-  with console.announce(f"reading data.source={source.spec!r} ({size / 1e6:,.1f} MB, "
-                        f"{len(plan)} parts) once, into {console.short_path(directory)}"):
+  with console.announce(f"preparing data.source={source.spec!r} ({size / 1e6:,.1f} MB) once, "
+                        f"into {console.short_path(directory)}") as note:
     scans = _run(functools.partial(work.scan_unit, field=options.text_field,
                                    data_dir=data_dir), plan, workers)
+    note.details = f"{sum(s['count'] for s in scans):,} characters, {_parts(len(plan))}"
   scan = {"units": [dataclasses.asdict(u) for u in plan], "scans": scans}
   directory.mkdir(parents=True, exist_ok=True)
   files.write_json(path, scan)
@@ -188,12 +193,14 @@ def _tokenize(tasks: list, directory: epath.Path, spec: str, tokenizer_spec: str
   todo = [t for t in tasks
           if not (directory / f"{work.unit_name(t[0].index)}.json").exists()]
   if todo:
-    left = f"{len(todo)} of {len(tasks)} parts left" if len(todo) < len(tasks) else (
-        f"{len(tasks)} parts")
+    left = f"{len(todo)} of {_parts(len(tasks))} left" if len(todo) < len(tasks) else (
+        _parts(len(tasks)))
     with console.announce(f"tokenizing data.source={spec!r} with data.tokenizer="
                           f"{tokenizer_spec!r} once ({left}), into "
-                          f"{console.short_path(directory)}"):
-      _run(tokenize, todo, workers)
+                          f"{console.short_path(directory)}") as note:
+      counts = _run(tokenize, todo, workers)
+      note.details = " + ".join(f"{sum(c[r]['tokens'] for c in counts):,} {r}"
+                                for r in work.ROLES) + " tokens"
 
 
 def _index(tasks: list, directory: epath.Path, source: sources.Source, scan: dict,
