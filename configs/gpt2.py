@@ -9,7 +9,7 @@ parameter count (tied head counted once). The optimizer follows the nanoGPT repr
 Data for the published sizes: TFDS `lm1b` (prepare it once with
 `tfds build lm1b --file_format=array_record`), a 50257-piece SentencePiece BPE vocabulary
 trained locally on it, documents packed into 1024-token rows with segment ids. Point
-`--config.data.source=tfds:<name>` at any prepared TFDS text dataset (and `data.text_key`).
+`--config.data.source=tfds:<name>` at any prepared TFDS text dataset (and `data.text_field`).
 
 `tiny` is a character-level model of tiny Shakespeare (vocab 65) that trains on a laptop CPU.
 """
@@ -44,7 +44,7 @@ def get_config(arg=None):
         optim=common.optim(1e-3, warmup_steps=100, b2=0.99))
   return common.config(
       model=model,
-      data=common.data("tfds:lm1b", "spm:bpe:50257", 1024, text_key="text",
+      data=common.data("tfds:lm1b", "spm:bpe:50257", 1024, text_field="text",
                        packing="packed", eval_batches=50),
       train=common.train(600_000, 512, eval_every=2000, log_every=50, checkpoint_every=5000),
       optim=common.optim(6e-4, warmup_steps=2000, weight_decay=0.1, b2=0.95),

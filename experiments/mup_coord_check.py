@@ -26,7 +26,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 import numpy as np  # noqa: E402
 
 from configs import shakespeare_char  # noqa: E402
-from jaxformer.data import text_builder  # noqa: E402
+from jaxformer.data.corpus import sources  # noqa: E402
 from jaxformer.data.tokenizers import CharTokenizer  # noqa: E402
 from jaxformer.scaling import mup  # noqa: E402
 from jaxformer.train import coord_check  # noqa: E402
@@ -53,7 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def shakespeare_batch(seed: int = 0) -> tuple[np.ndarray, int]:
   """[BATCH, SEQ_LEN + 1] character ids of random windows of the bundled corpus, vocab."""
-  text = text_builder.BUNDLED["tinyshakespeare"].read_text(encoding="utf-8")
+  text = sources.BUNDLED["tinyshakespeare"].read_text(encoding="utf-8")
   tokenizer = CharTokenizer(text)
   ids = tokenizer.encode(text[:200_000])
   starts = np.random.default_rng(seed).integers(0, ids.size - SEQ_LEN - 1, BATCH)

@@ -1,8 +1,9 @@
 """Optional dependencies: each feature that needs one names the pip extra that installs it.
 
 `pip install -e .` is enough for the README's main job; SentencePiece/Hugging Face tokenizers
-(`[text]`), scikit-learn's bundled digits (`[vision]`) and Hugging Face checkpoints (`[hf]`)
-come with extras (`[test]` installs all of them).
+(`[text]`), scikit-learn's bundled digits (`[vision]`), Hugging Face checkpoints (`[hf]`) and
+Parquet / saved Hugging Face dataset sources (`[corpora]`) come with extras (`[test]` installs
+all of them).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Text data: tokenizers, the local-text TFDS builder, packing, LM/MLM pipelines."""
+"""Text data: tokenizers, text files and catalog sources, packing, LM/MLM pipelines (the
+source kinds, preparation and scale: test_data_corpora.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
-from jaxformer.data import packing, text, text_builder, tokenizers
+from jaxformer.data import packing, text, tfds_catalog, tokenizers
+from jaxformer.data.corpus import files, readers, sources
+from tests.test_data_corpora import TinyDocs
 from tests.user_errors import user_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SMALL_TEXT = (text_builder.BUNDLED["tinyshakespeare"].read_text(encoding="utf-8")[:12000]
+SMALL_TEXT = (sources.BUNDLED["tinyshakespeare"].read_text(encoding="utf-8")[:12000]
               + "\n\n\nJULIET:\nAy me!  ¿Qué?\n\n")
 
 
@@ -177,74 +180,44 @@ def test_hf_tokenizer_source_that_is_not_text_names_the_file(tmp_path):
              binary, "is not a Hugging Face tokenizer.json", f"point data.tokenizer='hf:{binary}'")
 
 
-# ------------------------------------------------------------------------ TFDS builder
+# ------------------------------------------------------------------ text files, catalogs
 
-def test_text_records_join_back_to_the_text_and_cut_after_blank_lines():
-  text = "a\n\n\nb c\n\nlong paragraph here\nend\n\nx"
-  pieces = text_builder.text_records(text, max_chars=9)
-  assert "".join(pieces) == text and max(map(len, pieces)) == 9
-  assert pieces == ["a\n\n\nb c\n\n", "long para", "graph her", "e\nend\n\nx"]
-  assert text_builder.text_records(text) == [text]
+@pytest.fixture(scope="module")
+def catalog(data_dir):
+  """'tfds:tiny_docs' prepared in `data_dir`: SMALL_TEXT's paragraphs as documents."""
+  paragraphs = SMALL_TEXT.split("\n\n")
+  TinyDocs.DOCS = paragraphs[:40] + paragraphs[-8:]
+  builder = TinyDocs(data_dir=data_dir, file_format="array_record")
+  with tfds_catalog.quiet_tfds():
+    builder.download_and_prepare()
+  return "tfds:tiny_docs"
 
 
-def test_local_text_builder_splits_by_characters_and_rebuilds_on_change(tmp_path, data_dir,
-                                                                         small_file):
-  builder = text_builder.build_local_text(small_file, train_fraction=0.7, data_dir=data_dir,
-                                         record_chars=1000)
+def test_text_file_splits_by_characters_and_is_prepared_once(tmp_path, data_dir, small_file,
+                                                             capsys):
+  cfg = data_config(small_file, train_fraction=0.7)
+  p = pipeline(cfg, workdir=tmp_path, data_dir=data_dir)
   n = int(len(SMALL_TEXT) * 0.7)
-  for split, expected in (("train", SMALL_TEXT[:n]), ("validation", SMALL_TEXT[n:])):
-    records = list(builder.as_data_source(split=split))
-    ordered = sorted(records, key=lambda r: r["index"])
-    assert [r["index"] for r in ordered] == list(range(len(records))) and len(records) > 2
-    assert "".join(r["text"].decode() for r in ordered) == expected
-  again = text_builder.build_local_text(small_file, train_fraction=0.7, data_dir=data_dir,
-                                       record_chars=1000)
-  assert again.data_path == builder.data_path
-  other = tmp_path / "other.txt"
-  other.write_text(SMALL_TEXT + "x")
-  changed = text_builder.build_local_text(str(other), train_fraction=0.7, data_dir=data_dir,
-                                         record_chars=1000)
-  assert changed.data_path != builder.data_path
-
-
-_KILLED_BUILD = """
-import sys, time
-from jaxformer.data import text_builder
-def stall(self, text):
-  yield 0, {"index": 0, "text": text[:10]}
-  print("writing", file=sys.__stdout__, flush=True)
-  time.sleep(600)
-text_builder.LocalText._generate_examples = stall
-text_builder.build_local_text(sys.argv[1], data_dir=sys.argv[2])
-"""
-
-
-def test_build_killed_mid_write_leaves_nothing_that_breaks_the_rerun(tmp_path, capsys):
-  source, data_dir = tmp_path / "t.txt", tmp_path / "dd"
-  source.write_text(SMALL_TEXT)
-  proc = subprocess.Popen([sys.executable, "-c", _KILLED_BUILD, str(source), str(data_dir)],
-                          stdout=subprocess.PIPE, text=True, cwd=ROOT)
-  try:
-    assert proc.stdout.readline().endswith("writing\n")     # inside TFDS's write: SIGKILL
-  finally:
-    proc.kill()
-    proc.wait()
-  config = text_builder.local_text_config(str(source), 0.9)
-  builder = text_builder.LocalText(config=config, data_dir=str(data_dir),
-                                   file_format="array_record")
-  leftovers = list(pathlib.Path(builder.data_dir).parent.glob("incomplete.*"))
-  assert leftovers and not builder.is_prepared()
-
+  for role, expected in (("train", SMALL_TEXT[:n]), ("validation", SMALL_TEXT[n:])):
+    stream = p.corpus.stream(role)
+    assert p.tokenizer.decode(stream.read(0, len(stream))) == expected
   capsys.readouterr()
-  builder = text_builder.build_local_text(str(source), data_dir=str(data_dir))
-  out = capsys.readouterr().out
-  assert re.fullmatch(r"preparing data.source='.*t.txt' \(0.0 MB\) once, into .*dd \.\.\. "
-                      r"done in \d+\.\d s \(1 train \+ 1 validation records\)\n", out), out
-  assert not any(p.exists() for p in leftovers)
-  (record,) = builder.as_data_source(split="train")
-  assert record["text"].decode() == SMALL_TEXT[:int(len(SMALL_TEXT) * 0.9)]
-  text_builder.build_local_text(str(source), data_dir=str(data_dir))
-  assert capsys.readouterr().out == ""                        # prepared: nothing to say
+  again = pipeline(cfg, workdir=tmp_path, data_dir=data_dir)
+  assert again.corpus.directory == p.corpus.directory and capsys.readouterr().out == ""
+
+
+def test_preparation_says_what_it_does_once(tmp_path, capsys):
+  source = tmp_path / "t.txt"
+  source.write_text(SMALL_TEXT)
+  pipeline(data_config(str(source)), workdir=tmp_path, data_dir=str(tmp_path / "dd2"))
+  out = capsys.readouterr().out.splitlines()
+  assert len(out) == 2, out
+  assert re.fullmatch(r"preparing data.source='.*t.txt' \(0.0 MB\) once, into .*dd2/"
+                      r"jaxformer_corpora/\w+ \.\.\. done in \d+\.\d s \(12,\d{3} characters, "
+                      r"1 part\)", out[0]), out
+  assert re.fullmatch(r"tokenizing data.source='.*t.txt' with data.tokenizer='char' once "
+                      r"\(1 part\), into .*tokens-\w+ \.\.\. done in \d+\.\d s \(10,8\d\d "
+                      r"train \+ 1,2\d\d validation tokens\)", out[1]), out
 
 
 def test_bad_sources_name_data_source(tmp_path, data_dir):
@@ -266,25 +239,26 @@ def test_bad_sources_name_data_source(tmp_path, data_dir):
     (b"a", 0.9, "holds 1 character, too few to split at data.train_fraction=0.9"),
     (b"abc", 0.2, "holds 3 characters, too few to split at data.train_fraction=0.2")],
     ids=["spaces", "unicode_spaces", "bom", "one_char", "empty_train_split"])
-def test_degenerate_text_file_is_refused_before_any_build(tmp_path, blob, fraction, match):
-  """Text that decodes but holds nothing to train on, or too little for both splits (TFDS
-  failed with an AssertionError on the empty split)."""
+def test_degenerate_text_file_is_refused_before_any_tokenizer(tmp_path, blob, fraction, match):
+  """Text that decodes but holds nothing to train on, or too little for both splits."""
   (tmp_path / "t.txt").write_bytes(blob)
   source = str(tmp_path / "t.txt")
-  user_error(lambda: text_builder.local_text_config(source, fraction),
+  user_error(lambda: pipeline(data_config(source, train_fraction=fraction), workdir=tmp_path,
+                              data_dir=str(tmp_path / "dd")),
              f"data.source={source!r}", match)
+  assert not (tmp_path / "tokenizer.json").exists()
 
 
-def test_catalog_source_errors_say_how_to_fix(tmp_path, data_dir, small_file):
+def test_catalog_source_errors_say_how_to_fix(tmp_path, data_dir, catalog):
   with pytest.raises(ValueError, match=r"not prepared.*tfds build lm1b "
                                        r"--file_format=array_record --data_dir="):
-    text_builder.catalog_builder("tfds:lm1b", data_dir)
-  built = text_builder.build_local_text(small_file, train_fraction=0.7, data_dir=data_dir)
-  source = f"tfds:local_text/{built.builder_config.name}:1.0.0"
+    tfds_catalog.catalog_builder("tfds:lm1b", data_dir)
   with pytest.raises(ValueError, match=r"data.eval_split='test'.*\['train', 'validation'\]"):
-    pipeline(data_config(source, eval_split="test"), workdir=tmp_path, data_dir=data_dir)
-  with pytest.raises(ValueError, match=r"data.text_key='sentence'.*\['index', 'text'\]"):
-    pipeline(data_config(source, text_key="sentence"), workdir=tmp_path, data_dir=data_dir)
+    pipeline(data_config(catalog, eval_split="test"), workdir=tmp_path, data_dir=data_dir)
+  with pytest.raises(ValueError, match=r"data.text_field='sentence'.*\['text'\]"):
+    pipeline(data_config(catalog, text_field="sentence"), workdir=tmp_path, data_dir=data_dir)
+  with pytest.raises(ValueError, match=r"data.text_key is now data.text_field"):
+    pipeline(data_config(catalog, text_key="text"), workdir=tmp_path, data_dir=data_dir)
 
 
 # ----------------------------------------------------------------------------- packing
@@ -303,12 +277,22 @@ def reference_next_fit(docs, row_len):
   return [row + [(0, 0, 0)] * (row_len - len(row)) for row in rows]
 
 
+def pack_documents(docs, row_len):
+  """{field: [rows, row_len]}: next_fit over the lengths, each row laid out from its tokens."""
+  tokens, rows, start = np.concatenate([*docs, np.zeros(0, np.int32)]), [], 0
+  for pieces in packing.next_fit(map(len, docs), row_len):
+    rows.append(packing.layout_row(tokens[start:start + sum(pieces)], pieces, row_len))
+    start += sum(pieces)
+  stacked = np.stack(rows) if rows else np.zeros((0, len(packing.PACKED_FIELDS), row_len))
+  return {k: stacked[:, i] for i, k in enumerate(packing.PACKED_FIELDS)}
+
+
 @pytest.mark.parametrize("row_len", [1, 7, 13])
-def test_pack_documents_matches_reference_and_invariants(row_len):
+def test_packing_matches_reference_and_invariants(row_len):
   rng = np.random.default_rng(row_len)
   docs = [rng.integers(1, 50, size=n).astype(np.int32)
           for n in rng.integers(0, 3 * row_len, size=23)]
-  packed = packing.pack_documents(docs, row_len)
+  packed = pack_documents(docs, row_len)
   expected = np.asarray(reference_next_fit(docs, row_len), np.int32)
   for i, key in enumerate(packing.PACKED_FIELDS):
     assert packed[key].dtype == np.int32 and packed[key].shape == expected.shape[:2]
@@ -322,32 +306,29 @@ def test_pack_documents_matches_reference_and_invariants(row_len):
     assert np.all(np.diff(used) >= 0) and np.all(np.diff(np.unique(used)) == 1)
     for s in np.unique(used):                                # contiguous, positions 0..n-1
       np.testing.assert_array_equal(row_pos[row_seg == s], np.arange(np.sum(row_seg == s)))
-  assert packing.pack_documents([], 4)["tokens"].shape == (0, 4)
+  assert pack_documents([], 4)["tokens"].shape == (0, 4)
   with pytest.raises(ValueError, match="row_len=0"):
-    packing.pack_documents(docs, 0)
+    packing.next_fit([3], 0)                                 # checked at the call
 
 
-def test_streaming_packer_yields_rows_as_documents_arrive():
+def test_next_fit_yields_rows_as_lengths_arrive():
   row_len, rng = 11, np.random.default_rng(0)
-  docs = [rng.integers(1, 99, size=n).astype(np.int32)       # many longer than a row
-          for n in rng.integers(0, 4 * row_len, size=300)]
+  lengths = rng.integers(0, 4 * row_len, size=300).tolist()   # many longer than a row
   pulled = []
 
   def stream():
-    for doc in docs:
-      pulled.append(len(doc))
-      yield doc
-  rows = packing.pack_rows(stream(), row_len)
+    for n in lengths:
+      pulled.append(n)
+      yield n
+  rows = packing.next_fit(stream(), row_len)
   first = next(rows)
   assert len(pulled) < 5                                     # not the whole corpus first
-  got = np.stack([first, *rows])
-  expected = np.asarray(reference_next_fit(docs, row_len), np.int32)   # [rows, len, field]
-  assert got.dtype == np.int32 and len(pulled) == len(docs)
-  np.testing.assert_array_equal(got, expected.transpose(0, 2, 1))
-  with pytest.raises(ValueError, match="row_len=0"):          # checked at the call
-    packing.pack_rows(stream(), 0)
-  with pytest.raises(ValueError, match="1-D token array"):
-    list(packing.pack_rows([np.ones((2, 3))], row_len))
+  layouts = [first, *rows]
+  assert len(pulled) == len(lengths) and sum(map(sum, layouts)) == sum(lengths)
+  docs = [np.arange(n, dtype=np.int32) for n in lengths]
+  expected = reference_next_fit(docs, row_len)
+  assert [[sum(1 for _, s, _ in row if s == k) for k in range(1, 1 + max(s for _, s, _ in row))]
+          for row in expected] == layouts
 
 
 # --------------------------------------------------------------------------- pipelines
@@ -356,7 +337,7 @@ def test_stream_lm_batches_match_the_old_text_corpus_exactly(tmp_path, data_dir)
   cfg = data_config("tinyshakespeare", seq_len=64, eval_batches=3)
   p = pipeline(cfg, workdir=tmp_path, data_dir=data_dir, batch=12)
   assert p.task == "lm" and p.info == {"vocab_size": 65}
-  full = text_builder.BUNDLED["tinyshakespeare"].read_text(encoding="utf-8")
+  full = sources.BUNDLED["tinyshakespeare"].read_text(encoding="utf-8")
   ids = p.tokenizer.encode(full)
   train, val = ids[:1003854], ids[1003854:]
   for step in (0, 7, 1999):
@@ -399,8 +380,7 @@ def test_packed_lm_pipeline_batches_cache_and_processes(tmp_path, data_dir, smal
   p = pipeline(cfg, workdir=tmp_path, data_dir=data_dir)
   tok, row_len = p.tokenizer, 25
   train_text = SMALL_TEXT[:int(len(SMALL_TEXT) * 0.7)]
-  docs = [tok.encode(t) for t in text_builder.text_records(train_text)]
-  expected = packing.pack_documents(docs, row_len)
+  expected = pack_documents([tok.encode(train_text)], row_len)           # one document
   records = p.records["train"]
   assert len(records) == len(expected["tokens"])
   for i in range(len(records)):                        # the cached rows, in order
@@ -422,88 +402,54 @@ def test_packed_lm_pipeline_batches_cache_and_processes(tmp_path, data_dir, smal
   evals = list(p.eval_batches())
   assert sum(b["valid"].sum() for b in evals) == len(p.records["validation"])
 
-  monkeypatch.setattr(packing, "pack_rows", lambda *a: pytest.fail("re-packed"))
+  monkeypatch.setattr(packing, "next_fit", lambda *a: pytest.fail("re-packed"))
   halves = [pipeline(cfg, workdir=tmp_path, data_dir=data_dir, process_index=k,
                      process_count=2).train_batch(9) for k in (0, 1)]
   for key, value in p.train_batch(9).items():
     np.testing.assert_array_equal(np.concatenate([h[key] for h in halves]), value)
 
 
-def test_catalog_source_packs_documents_by_default(tmp_path, data_dir, small_file):
-  built = text_builder.build_local_text(small_file, train_fraction=0.7, data_dir=data_dir)
-  source = f"tfds:local_text/{built.builder_config.name}:1.0.0"
-  p = pipeline(data_config(source, tokenizer="spm:unigram:400", seq_len=32, text_key="text"),
+def test_catalog_source_packs_documents_by_default(tmp_path, data_dir, catalog):
+  p = pipeline(data_config(catalog, tokenizer="spm:unigram:400", seq_len=32),
                workdir=tmp_path, data_dir=data_dir)
   assert isinstance(p, text.LMPackedPipeline) and p.info == {"vocab_size": 400}
   batch = p.train_batch(0)
   assert batch["weights"].sum() > 0 and (batch["segment_ids"] > 0).any()
+  docs = [p.tokenizer.encode(d) for d in SMALL_TEXT.split("\n\n")[:40]]
+  train = p.corpus.stream("train")                   # documents in order, each + eos
+  np.testing.assert_array_equal(train.read(0, len(train)), np.concatenate(
+      [np.append(d, p.tokenizer.eos_id) for d in docs]))
 
 
-def test_packed_cache_is_written_while_reading_and_reused_without_reading(
-    tmp_path, data_dir, small_file, monkeypatch):
-  built = text_builder.build_local_text(small_file, train_fraction=0.7, data_dir=data_dir,
-                                       record_chars=1000)
-  counts = {s: built.info.splits[s].num_examples for s in text_builder.SPLITS}
-  cfg = data_config(f"tfds:local_text/{built.builder_config.name}:1.0.0", seq_len=24)
-  events, read, write = [], text._read_records, text.write_array_record
-
-  def counted_read(data_source, key):
-    for record in read(data_source, key):
-      events.append("read")
-      yield record
-
-  def counted_write(path, rows):
-    for row in rows:
-      events.append("row")
-      yield row
-  monkeypatch.setattr(text, "_read_records", counted_read)
-  monkeypatch.setattr(text, "write_array_record", lambda p, rows: write(p, counted_write(p, rows)))
+def test_packed_rows_are_indexed_once_and_reused_without_reading(tmp_path, data_dir, catalog,
+                                                                monkeypatch):
+  cfg = data_config(catalog, seq_len=24)
   p = pipeline(cfg, workdir=tmp_path, data_dir=data_dir)
-  # the char set reads both splits once; packing writes its first row after one more record
-  assert events[:events.index("row")].count("read") == sum(counts.values()) + 1
-  assert events.count("read") == 2 * sum(counts.values())
 
-  def must_not_read(*args):
-    raise AssertionError("read source records although the packed cache exists")
-  monkeypatch.setattr(text, "_read_records", must_not_read)
-  again = pipeline(cfg, workdir=tmp_path, data_dir=data_dir)
-  for key, value in p.train_batch(3).items():
-    np.testing.assert_array_equal(again.train_batch(3)[key], value)
-  with pytest.raises(AssertionError, match="cache exists"):   # the patch does bite
-    pipeline(cfg, workdir=tmp_path / "other_run", data_dir=data_dir)
+  def must_not_read(*args, **kwargs):
+    raise AssertionError("read the source or re-packed although the corpus is prepared")
+  monkeypatch.setattr(readers, "texts", must_not_read)
+  monkeypatch.setattr(packing, "next_fit", must_not_read)
+  for workdir in (tmp_path, tmp_path / "other_run"):     # a new run: the char set is cached
+    again = pipeline(cfg, workdir=workdir, data_dir=data_dir)
+    for key, value in p.train_batch(3).items():
+      np.testing.assert_array_equal(again.train_batch(3)[key], value)
+  with pytest.raises(AssertionError, match="prepared"):    # the patch does bite
+    pipeline(data_config(catalog, seq_len=20), workdir=tmp_path, data_dir=data_dir)
 
 
 def test_interrupted_cache_write_leaves_no_file(tmp_path):
+  from etils import epath
+  path = epath.Path(tmp_path) / "train.array_record"
+
   def rows():
     yield b"row"
     raise KeyboardInterrupt("killed while packing")
   with pytest.raises(KeyboardInterrupt):
-    text.write_array_record(tmp_path / "train.array_record", rows())
+    files.write_array_record(path, rows())
   assert list(tmp_path.iterdir()) == []
-  text.write_array_record(tmp_path / "train.array_record", iter([b"a", b"b"]))
+  files.write_array_record(path, iter([b"a", b"b"]))
   assert [p.name for p in tmp_path.iterdir()] == ["train.array_record"]
-
-
-def test_trained_tokenizers_read_only_the_texts_they_use(tmp_path, data_dir, small_file,
-                                                         monkeypatch):
-  built = text_builder.build_local_text(small_file, train_fraction=0.7, data_dir=data_dir,
-                                       record_chars=1000)
-  cfg = data_config(f"tfds:local_text/{built.builder_config.name}:1.0.0", tokenizer="spm:bpe:400")
-  source = text.TextSource(cfg, data_dir)
-  train = list(source.records("train"))
-  yielded, read = [], text._read_records
-
-  def counted_read(data_source, key):
-    for record in read(data_source, key):
-      yielded.append(record)
-      yield record
-  monkeypatch.setattr(text, "_read_records", counted_read)
-  monkeypatch.setattr(text, "SPM_MAX_TRAINING_TEXTS", 3)
-  monkeypatch.setattr(text, "make_tokenizer", lambda spec, texts, directory: list(texts()))
-  assert text.pipeline_tokenizer(cfg, source, tmp_path) == train[:3] == yielded
-  cfg.tokenizer, yielded[:] = "char", []
-  assert text.pipeline_tokenizer(cfg, source, tmp_path) == train + list(
-      source.records("validation")) and len(yielded) > 3 + len(train)
 
 
 def test_mlm_masking_statistics_determinism_and_processes(tmp_path, data_dir, small_file):

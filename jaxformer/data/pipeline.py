@@ -2,8 +2,9 @@
 
 The task (the model family's registry entry names it, see `jaxformer.train.tasks`) fixes the
 batch layout; `data.source` picks where the examples come from:
-- text (tasks lm, mlm): "tinyshakespeare" (bundled), a path to a .txt file, or "tfds:<name>"
-  with a text feature (e.g. "tfds:lm1b");
+- text (tasks lm, mlm): "tinyshakespeare" (bundled), a file, directory or glob of .txt /
+  .jsonl / .parquet (optionally .gz), a saved Hugging Face dataset, or "tfds:<name>" with a
+  text feature (e.g. "tfds:lm1b"), see `jaxformer.data.corpus`;
 - images (classification): "digits" (scikit-learn's bundled 8x8 digits), "mnist:<dir>" (IDX
   files), "images:<root>" (root/<split>/<class>/*.png), or "tfds:<name>" (e.g. "tfds:mnist");
 - synthetic sequence tasks (seq2seq): "synthetic:copy" | "synthetic:reverse" | "synthetic:recall".

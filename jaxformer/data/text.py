@@ -5,129 +5,79 @@ workdir=..., data_dir=...)` gives a `batching.Pipeline`: `train_batch(step)` is 
 rows of the global batch of `step`, a pure function of (seed, step), so a resumed run reads
 what an uninterrupted one would and the global batch does not depend on the process count.
 
-Sources (`data.source`): a local .txt file or "tinyshakespeare" (built once into a TFDS
-ArrayRecord dataset, see text_builder.py) or a prepared TFDS catalog dataset "tfds:<name>".
-The tokenizer (`data.tokenizer`, see tokenizers.py) is made once and saved in the workdir.
+Sources (`data.source`, see corpus/sources.py): files, directories or globs of .txt, .jsonl
+and .parquet (optionally .gz), a saved Hugging Face dataset, a TFDS catalog dataset
+`tfds:<name>`, or `tinyshakespeare`. Each is tokenized once into sharded token files under
+`data.data_dir` (corpus/prepare.py) that every run then reads by offset; the tokenizer
+(`data.tokenizer`, see tokenizers.py) is made once and saved in the workdir. The source's
+own keys: `text_field` (records; default 'text'), `train_fraction` (default 0.9), `train_split`
+/ `eval_split` (datasets with named splits), `workers` (preparation processes; default one per
+core), `packing`.
+
+Splits: a single .txt file is one text whose first `train_fraction` of the characters train
+(nanoGPT); otherwise every document (a .txt file, a JSON line, a row) goes to train or
+validation by a hash of its text (corpus/work.py); datasets with named splits keep them.
 
 Modes (`data.packing`):
-- "stream" (default for text files): a split is one token stream; step s draws random windows
-  with `np.random.default_rng([seed, split_id, s])` (nanoGPT's sampling, bit-identical to the
-  earlier `TextCorpus.batch`). Eval batch i uses step index i on the eval split; with
+- "stream" (default for a single text file): a split is one token stream; step s draws random
+  windows with `np.random.default_rng([seed, split_id, s])` (nanoGPT's sampling, bit-identical
+  to the earlier `TextCorpus.batch`). Eval batch i uses step index i on the eval split; with
   `data.eval_batches=None` eval instead covers the split once in consecutive windows.
-- "packed" (default for TFDS catalog sources): each record is a document (+eos), documents
-  are packed into rows (packing.py), cached as ArrayRecord in the data dir and batched with
-  `batching.train_batches` / `batching.eval_batches`. On a text file (records are 64 Ki
-  character pieces of one text, no eos) this gives consecutive non-overlapping rows, and an
-  epoch sees every token once.
-
-Records are read lazily (`TextSource.records(role)`, in chunks of `_READ_CHUNK`): a packed
-split is tokenized, packed and written to its cache as the records stream by, and a run that
-finds the cache reads no source record at all (with a tokenizer saved in the workdir, start-up
-is independent of the corpus size, e.g. lm1b's 30M sentences). Stream mode holds its token
-streams in memory, so it is meant for text files and small corpora.
+- "packed" (default for documents): documents (+eos, where the tokenizer has one) are packed
+  next-fit into rows (packing.py), indexed once per sequence length from the document lengths
+  and batched with `batching.train_batches` / `batching.eval_batches`. On a single text file
+  (one document) this gives consecutive non-overlapping rows: an epoch sees every token once.
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import json
 import os
-import pathlib
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import grain
 import numpy as np
 
 from jaxformer import run_settings
-from jaxformer.data import batching, packing, text_builder
-from jaxformer.data.tokenizers import SPM_MAX_TRAINING_TEXTS, Tokenizer, make_tokenizer
+from jaxformer.data import batching
+from jaxformer.data.corpus import prepare, sources
+from jaxformer.data.corpus.tokens import TokenStream
+from jaxformer.data.corpus.work import ROLES
 
-SPLIT_IDS = {"train": 0, "validation": 1}    # the split_id of the window RNG
+SPLIT_IDS = dict(zip(ROLES, (0, 1)))         # the split_id of the window RNG
 PACKING_MODES = ("stream", "packed")
 TASKS = ("lm", "mlm")
 MLM_MASK_FRACTION, MLM_RANDOM_FRACTION = 0.8, 0.1    # of the selected positions (BERT)
-PACKED_FORMAT = 1                            # bump when the cached row layout changes
-_READ_CHUNK = 4096
 
 
-def _as_str(value) -> str:
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+def corpus_options(data_config) -> prepare.Options:
+  """The source's own reading keys, checked."""
+  if "text_key" in data_config:
+    raise ValueError("data.text_key is now data.text_field; rename it")
+  field = data_config.get("text_field", "text")
+  if not isinstance(field, str) or not field:
+    raise ValueError(f"data.text_field={field!r} must be the name of the text field, e.g. "
+                     "'text'")
+  fraction = data_config.get("train_fraction", 0.9)
+  if not isinstance(fraction, (int, float)) or not 0.0 < fraction < 1.0:
+    raise ValueError(f"data.train_fraction={fraction!r} must be in (0, 1), e.g. 0.9")
+  names = (data_config.get("train_split", "train"), data_config.get("eval_split", "validation"))
+  for key, name in zip(("data.train_split", "data.eval_split"), names):
+    if not isinstance(name, str) or not name:
+      raise ValueError(f"{key}={name!r} must be a split name, e.g. 'train'")
+  workers = data_config.get("workers")
+  if workers is not None and (not isinstance(workers, int) or workers < 1):
+    raise ValueError(f"data.workers={workers!r} must be an int >= 1 (or None: one per core)")
+  return prepare.Options(text_field=field, train_fraction=float(fraction), split_names=names,
+                         workers=workers)
 
 
-def _read_records(data_source, key: str) -> Iterator[str]:
-  """The `key` texts of a TFDS data source, in stored order, read in chunks."""
-  for start in range(0, len(data_source), _READ_CHUNK):
-    chunk = range(start, min(start + _READ_CHUNK, len(data_source)))
-    for record in data_source.__getitems__(list(chunk)):
-      yield _as_str(record[key])
-
-
-class TextSource:
-  """The train and eval splits of `data.source`, whose record texts are read on demand.
-
-  `documents` is True for catalog sources (a record is a document) and False for text files
-  (records are consecutive pieces of one text). `identity` names the data (keys caches);
-  building the source reads dataset metadata only, never records.
-  """
-
-  def __init__(self, data_config, data_dir: str | None):
-    source = data_config.source
-    if not isinstance(source, str) or not source:
-      raise ValueError(f"data.source={source!r} must be a file path, a bundled name "
-                       f"{sorted(text_builder.BUNDLED)} or 'tfds:<name>'")
-    self.documents = source.startswith(text_builder.TFDS_PREFIX)
-    if self.documents:
-      builder = text_builder.catalog_builder(source, data_dir)
-      key = data_config.get("text_key") or "text"
-      text_builder.check_text_key(builder, key, source)
-    else:
-      builder = text_builder.build_local_text(
-          source, train_fraction=data_config.get("train_fraction", 0.9), data_dir=data_dir)
-      key = "text"
-    self.split_names = {"train": data_config.get("train_split", "train"),
-                        "validation": data_config.get("eval_split", "validation")}
-    for role, field in (("train", "data.train_split"), ("validation", "data.eval_split")):
-      text_builder.check_split(builder, self.split_names[role], source, field)
-    self.identity = json.dumps([builder.info.full_name, key, self.split_names])
-    self._builder, self._key = builder, key
-
-  def records(self, role: str) -> Iterator[str]:
-    """The record texts of split `role` ('train' | 'validation'), in order, read lazily."""
-    return _read_records(self._builder.as_data_source(split=self.split_names[role]), self._key)
-
-  def texts(self, *roles: str) -> Iterator[str]:
-    """The record texts of `roles`, one split after the other, read lazily."""
-    return itertools.chain.from_iterable(self.records(r) for r in roles)
-
-
-def pipeline_tokenizer(data_config, source: TextSource, workdir) -> Tokenizer:
-  """The run's tokenizer: char sets cover every split (all text must be encodable), trained
-  tokenizers learn from the first SPM_MAX_TRAINING_TEXTS texts of the training split (the
-  rest of a large corpus is never read for them)."""
-  spec = data_config.tokenizer
-  if spec == "char":
-    return make_tokenizer(spec, lambda: source.texts("train", "validation"), workdir)
-  return make_tokenizer(
-      spec, lambda: itertools.islice(source.texts("train"), SPM_MAX_TRAINING_TEXTS), workdir)
-
-
-def encode_stream(tokenizer: Tokenizer, source: TextSource, role: str) -> np.ndarray:
-  """One token stream per split: a text file is encoded whole; documents each get an eos."""
-  if not source.documents:
-    return tokenizer.encode("".join(source.records(role)))
-  eos = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
-  parts = [np.concatenate([tokenizer.encode(t), np.asarray(eos, np.int32)])
-           for t in source.records(role)]
-  return np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)
-
-
-def stream_windows(ids: np.ndarray, *, seed: int, split_id: int, step: int,
-                   batch_size: int, length: int) -> np.ndarray:
-  """[batch_size, length] random windows of `ids`, a pure function of (seed, split, step)."""
+def stream_windows(stream: TokenStream, *, seed: int, split_id: int, step: int,
+                   batch_size: int, length: int, rows: slice = slice(None)) -> np.ndarray:
+  """Rows `rows` of the [batch_size, length] random windows of `stream`, a pure function of
+  (seed, split, step); only those rows are read."""
   rng = np.random.default_rng([seed, split_id, step])
-  starts = rng.integers(0, len(ids) - length, size=batch_size)
-  return ids[starts[:, None] + np.arange(length)]
+  starts = rng.integers(0, len(stream) - length, size=batch_size)[rows]
+  return np.stack([stream.read(int(s), length) for s in starts]).reshape(len(starts), length)
 
 
 def bert_mask(tokens: np.ndarray, rng: np.random.Generator, *, rate: float, mask_id: int,
@@ -179,9 +129,10 @@ class _TextPipeline:
     self.seq_len = data_config.seq_len
     self.global_batch_size, self.eval_batch_size = global_batch_size, eval_batch_size
     self.process_index, self.process_count = process_index, process_count
-    self.source = TextSource(data_config, data_dir)
-    self.data_dir = text_builder.resolve_data_dir(data_dir)
-    self.tokenizer = pipeline_tokenizer(data_config, self.source, workdir)
+    self.corpus = prepare.prepare(data_config.source, data_config.tokenizer,
+                                  options=corpus_options(data_config), workdir=workdir,
+                                  data_dir=sources.resolve_data_dir(data_dir))
+    self.tokenizer = self.corpus.tokenizer
     self.info = {"vocab_size": self.tokenizer.vocab_size}
 
   def _rows(self, batch_size: int) -> slice:
@@ -195,20 +146,18 @@ class _StreamMixin:
 
   def _load_streams(self, window: int):
     self.window = window
-    self.streams = {}
-    for role in SPLIT_IDS:
-      ids = encode_stream(self.tokenizer, self.source, role)
+    self.streams = {role: self.corpus.stream(role) for role in SPLIT_IDS}
+    for role, ids in self.streams.items():
       if len(ids) <= window:
         raise ValueError(f"data.seq_len={self.seq_len} is longer than the {role} split of "
                          f"data.source={self.config.source!r} ({len(ids)} tokens); lower "
                          "data.seq_len")
-      self.streams[role] = ids
 
   def _windows(self, role: str, step: int, batch_size: int) -> np.ndarray:
     """This process's rows of the global batch of random windows of `step`."""
-    windows = stream_windows(self.streams[role], seed=self.seed, split_id=SPLIT_IDS[role],
-                             step=step, batch_size=batch_size, length=self.window)
-    return windows[self._rows(batch_size)]
+    return stream_windows(self.streams[role], seed=self.seed, split_id=SPLIT_IDS[role],
+                          step=step, batch_size=batch_size, length=self.window,
+                          rows=self._rows(batch_size))
 
   def _consecutive_windows(self) -> grain.MapDataset:
     """The eval split once, in non-overlapping windows (for data.eval_batches=None)."""
@@ -216,7 +165,7 @@ class _StreamMixin:
     stride = self.seq_len
     count = (len(ids) - self.window) // stride + 1
     return grain.MapDataset.range(count).map(
-        lambda i: self._example(ids[i * stride:i * stride + self.window], int(i)))
+        lambda i: self._example(ids.read(int(i) * stride, self.window), int(i)))
 
   def eval_batches(self) -> Iterable[dict[str, np.ndarray]]:
     num = self.config.get("eval_batches")
@@ -298,64 +247,18 @@ def _packed_example(row: np.ndarray) -> dict[str, np.ndarray]:
           "positions": positions[:-1], "weights": weights.astype(np.float32)}
 
 
-def write_array_record(path: str | os.PathLike, rows: Iterable[bytes]):
-  """Write records to `path` as `rows` yields them, atomically: into a temporary file that
-  is renamed when complete, or removed if `rows` raises."""
-  from array_record.python.array_record_module import ArrayRecordWriter
-  tmp = f"{path}.tmp-{os.getpid()}"
-  writer, complete = ArrayRecordWriter(tmp, "group_size:1"), False
-  try:
-    for row in rows:
-      writer.write(row)
-    complete = True
-  finally:
-    writer.close()
-    if not complete:
-      os.remove(tmp)
-  os.replace(tmp, path)
-
-
 class LMPackedPipeline(_TextPipeline):
   """Next-token prediction on packed documents: {'inputs', 'targets', 'segment_ids',
   'positions', 'weights'} with weight 0 on padding and where the target starts the next
-  document. Rows are read with grain from an ArrayRecord cache in the data dir."""
+  document. Rows are read with grain through the prepared corpus's row index."""
 
   def __init__(self, data_config, **kw):
     super().__init__(data_config, **kw)
-    self.cache_dir = pathlib.Path(self.data_dir) / "jaxformer_packed" / self._cache_key()
-    self.records = {role: self._packed_split(role) for role in SPLIT_IDS}
+    self.records = {role: self.corpus.packed(role, self.seq_len + 1).map(_packed_example)
+                    for role in SPLIT_IDS}
     self._train = batching.train_batches(
         self.records["train"], global_batch_size=self.global_batch_size, seed=self.seed,
         process_index=self.process_index, process_count=self.process_count)
-
-  def _cache_key(self) -> str:
-    key = json.dumps([PACKED_FORMAT, self.source.identity, self.tokenizer.fingerprint(),
-                      self.seq_len])
-    return hashlib.sha256(key.encode()).hexdigest()[:24]
-
-  def _documents(self, role: str) -> Iterator[np.ndarray]:
-    """Catalog records are documents (+eos); a text file is one document per record."""
-    eos_id = self.tokenizer.eos_id
-    eos = np.asarray([eos_id] if self.source.documents and eos_id is not None else [], np.int32)
-    return (np.concatenate([self.tokenizer.encode(t), eos]) for t in self.source.records(role))
-
-  def _write_packed(self, role: str, path: pathlib.Path):
-    """Tokenize, pack and write the split as its records stream by (one open row in memory)."""
-    rows = packing.pack_rows(self._documents(role), self.seq_len + 1)
-    first = next(rows, None)
-    if first is None:
-      raise ValueError(f"the {role} split of data.source={self.config.source!r} is empty")
-    self.cache_dir.mkdir(parents=True, exist_ok=True)
-    write_array_record(path, (r.astype("<i4").tobytes() for r in itertools.chain([first], rows)))
-
-  def _packed_split(self, role: str) -> grain.MapDataset:
-    path = self.cache_dir / f"{role}.array_record"
-    if not path.exists():
-      self._write_packed(role, path)
-    shape = (len(packing.PACKED_FIELDS), self.seq_len + 1)
-    source = grain.sources.ArrayRecordDataSource(str(path))
-    return grain.MapDataset.source(source).map(
-        lambda b: _packed_example(np.frombuffer(b, "<i4").reshape(shape).astype(np.int32)))
 
   def train_batch(self, step: int) -> dict[str, np.ndarray]:
     return self._train[step]
@@ -369,14 +272,14 @@ class LMPackedPipeline(_TextPipeline):
 
 
 def make_text_pipeline(data_config, task: str = "lm", **kw) -> _TextPipeline:
-  """The pipeline for `task` ('lm' | 'mlm') and `data.packing` (default: 'packed' for
-  'tfds:' sources, 'stream' for text files); `kw` are the constructor's keyword arguments."""
+  """The pipeline for `task` ('lm' | 'mlm') and `data.packing` (default: 'stream' for a
+  single text file, 'packed' for documents); `kw` are the constructor's keyword arguments."""
   if task not in TASKS:
     raise ValueError(f"task={task!r} must be one of {TASKS}")
   if task == "mlm":
     return MLMPipeline(data_config, **kw)
-  default = "packed" if str(data_config.get("source")).startswith("tfds:") else "stream"
-  mode = data_config.get("packing") or default
+  mode = data_config.get("packing") or (
+      "stream" if sources.resolve(data_config.get("source")).one_text else "packed")
   if mode not in PACKING_MODES:
     raise ValueError(f"data.packing={mode!r} must be one of {PACKING_MODES}")
   return (LMPackedPipeline if mode == "packed" else LMStreamPipeline)(data_config, **kw)

@@ -145,6 +145,9 @@ class SentencePieceTokenizer:
     self.bos_id, self.eos_id, self.pad_id = (
         self._optional_id(i) for i in (self._sp.bos_id(), self._sp.eos_id(), self._sp.pad_id()))
 
+  def __reduce__(self):                  # for worker processes: the processor is not picklable
+    return type(self), (self.model_proto, self.spec)
+
   @staticmethod
   def _optional_id(i: int) -> int | None:
     return None if i < 0 else int(i)
@@ -154,7 +157,12 @@ class SentencePieceTokenizer:
     return self._sp.get_piece_size()
 
   def encode(self, text: str) -> np.ndarray:
-    return np.asarray(self._sp.encode(text), np.int32)
+    """Line by line: "\n" is a piece of its own that no other piece crosses, so the ids are
+    those of the whole text, and the time is linear in its length (one long string is not)."""
+    lines = text.split("\n")
+    lines = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+    ids = self._sp.encode(lines, num_threads=1)
+    return np.fromiter(itertools.chain.from_iterable(ids), np.int32)
 
   def decode(self, ids) -> str:
     return self._sp.decode(checked_ids(ids, self.vocab_size))
@@ -222,6 +230,9 @@ class HuggingFaceTokenizer:
     for attr, names in HF_SPECIAL_TOKENS.items():
       ids = (self._tok.token_to_id(n) for n in names)
       setattr(self, attr, next((int(i) for i in ids if i is not None), None))
+
+  def __reduce__(self):
+    return type(self), (self.json_text, self.spec)
 
   @property
   def vocab_size(self) -> int:

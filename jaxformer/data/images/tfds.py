@@ -24,7 +24,7 @@ from jaxformer.data.images.stats import ChannelStats
 def _tfds_builder(name: str, data_dir: str | None):
   import tensorflow_datasets as tfds
 
-  from jaxformer.data.text_builder import quiet_tfds
+  from jaxformer.data.tfds_catalog import quiet_tfds
   build = (f"tfds build {name.split('/')[0].split(':')[0]} --file_format=array_record"
            f"{f' --data_dir={data_dir}' if data_dir else ''}")
   try:
