@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest

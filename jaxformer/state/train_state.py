@@ -7,7 +7,6 @@ both sides build them here and cannot disagree on the layout.
 
 from __future__ import annotations
 
-import os
 
 import jax
 import jax.numpy as jnp
