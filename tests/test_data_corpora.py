@@ -135,10 +135,10 @@ def test_every_source_kind_is_prepared_with_each_document_whole(tmp_path, kind):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["txt.gz", "jsonl.gz", "hf"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_source_kinds_train(tmp_path, kind):
-  """One text (stream windows), documents split by hash and named splits (packed rows): after
-  preparation every kind is one of these (8-27 s each, so not all eight)."""
+  """Every kind trains a few steps through `loop.train`: one text (stream windows), documents
+  split by hash or named splits (packed rows)."""
   from jaxformer.train import loop
   cfg = tiny_run_config(steps=2, log_every=1, eval_every=2, checkpoint_every=2)
   cfg.data.update(source=make_source(kind, tmp_path), data_dir=str(tmp_path / "dd"))
