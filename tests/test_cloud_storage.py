@@ -153,3 +153,26 @@ def test_the_path_layer(tmp_path, monkeypatch):
 def test_an_unwritable_bucket_is_one_clear_error(gcs):
   with pytest.raises(ValueError, match=r"--workdir='gs://no-such-bucket/run' is not writable"):
     workdir_lib.check_usable("gs://no-such-bucket/run")
+
+
+def test_hf_save_writes_into_a_bucket_what_it_writes_locally(gcs, tmp_path):
+  """A Hugging Face export to gs://: the same config.json and model.safetensors bytes as a
+  local export, and a training run's directory is refused there as it is locally."""
+  import jax
+  import numpy as np
+  from jaxformer import models
+  from jaxformer.convert import hf
+  config = dict(family="decoder", vocab_size=32, d_model=16, num_layers=1, num_heads=2,
+                mlp_dim=32, max_len=8)
+  shapes = jax.eval_shape(models.build(config).init, jax.random.key(0),
+                          jax.ShapeDtypeStruct((1, 8), np.int32))
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: rng.normal(0, 0.3, s.shape).astype(np.float32), shapes)
+  hf.save(config, params, str(tmp_path / "local"))
+  remote = f"gs://{BUCKET}/hf"
+  hf.save(config, params, remote)
+  for name in ("config.json", "model.safetensors"):
+    assert paths.path(f"{remote}/{name}").read_bytes() == (tmp_path / "local" / name).read_bytes()
+  paths.write_text(f"gs://{BUCKET}/run2/metrics.jsonl", "")
+  with pytest.raises(ValueError, match="training run"):
+    hf.save(config, params, f"gs://{BUCKET}/run2")
