@@ -99,6 +99,27 @@ def local_mirror(target: str | os.PathLike, what: str) -> str:
   return os.path.join(os.path.expanduser(MIRROR_ROOT), digest, what)
 
 
+def local_copy_path(target: str | os.PathLike) -> str:
+  """Where `local_copy` keeps the local copy of `target` (`target` itself when local)."""
+  if not is_remote(target):
+    return os.fspath(target)
+  return os.path.join(local_mirror(os.fspath(target), "copies"), path(target).name)
+
+
+def local_copy(target: str | os.PathLike) -> str:
+  """A local file with the bytes of `target` (`target` itself when it is local): for readers
+  that open local files only (ArrayRecord). Downloaded into the mirror once; the object is
+  immutable once written (its name is content-keyed by the caller)."""
+  local = local_copy_path(target)
+  if is_remote(target) and not os.path.exists(local):
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    tmp = f"{local}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb") as f:
+      f.write(path(target).read_bytes())
+    os.replace(tmp, local)
+  return local
+
+
 def upload(local_dir: str, target: str | os.PathLike) -> None:
   """Copy the files under `local_dir` that are new or changed to `target` (a no-op when
   `target` is `local_dir` itself)."""

@@ -411,5 +411,14 @@ def test_gs_sources_and_caches_go_through_the_path_layer(gcs, tmp_path):
     for role in work.ROLES:
       a, b = remote.corpus.stream(role), local.corpus.stream(role)
       np.testing.assert_array_equal(a.read(0, len(a)), b.read(0, len(b)))
+  # packed rows: their ArrayRecord index is written locally and uploaded (ArrayRecord opens
+  # local files only), and read from a local copy
+  remote, local = (text.make_text_pipeline(
+      data_config(f"{root}/*.jsonl", packing="packed", workers=1), seed=0, global_batch_size=4,
+      eval_batch_size=4, workdir=str(tmp_path / run / "packed"), data_dir=dd)
+      for root, run, dd in ((bucket, "remote", f"gs://{BUCKET}/dd"),
+                            (tmp_path / "local", "local", str(tmp_path / "dd3"))))
+  for key, value in local.train_batch(3).items():
+    np.testing.assert_array_equal(remote.train_batch(3)[key], value)
   user_error(lambda: pipeline(data_config("ftp://host/x.txt"), tmp_path),
              "data.source='ftp://host/x.txt': ftp:// is not a storage jaxformer can use")

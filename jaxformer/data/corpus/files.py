@@ -34,8 +34,15 @@ def write_json(path: epath.Path, value):
 
 def write_array_record(path: epath.Path, rows: Iterable[bytes]):
   """Write records to `path` as `rows` yields them; a temporary file until complete, removed
-  if `rows` raises."""
+  if `rows` raises. ArrayRecord writes local files only: for a remote `path` the file is
+  written locally (where `paths.local_copy` will find it) and then uploaded whole."""
   from array_record.python.array_record_module import ArrayRecordWriter
+  if paths.is_remote(path):
+    local = epath.Path(paths.local_copy_path(path))
+    local.parent.mkdir(parents=True, exist_ok=True)
+    write_array_record(local, rows)
+    paths.write_bytes(path, local.read_bytes())
+    return
   tmp = temporary(path)
   writer, complete = ArrayRecordWriter(str(tmp), "group_size:1"), False
   try:

@@ -13,6 +13,7 @@ import grain
 import numpy as np
 from etils import epath
 
+from jaxformer import paths
 from jaxformer.data import packing
 from jaxformer.data.corpus import files
 from jaxformer.data.corpus.work import unit_name
@@ -89,4 +90,5 @@ def packed_rows(stream: TokenStream, path: epath.Path, row_len: int) -> grain.Ma
   def row(record: bytes) -> np.ndarray:
     start, *pieces = np.frombuffer(record, "<i8").tolist()
     return packing.layout_row(stream.read(start, sum(pieces)), pieces, row_len)
-  return grain.MapDataset.source(grain.sources.ArrayRecordDataSource(str(path))).map(row)
+  return grain.MapDataset.source(
+      grain.sources.ArrayRecordDataSource(paths.local_copy(path))).map(row)   # local files only
