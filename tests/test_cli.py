@@ -190,9 +190,12 @@ def test_bad_workdirs_and_data_files(tmp_path, capsys):
   latin.write_bytes(("hello\n" * 50).encode() + "caf\xe9".encode("latin-1"))
   err = user_error(tmp_path / "r1", latin)
   assert "is not UTF-8 text (byte offset 303" in err and "latin.txt" in err
-  binary = tmp_path / "data.bin"
+  binary = tmp_path / "data.txt"                # named as text, holding binary bytes
   binary.write_bytes(b"abc" * 9 + b"\0\1\2")
   assert "is a binary file (a NUL byte at byte offset 27)" in user_error(tmp_path / "r2", binary)
+  other = tmp_path / "data.bin"                 # not a kind of source jaxformer reads
+  other.write_bytes(b"abc")
+  assert "a directory or glob of them" in user_error(tmp_path / "r3", other)
 
 
 def test_sample_and_launcher_mistakes(tmp_path):
