@@ -23,6 +23,7 @@ import re
 import sys
 import time
 import traceback
+import warnings
 from typing import TextIO
 
 from jaxformer import paths, run_files
@@ -76,6 +77,10 @@ def configure_logging(verbosity_given: bool) -> None:
   # asyncio only reports Orbax's and TensorStore's internal tasks ("Task exception was never
   # retrieved" for each shard write that failed with the one that the run reports itself)
   logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+  # a failed asynchronous save (a full disk) leaves Orbax coroutines that were never awaited;
+  # Python warns about each one at exit ("Enable tracemalloc ..."), after the run's one line
+  warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited",
+                          category=RuntimeWarning)
   handler = absl_logging.get_absl_handler()
   if not any(isinstance(f, ThirdPartyFilter) for f in handler.filters):
     handler.addFilter(ThirdPartyFilter())

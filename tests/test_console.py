@@ -147,3 +147,16 @@ def test_a_routed_process_shows_each_warning_once_and_logs_everything(tmp_path):
   assert "a progress line" not in console
   log = (tmp_path / "logs" / "process_1.log").read_text()
   assert "a progress line" in log and "an absl warning" in log and "a logging warning" in log
+
+
+def test_coroutines_never_awaited_are_not_reported_at_the_default_verbosity():
+  """What Orbax leaves when an asynchronous save fails (a disk full mid-write): Python's
+  'coroutine ... was never awaited' RuntimeWarning at exit would follow the run's one line."""
+  code = ("import gc\nfrom jaxformer import console\n"
+          "console.configure_logging(verbosity_given=False)\n"
+          "async def save():\n  pass\n"
+          "save()\ngc.collect()\nprint('done')\n")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+  assert result.returncode == 0 and result.stdout == "done\n", result.stderr
+  assert "never awaited" not in result.stderr and "tracemalloc" not in result.stderr
