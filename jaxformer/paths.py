@@ -132,4 +132,5 @@ def upload(local_dir: str, target: str | os.PathLike) -> None:
       if remote.exists() and remote.stat().length == os.path.getsize(local):
         continue
       remote.parent.mkdir(parents=True, exist_ok=True)
-      remote.write_bytes(open(local, "rb").read())
+      with open(local, "rb") as f:
+        remote.write_bytes(f.read())

@@ -50,6 +50,7 @@ def validate(config) -> run_settings.RunSettings:
 def check_model_matches_data(config, info: dict):
   """The model must fit what the data pipeline produces (named fields, before compiling)."""
   m = config.model
+  full = models.with_defaults(m)               # the family's defaults for unset fields
   if "num_classes" in info and m.get("num_classes") != info["num_classes"]:
     raise ValueError(f"model.num_classes={m.get('num_classes')} but the data "
                      f"({config.data.source!r}) has {info['num_classes']} classes; set "
@@ -63,14 +64,13 @@ def check_model_matches_data(config, info: dict):
                      f"--config.model.vocab_size={info['vocab_size']} (or larger)")
   if "image_shape" in info and m.get("image_size") is not None:
     h, w, c = info["image_shape"]
-    channels = models.with_defaults(m).get("channels", c)
+    channels = full.get("channels", c)
     if (h, w) != (m.image_size, m.image_size) or c != channels:
       raise ValueError(f"images are {h}x{w}x{c} but model.image_size={m.image_size}, "
                        f"model.channels={channels}; set them to {h} and {c}")
   # max_len bounds a learned position table: the decoder's positions="learned", or a family
   # without a `positions` choice (BERT's table is always learned)
-  learned = m.get("max_len") is not None and models.with_defaults(m).get(
-      "positions", "learned") == "learned"
+  learned = m.get("max_len") is not None and full.get("positions", "learned") == "learned"
   lengths = {"data.seq_len": config.data.get("seq_len"), "source length": info.get("src_len"),
              "target length": info.get("tgt_len")}
   for name, length in lengths.items():
