@@ -48,6 +48,14 @@ def _parse_task(source) -> str:
   return task
 
 
+def task_generator(data_config, seed: int = 0) -> "SyntheticTask":
+  """The example generator `config.data` describes (its lengths fix the batch shapes)."""
+  return SyntheticTask(
+      _parse_task(data_config.get("source")), vocab_size=_int_field(data_config, "vocab_size", 1),
+      min_len=_int_field(data_config, "min_len", 1),
+      max_len=_int_field(data_config, "max_len", 1), seed=seed)
+
+
 class SyntheticTask:
   """One task's example generator: (split, index) -> source and target symbol arrays."""
 
@@ -123,10 +131,7 @@ class SyntheticPipeline:
                data_dir: str | None = None):
     del workdir, data_dir                # generated on the fly: nothing to read or cache
     self.source = data_config.get("source")
-    self.generator = SyntheticTask(
-        _parse_task(self.source), vocab_size=_int_field(data_config, "vocab_size", 1),
-        min_len=_int_field(data_config, "min_len", 1),
-        max_len=_int_field(data_config, "max_len", 1), seed=seed)
+    self.generator = task_generator(data_config, seed)
     self.num_train = _int_field(data_config, "num_train", 1)
     self.num_eval = _int_field(data_config, "num_eval", 1)
     self.info = {"vocab_size": self.generator.vocab_size + NUM_SPECIAL,

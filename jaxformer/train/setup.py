@@ -129,12 +129,8 @@ def make_steps(run: Run) -> Steps:
   first = run.pipeline.train_batch(run.start)
   example = next(iter(run.pipeline.eval_batches()))
   batch_shardings = lambda batch: {k: plan.batch_sharding(np.ndim(v)) for k, v in batch.items()}
-  train_step = plan.jit(step_lib.make_train_step(
-      run.module, run.tx, run.task, label_smoothing=t.label_smoothing, z_loss=t.z_loss,
-      grad_accum=o.grad_accum),
-      in_shardings=(run.state_shardings, batch_shardings(first), plan.replicated),
-      out_shardings=(run.state_shardings, plan.replicated), donate_argnums=(0,),
-      name="train_step")
+  train_step = jit_train_step(run.settings, plan, run.module, run.tx, run.task,
+                              run.state_shardings, batch_shardings(first))
   eval_step = plan.jit(step_lib.make_eval_step(run.module, run.task),
                        in_shardings=(run.state_shardings["params"], batch_shardings(example)),
                        out_shardings=plan.replicated, name="eval_step")
@@ -142,6 +138,20 @@ def make_steps(run: Run) -> Steps:
   # jitted: the logs call it on the host, where eager dispatch compiled ~10 tiny ops (~0.5 s)
   schedule = jax.jit(optim.learning_rate_schedule(o, t.steps))
   return Steps(train_step, eval_step, dropout_key, schedule, first, example)
+
+
+def jit_train_step(settings: run_settings.RunSettings, plan: parallel.ShardingPlan, module, tx,
+                   task: tasks.Task, state_shardings, batch_shardings) -> parallel.CompiledStep:
+  """The train step (state, batch, dropout key) -> (state, metrics), jitted for the plan's
+  shardings with the state donated: what the loop runs, and what `jaxformer.plan` compiles
+  for a TPU topology."""
+  t, o = settings.train, settings.optim
+  return plan.jit(step_lib.make_train_step(
+      module, tx, task, label_smoothing=t.label_smoothing, z_loss=t.z_loss,
+      grad_accum=o.grad_accum),
+      in_shardings=(state_shardings, batch_shardings, plan.replicated),
+      out_shardings=(state_shardings, plan.replicated), donate_argnums=(0,),
+      name="train_step")
 
 
 @dataclasses.dataclass

@@ -1,0 +1,66 @@
+"""The shapes and dtypes of a training batch, without reading any data.
+
+Planning a pod run (`jaxformer.plan`) compiles the train step on a machine that has neither
+the corpus nor the images; it needs only the batch's layout, which follows from the config.
+This module states that layout per task, and a test checks it against the first batch of
+every real pipeline (tests/test_plan.py), so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jaxformer import run_settings
+
+# The LM batch of packed documents adds where each document starts (data/text.py).
+_PACKED_KEYS = ("segment_ids", "positions")
+
+
+def lm_packing(config) -> str:
+  """'stream' or 'packed': `data.packing`, else what the source implies (a single text file
+  streams). A source this machine cannot reach (a bucket, a cluster path) is taken as a
+  document corpus, which packs."""
+  mode = config.data.get("packing")
+  if mode is not None:
+    return mode
+  from jaxformer.data.corpus import sources
+  try:
+    return "stream" if sources.resolve(config.data.get("source")).one_text else "packed"
+  except ValueError:
+    return "packed"
+
+
+def train_batch_spec(config, settings: run_settings.RunSettings, task: str,
+                     model: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+  """{key: (global shape, dtype)} of the train batch of `task` for `config`; `model` is the
+  model config with its defaults filled in (image size and channels for images)."""
+  b = settings.train.batch_size
+  if task in ("lm", "mlm"):
+    t = settings.data.seq_len
+    if t is None:
+      raise ValueError("data.seq_len is not set; a text source needs it: set "
+                       "--config.data.seq_len=<tokens per example>")
+    tokens = ((b, t), np.dtype(np.int32))
+    spec = {"inputs": tokens, "targets": tokens}
+    if task == "mlm":
+      spec["weights"] = ((b, t), np.dtype(np.float32))
+    elif lm_packing(config) == "packed":
+      spec.update({k: tokens for k in _PACKED_KEYS}, weights=((b, t), np.dtype(np.float32)))
+    return spec
+  if task == "classification":
+    size, channels = model["image_size"], model.get("channels", 3)
+    return {"images": ((b, size, size, channels), np.dtype(np.float32)),
+            "labels": ((b,), np.dtype(np.int32))}
+  if task == "seq2seq":
+    from jaxformer.data.synthetic import task_generator
+    generator = task_generator(config.data)
+    src_len, tgt_len = generator.src_len, generator.tgt_len
+    return {"src": ((b, src_len), np.dtype(np.int32)),
+            "src_mask": ((b, src_len), np.dtype(np.bool_)),
+            "tgt_in": ((b, tgt_len), np.dtype(np.int32)),
+            "tgt_out": ((b, tgt_len), np.dtype(np.int32)),
+            "weights": ((b, tgt_len), np.dtype(np.float32))}
+  raise ValueError(f"task={task!r} has no batch layout; one of lm, mlm, classification, "
+                   "seq2seq")
