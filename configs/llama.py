@@ -1,4 +1,5 @@
-"""Llama-style decoders: `--config=configs/llama.py:{llama2-7b,llama3-8b,mistral-7b,tiny}`.
+"""Llama-style decoders: `--config=configs/llama.py:{llama2-7b,llama2-70b,llama3-8b,
+llama3-70b,mistral-7b,tiny}`.
 
 Pre-norm decoder with RoPE, RMSNorm (eps 1e-5), SwiGLU FFN, no biases, untied output head
 (`lm_head`), grouped-query attention (num_kv_heads) and, for Mistral, sliding-window attention
@@ -6,8 +7,9 @@ Pre-norm decoder with RoPE, RMSNorm (eps 1e-5), SwiGLU FFN, no biases, untied ou
 Face parameter count (LlamaForCausalLM / MistralForCausalLM, output head included).
 
 Optimizer: the Llama 2 recipe (Touvron et al., 2023): AdamW b1 0.9, b2 0.95, eps 1e-5,
-lr 3e-4 with 2000 warmup steps and cosine decay to 10%, weight decay 0.1, clip 1.0,
-4M-token batches. (Llama 3 and Mistral did not publish theirs for these sizes; same recipe.)
+lr 3e-4 (1.5e-4 for 70B, their Table 1) with 2000 warmup steps and cosine decay to 10%,
+weight decay 0.1, clip 1.0, 4M-token batches. (Llama 3 and Mistral did not publish theirs for
+these sizes; the Llama 2 recipe of the same size.)
 
 `tiny`: a character-level (vocab 65) model with every feature of the big ones: RoPE, GQA
 (4 query heads over 2 kv heads), SwiGLU, RMSNorm, untied head and a sliding window (32)
@@ -16,18 +18,29 @@ shorter than the training sequence (128), so the window actually masks.
 
 from configs import common
 
-# name: model fields that differ between sizes, data (tokenizer, seq_len), HF count, source.
+# name: model fields that differ between sizes, data (tokenizer, seq_len), HF count, source
+# and, where it is not 3e-4, the peak learning rate.
 SIZES = {
     "llama2-7b": dict(
         model=dict(vocab_size=32000, d_model=4096, num_layers=32, num_heads=32,
                    num_kv_heads=32, mlp_dim=11008, rope_theta=10_000.0, max_len=4096),
         data=("llama2", 4096), params=6_738_415_616,
         source="Hugging Face LlamaForCausalLM (meta-llama/Llama-2-7b-hf)"),
+    "llama2-70b": dict(
+        model=dict(vocab_size=32000, d_model=8192, num_layers=80, num_heads=64,
+                   num_kv_heads=8, mlp_dim=28672, rope_theta=10_000.0, max_len=4096),
+        data=("llama2", 4096), params=68_976_648_192,
+        source="Hugging Face LlamaForCausalLM (meta-llama/Llama-2-70b-hf)", lr=1.5e-4),
     "llama3-8b": dict(
         model=dict(vocab_size=128256, d_model=4096, num_layers=32, num_heads=32,
                    num_kv_heads=8, mlp_dim=14336, rope_theta=500_000.0, max_len=8192),
         data=("llama3", 8192), params=8_030_261_248,
         source="Hugging Face LlamaForCausalLM (meta-llama/Meta-Llama-3-8B)"),
+    "llama3-70b": dict(
+        model=dict(vocab_size=128256, d_model=8192, num_layers=80, num_heads=64,
+                   num_kv_heads=8, mlp_dim=28672, rope_theta=500_000.0, max_len=8192),
+        data=("llama3", 8192), params=70_553_706_496,
+        source="Hugging Face LlamaForCausalLM (meta-llama/Meta-Llama-3-70B)", lr=1.5e-4),
     "mistral-7b": dict(
         model=dict(vocab_size=32000, d_model=4096, num_layers=32, num_heads=32,
                    num_kv_heads=8, mlp_dim=14336, rope_theta=10_000.0, window=4096,
@@ -67,6 +80,7 @@ def assemble(name: str, size: dict, **reference):
       model=model, data=data,
       train=common.train(500_000, 4 * 2**20 // seq_len, eval_every=2000, log_every=50,
                          checkpoint_every=5000),
-      optim=common.optim(3e-4, warmup_steps=2000, weight_decay=0.1, b2=0.95, eps=1e-5),
+      optim=common.optim(size.get("lr", 3e-4), warmup_steps=2000, weight_decay=0.1, b2=0.95,
+                         eps=1e-5),
       reference=common.reference(size["params"], source=size["source"], params_key="total",
                                  **reference))

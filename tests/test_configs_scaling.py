@@ -29,7 +29,9 @@ EXACT = {
     ("bert", "large"): ("backbone", 335_141_888),
     ("vit", "B/16"): ("backbone", 85_798_656),
     ("llama", "llama2-7b"): ("total", 6_738_415_616),
+    ("llama", "llama2-70b"): ("total", 68_976_648_192),
     ("llama", "llama3-8b"): ("total", 8_030_261_248),
+    ("llama", "llama3-70b"): ("total", 70_553_706_496),
     ("llama", "mistral-7b"): ("total", 7_241_732_096),
     ("mixtral", "8x7b"): ("total", 46_702_792_704),
 }
@@ -106,6 +108,47 @@ def test_gpt3_table_2_1():
   for name, rel in (("small", 0.01), ("large", 0.01), ("6.7b", 0.01), ("175b", 0.01)):
     total = scaling.count_params(configs.get_config("gpt3", name).model)["total"]
     assert abs(total / GPT3_PAPER[name] - 1) < rel
+
+
+# Llama 70B: (layers, d_model, heads, kv heads, FFN, vocab, rope theta, context), the published
+# architectures (Llama 2 paper / the Hugging Face config.json of each checkpoint).
+LLAMA_70B = {"llama2-70b": (80, 8192, 64, 8, 28672, 32000, 10_000.0, 4096),
+             "llama3-70b": (80, 8192, 64, 8, 28672, 128256, 500_000.0, 8192)}
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA_70B))
+def test_llama_70b_architecture_and_train_accepts_it(name):
+  from jaxformer.train import config_checks
+  cfg = configs.get_config("llama", name)
+  m = cfg.model
+  assert (m.num_layers, m.d_model, m.num_heads, m.num_kv_heads, m.mlp_dim, m.vocab_size,
+          m.rope_theta, m.max_len) == LLAMA_70B[name]
+  assert m.window is None and not m.tie_embeddings and m.d_model // m.num_heads == 128
+  assert cfg.data.seq_len == m.max_len
+  assert cfg.train.batch_size * cfg.data.seq_len == 4 * 2**20    # 4M-token batches
+  assert cfg.optim.lr == 1.5e-4                                  # Llama 2 Table 1, 70B
+  assert configs.get_config("llama", "llama2-7b").optim.lr == 3e-4
+  # What `python -m jaxformer.train --config=configs/llama.py:<name>` checks before it writes.
+  settings = config_checks.validate(cfg)
+  assert settings.train.batch_size == cfg.train.batch_size
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA_70B))
+def test_llama_70b_count_is_transformers_count(name):
+  """The same config written as a Hugging Face config (hf.save's mapping) and built by
+  transformers on the meta device (no memory, no download) has exactly our count."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from jaxformer.convert.hf import core
+  cfg = configs.get_config("llama", name)
+  model_cfg = core._config_dict(cfg.model)
+  arch, hc, _ = core.converters()[model_cfg["family"]].to_hf(model_cfg)
+  assert arch == "LlamaForCausalLM"
+  hc = {k: v for k, v in hc.items() if k not in ("architectures", "model_type")}
+  with torch.device("meta"):
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**hc))
+  total = sum(p.numel() for p in model.parameters())
+  assert total == scaling.count_params(cfg.model)["total"] == cfg.reference.params
 
 
 def test_mixtral_active():
