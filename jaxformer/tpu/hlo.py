@@ -25,10 +25,14 @@ What is counted (per device, per execution of the program):
 - `collectives`: per kind and mesh axes, the number of executions and the bytes each device
   moves: all-gather its result (operand x group size), reduce-scatter / all-reduce /
   all-to-all / collective-permute their operand. An async -start/-done pair counts once, an
-  all-reduce in an `all-reduce-scatter` fusion is a reduce-scatter. A group's ids are
-  positions in `mesh.devices.flat` (checked by the tests); its axes are the mesh axes along
-  which its members' coordinates differ, and `dcn` says it spans devices of different
-  `slice_index` (multi-slice traffic over the data-centre network).
+  all-reduce in an `all-reduce-scatter` fusion is a reduce-scatter, and the pieces of one
+  collective spread over several async collective fusions (same channel_id) count once. A
+  group's ids are positions in `mesh.devices.flat` (checked by the tests); its axes are the
+  mesh axes along which its members' coordinates differ.
+- Multi-slice programs (devices with several `slice_index`es) are one SPMD program per
+  slice: replica groups number the devices of one slice (in mesh order) and stay on ICI, and
+  the collectives across slices are host `send`s to the megascale runtime (DCN), recorded
+  with `dcn=True` over the mesh axes along which the slice changes.
 """
 
 from __future__ import annotations
@@ -177,6 +181,8 @@ class _Module:
       kind = _collective_kind(op, computation)
       if kind:
         self._collective(instr, kind, groups, totals)
+      elif op == "send" and "_xla_megascale_transfer_type" in attrs:
+        self._dcn_collective(instr, groups, totals)
       elif not fused and op not in _NO_HBM and not op.endswith(("-done", "-update")):
         totals.hbm += self._hbm_traffic(instr)
       self._descend(instr, fused, groups, totals)
@@ -332,6 +338,19 @@ class _Module:
     record[0] += 1
     record[1] += moved
 
+  def _dcn_collective(self, instr: _Instr, groups: _Groups, totals: _Totals) -> None:
+    """A multi-slice program's collective across slices: a host `send` to the megascale
+    runtime (its `_xla_megascale_transfer_type` says which collective; the matching `recv`
+    is not counted again). It crosses the mesh axes along which the slices change."""
+    kind = re.search(r'_xla_megascale_transfer_type="([A-Z_]+)"', instr.attrs).group(1)
+    kind = kind.lower().replace("_", "-")
+    operands = [n for n in _names(instr.operands) if n in self.instrs]
+    moved = _bytes(self.instrs[operands[0]].shape) if operands else 0
+    record = totals.collectives.setdefault(
+        (kind, groups.slice_axes, True, instr.name, instr.name), [0, 0])
+    record[0] += 1
+    record[1] += moved
+
   # -- FLOPs -------------------------------------------------------------------------------
 
   def _dot_flops(self, instr: _Instr) -> float:
@@ -451,10 +470,17 @@ class _Groups:
   def __init__(self, mesh):
     devices = np.asarray(mesh.devices)
     self.axis_names = tuple(mesh.axis_names)
-    self.n = devices.size
-    self.coords = np.stack(np.unravel_index(np.arange(self.n), devices.shape), axis=-1) \
+    coords = np.stack(np.unravel_index(np.arange(devices.size), devices.shape), axis=-1) \
         if devices.ndim else np.zeros((1, 0), int)
-    self.slices = np.array([getattr(d, "slice_index", 0) or 0 for d in devices.flat])
+    slices = np.array([getattr(d, "slice_index", 0) or 0 for d in devices.flat])
+    # the mesh axes along which the slice changes: what a cross-slice (DCN) collective spans
+    by_slice = slices.reshape(devices.shape) if devices.ndim else slices
+    self.slice_axes = tuple(a for i, a in enumerate(self.axis_names)
+                            if (np.diff(by_slice, axis=i) != 0).any())
+    # A multi-slice program is one SPMD program per slice (the megascale runtime joins them):
+    # its replica groups number the devices of one slice, in mesh order.
+    own = slices == slices[0]
+    self.coords, self.n = coords[own], int(own.sum())
 
   def of(self, instr: _Instr) -> tuple[tuple[str, ...], bool, int]:
     attrs = instr.attrs
@@ -471,10 +497,8 @@ class _Groups:
       return (("?",), False, int(groups.shape[1]) if groups is not None and groups.size else 1)
     coords = self.coords[groups]                             # (groups, size, ndim)
     varies = (coords != coords[:, :1]).any(axis=(0, 1))
-    slices = self.slices[groups]
-    dcn = bool((slices != slices[:, :1]).any())
     axes = tuple(a for a, v in zip(self.axis_names, varies) if v)
-    return axes, dcn, int(groups.shape[1])
+    return axes, False, int(groups.shape[1])
 
   @functools.lru_cache(maxsize=None)
   def _pairs(self, spec: str) -> tuple[tuple[str, ...], bool, int]:
@@ -483,8 +507,7 @@ class _Groups:
     if pairs.size == 0 or pairs.max() >= self.n:
       return (("?",) if pairs.size else (), False, 1)
     varies = (self.coords[pairs[:, 0]] != self.coords[pairs[:, 1]]).any(axis=0)
-    dcn = bool((self.slices[pairs[:, 0]] != self.slices[pairs[:, 1]]).any())
-    return tuple(a for a, v in zip(self.axis_names, varies) if v), dcn, 2
+    return tuple(a for a, v in zip(self.axis_names, varies) if v), False, 2
 
 
 def _replica_groups(attrs: str) -> str:
