@@ -5,7 +5,11 @@ topologies with libtpu, on a CPU machine)."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import pathlib
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -289,3 +293,41 @@ def test_trip_count_is_inferred_from_the_condition_and_the_counter_start():
   assert stats.matmul_flops == 5 * 2 * 8 * 8
   assert stats.collectives["all-reduce over data"] == {
       "kind": "all-reduce", "axes": ("data",), "dcn": False, "count": 5, "bytes": 5 * 32}
+
+
+@needs_libtpu
+def test_permute_all_to_all_and_the_costlier_branch_of_a_cond_on_v4():
+  """On a v4 (megacore: 4 chips, 4 devices): a ring shift and an all-to-all of one (64, 128)
+  f32 block over 'x', then `lax.cond` between a matmul and nothing: the matmul is counted."""
+  mesh = _mesh("v4:2x2x1", (4,), ("x",))
+
+  def block(x, w):
+    x = jax.lax.ppermute(x, "x", [(i, (i + 1) % 4) for i in range(4)])
+    x = jax.lax.all_to_all(x, "x", 0, 0, tiled=True)
+    return jax.lax.cond(x.sum() > 0, lambda: x @ w, lambda: x)
+
+  f = jax.shard_map(block, mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"))
+  x, w = jnp.zeros((256, 128), jnp.float32), jnp.zeros((128, 128), jnp.float32)
+  stats = hlo.analyse(_compile(f, mesh, (P("x"), P()), P("x"), x, w).as_text(), mesh)
+  assert stats.collectives["collective-permute over x"]["bytes"] == 64 * 128 * 4
+  assert stats.collectives["all-to-all over x"]["bytes"] == 64 * 128 * 4
+  assert stats.matmul_flops == 2 * 64 * 128 * 128
+
+
+def test_a_missing_libtpu_names_the_extra(monkeypatch):
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "libtpu" else real(name, *a))
+  with pytest.raises(ValueError, match=r'--topology=v6e:16x16: .*pip install "jaxformer\[tpu\]"'):
+    topology.devices("v6e:16x16")
+
+
+@needs_libtpu
+def test_libtpu_says_nothing_on_a_machine_without_tpus():
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "ALLOW_MULTIPLE_LIBTPU_LOAD")}
+  code = "from jaxformer.tpu import topology; print(len(topology.devices('v5e:2x2')))"
+  done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                        cwd=pathlib.Path(__file__).resolve().parents[1], timeout=120)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout.strip() == "4" and done.stderr == ""
