@@ -331,3 +331,19 @@ def test_libtpu_says_nothing_on_a_machine_without_tpus():
                         cwd=pathlib.Path(__file__).resolve().parents[1], timeout=120)
   assert done.returncode == 0, done.stderr
   assert done.stdout.strip() == "4" and done.stderr == ""
+
+
+@needs_libtpu
+def test_hbm_bytes_read_a_scanned_stack_of_weights_once():
+  """An elementwise op reads and writes its array once; a scan over 16 stacked weights reads
+  each layer's slice once per iteration (not the whole stack 16 times)."""
+  mesh = _mesh("v5e:1x1", (1,), ("x",))
+  x = jnp.zeros((4096, 4096), jnp.float32)
+  stats = hlo.analyse(_compile(lambda x: x * 2 + 1, mesh, (P(),), P(), x).as_text(), mesh)
+  assert stats.hbm_bytes == 2 * x.size * 4
+  w, h = jnp.zeros((16, 1024, 1024), jnp.bfloat16), jnp.zeros((8, 1024), jnp.bfloat16)
+  scan = lambda w, h: jax.lax.scan(lambda h, wi: (h @ wi, None), h, w)[0]
+  stats = hlo.analyse(_compile(scan, mesh, (P(), P()), P(), w, h).as_text(), mesh)
+  assert stats.loops == [("while", 16)] or [t for _, t in stats.loops] == [16]
+  assert w.size * 2 <= stats.hbm_bytes < 1.01 * w.size * 2
+  assert stats.matmul_flops == 16 * 2 * 8 * 1024 * 1024
