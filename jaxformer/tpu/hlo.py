@@ -159,6 +159,8 @@ class _Module:
     if self.entry is None:
       raise ValueError("no ENTRY computation in the HLO text (is it compiled.as_text()?)")
     self._memo: dict = {}
+    self._users_memo: dict = {}
+    self._read_memo: dict = {}
 
   def stats(self, computation: str, fused: bool, groups: _Groups) -> _Totals:
     key = (computation, fused)
@@ -174,10 +176,11 @@ class _Module:
       if not fused and "estimated_cycles" in attrs:
         cycles = _CYCLES.search(attrs)
         totals.cycles += int(cycles.group(1)) if cycles else 0
-      if op == "dot":
-        totals.flops += self._dot_flops(instr)
-      elif op == "convolution":
-        totals.flops += self._conv_flops(instr)
+      if op in ("dot", "convolution"):
+        try:
+          totals.flops += self._dot_flops(instr) if op == "dot" else self._conv_flops(instr)
+        except (ValueError, IndexError, KeyError):   # a form not understood: counts 0
+          pass
       kind = _collective_kind(op, computation)
       if kind:
         self._collective(instr, kind, groups, totals)
@@ -254,21 +257,27 @@ class _Module:
   def _root(self, computation: str) -> _Instr | None:
     return next((i for i in self.computations.get(computation, ()) if i.root), None)
 
-  @functools.lru_cache(maxsize=None)
   def _users(self, computation: str) -> tuple[dict, dict]:
+    if computation in self._users_memo:
+      return self._users_memo[computation]
     params, users = {}, {}
     for i in self.computations.get(computation, ()):
       if i.op == "parameter":
         params[int(i.operands)] = i.name
       for n in _names(i.operands):
         users.setdefault(n, []).append(i)
+    self._users_memo[computation] = params, users
     return params, users
 
-  @functools.lru_cache(maxsize=None)
   def _param_read(self, computation: str, index: int) -> float | None:
     """Bytes a fused computation reads of its parameter `index` when it only slices it
     (dynamic-slice, slice, gather) or updates it in place (dynamic-update-slice), through
     bitcasts and nested fusions; None when it reads it some other way (all of it)."""
+    if (computation, index) not in self._read_memo:
+      self._read_memo[computation, index] = self._param_read_uncached(computation, index)
+    return self._read_memo[computation, index]
+
+  def _param_read_uncached(self, computation: str, index: int) -> float | None:
     params, users = self._users(computation)
     if index not in params:
       return None
@@ -481,16 +490,21 @@ class _Groups:
     # its replica groups number the devices of one slice, in mesh order.
     own = slices == slices[0]
     self.coords, self.n = coords[own], int(own.sum())
+    self._memo: dict = {}
 
   def of(self, instr: _Instr) -> tuple[tuple[str, ...], bool, int]:
     attrs = instr.attrs
     if "source_target_pairs=" in attrs:
       pairs = re.search(r"source_target_pairs=(\{[\d,{}]*\})", attrs)
-      return self._pairs(pairs.group(1) if pairs else "{}")
+      spec = "pairs" + (pairs.group(1) if pairs else "{}")
+      if spec not in self._memo:
+        self._memo[spec] = self._pairs(spec[len("pairs"):])
+      return self._memo[spec]
     spec = _replica_groups(attrs)
-    return self._groups(spec)
+    if spec not in self._memo:
+      self._memo[spec] = self._groups(spec)
+    return self._memo[spec]
 
-  @functools.lru_cache(maxsize=None)
   def _groups(self, spec: str) -> tuple[tuple[str, ...], bool, int]:
     groups = _materialize(spec, self.n)
     if groups is None or groups.size == 0 or groups.max() >= self.n:
@@ -500,7 +514,6 @@ class _Groups:
     axes = tuple(a for a, v in zip(self.axis_names, varies) if v)
     return axes, False, int(groups.shape[1])
 
-  @functools.lru_cache(maxsize=None)
   def _pairs(self, spec: str) -> tuple[tuple[str, ...], bool, int]:
     pairs = np.array([[int(a), int(b)] for a, b in re.findall(r"\{(\d+),(\d+)\}", spec)],
                      dtype=int).reshape(-1, 2)
