@@ -17,7 +17,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "jaxformer"
 LAYERS = (
     ("run_files", "run_settings", "paths", "jsonfile", "optional"),   # no jaxformer imports
     ("console",),                             # what reaches the terminal
-    ("compilation",),                         # the compilation cache and compiler options
+    ("compilation", "tpu"),                   # the compilation cache and compiler options;
+                                              # compile-only TPU devices, chip figures, HLO stats
     ("cli",),                                 # the one error policy of the command lines
     ("ops",),                                 # pure functions
     ("parallel",),                            # meshes, logical axis rules, sharding plans
