@@ -44,6 +44,9 @@ _NN = ((1,), (0,))      # a @ b
 _NT = ((1,), (1,))      # a @ b.T
 _TN = ((0,), (0,))      # a.T @ b
 _MIN_BLOCK = {"gpu": 16, "tpu": 128, "cpu": 1}   # tl.dot needs >= 16; Mosaic lanes are 128
+_TPU_DTYPES = (jnp.float32, jnp.bfloat16)        # Mosaic refuses float16 loads (v5e: "Invalid
+                                                 # vector type for load")
+_CONFIG_FIELD = "model.attention_block_sizes"    # where a config sets (block_q, block_k)
 
 
 def default_block_sizes(head_dim: int, backend: str | None = None) -> tuple[int, int]:
@@ -59,6 +62,26 @@ def default_block_sizes(head_dim: int, backend: str | None = None) -> tuple[int,
   return 128, 128
 
 
+def target_platform(*arrays) -> str:
+  """The platform ("cpu" | "gpu" | "tpu" | other) the program being traced is compiled for.
+
+  That is the devices' platform, not `jax.default_backend()`: planning a TPU job on a CPU host
+  traces for compile-only TPU devices while the default backend stays CPU. Read, in order,
+  from the mesh in context (`jax.set_mesh`, e.g. `ShardingPlan.scope`, and its manual form
+  inside `shard_map`), then from the mesh of the arrays' shardings (what `jit` in_shardings
+  give its tracers), then the default backend (no mesh anywhere: eager or a plain jit).
+  """
+  meshes = [jax.sharding.get_abstract_mesh()]
+  for x in arrays:
+    sharding = getattr(getattr(x, "aval", None), "sharding", None)
+    meshes.append(getattr(sharding, "mesh", None))
+  for mesh in meshes:
+    device = getattr(mesh, "abstract_device", None)     # None for an empty mesh
+    if device is not None and getattr(device, "platform", None):
+      return device.platform
+  return jax.default_backend()
+
+
 def pallas_attention(q, k, v, *, bias=None, mask=None, q_segment_ids=None,
                      kv_segment_ids=None, causal: bool = False, window=None, scale: float,
                      block_q: int | None = None, block_k: int | None = None,
@@ -68,10 +91,12 @@ def pallas_attention(q, k, v, *, bias=None, mask=None, q_segment_ids=None,
   q [B, Tq, H, D]; k, v [B, Tk, Hkv, D]; bias/mask 4-D broadcastable to [B, H, Tq, Tk] or None;
   segment ids [B, Tq] / [B, Tk] or None; window a (left, right) tuple or None.
   block_q/block_k: powers of two (default `default_block_sizes`, shrunk for short inputs);
-  interpret: run the kernels in the Pallas interpreter (default: when the backend is CPU).
-  backend: the platform to build the kernels for, "gpu" | "tpu" | "cpu" (default: jax's). A
+  interpret: run the kernels in the Pallas interpreter (default: unless the backend is GPU/TPU).
+  backend: the platform to build the kernels for, "gpu" | "tpu" | "cpu" (default:
+    `target_platform`, the platform of the mesh's devices, else jax's default backend). A
     GPU/TPU backend on another host lowers ahead of time, e.g. with
-    `jax.jit(f).trace(...).lower(lowering_platforms=("tpu",))` (tests check both lowerings).
+    `jax.jit(f).trace(...).lower(lowering_platforms=("tpu",))`, or under a mesh of
+    compile-only TPU devices (`jax.experimental.topologies`) with no argument at all.
   Returns [B, Tq, H, D] in q's dtype.
   """
   cfg = _make_config(q, k, causal, window, scale, block_q, block_k, interpret, backend)
@@ -80,6 +105,8 @@ def pallas_attention(q, k, v, *, bias=None, mask=None, q_segment_ids=None,
   qp = _to_kernel_layout(q, cfg.padded_tq, d_pad)
   kp, vp = (_to_kernel_layout(x, cfg.padded_tk, d_pad) for x in (k, v))
   pair_shape = (cfg.padded_tq, cfg.padded_tk)
+  if bias is not None and cfg.backend == "tpu" and bias.dtype not in _TPU_DTYPES:
+    bias = bias.astype(jnp.float32)              # (a float16 bias; its gradient casts back)
   bias = None if bias is None else _pad_pair(bias, (tq, cfg.tk), pair_shape)
   mask = None if mask is None else _pad_pair(mask.astype(jnp.int8), (tq, cfg.tk), pair_shape)
   q_ids = kv_ids = None
@@ -133,11 +160,13 @@ def _fit_block(name: str, block: int | None, default: int, length: int, backend:
   minimum = _MIN_BLOCK.get(backend, 1)
   if block is None:
     return max(minimum, min(default, pl.next_power_of_2(length)))
+  which = f"{name} ({_CONFIG_FIELD}[{0 if name == 'block_q' else 1}] in a config)"
   if not _is_pow2(block):
-    raise ValueError(f"{name}={block!r} must be a power of two (e.g. 64 or 128)")
+    raise ValueError(f"{name}={block!r} must be a power of two (e.g. 64 or 128); {which}")
   if block < minimum:
     raise ValueError(f"{name}={block} is below {minimum}, the smallest block the {backend} "
-                     f"Pallas backend supports; pass {name}>={minimum} or leave it None")
+                     f"Pallas backend supports; pass {name}>={minimum} or leave it None "
+                     f"(the default); {which}")
   return block
 
 
@@ -149,12 +178,16 @@ def _make_config(q, k, causal, window, scale, block_q, block_k, interpret, backe
   if backend is not None and backend not in _MIN_BLOCK:
     raise ValueError(f"backend={backend!r} must be one of {sorted(_MIN_BLOCK)} or None "
                      "(jax's default backend)")
-  backend = backend or jax.default_backend()
+  backend = backend or target_platform(q, k)
   interpret = backend not in ("gpu", "tpu") if interpret is None else interpret
   if backend not in ("gpu", "tpu") and not interpret:
     raise ValueError(f"interpret=False needs a GPU or TPU backend (this one is {backend!r}); "
                      "pass interpret=None or True, or backend='gpu'/'tpu' to lower for one")
   kind = "cpu" if interpret else backend
+  if kind == "tpu" and q.dtype not in _TPU_DTYPES:
+    raise ValueError(f"impl='pallas' on TPU (Mosaic) takes float32 or bfloat16 q/k/v; got "
+                     f"{q.dtype}. Use bfloat16 (model.dtype='bfloat16' in a config), or "
+                     "impl='blocked'/'xla'")
   head_dim = q.shape[-1]
   default_q, default_k = default_block_sizes(head_dim, kind)
   return _Config(
