@@ -206,3 +206,18 @@ def test_realistic_shapes_compile_forward_and_backward(b, t, h, hkv, d, dtype, k
 def test_shapes_mosaic_cannot_take_are_refused_before_compiling(dtype, kw, match):
   with pytest.raises(ValueError, match=match):
     compile_attention_grad(1, 256, 2, 2, 64, dtype, **kw)
+
+
+@pytest.mark.slow
+def test_long_gqa_sequence_gets_a_raised_vmem_limit_and_compiles():
+  """bf16, head_dim 128, 4 query heads per kv head at T=8192: dk/dv holds ~97 MiB of blocks,
+  above Mosaic's default scoped VMEM limit, so the kernel asks for more (v5e has 128 MiB)."""
+  text = compile_attention_grad(1, 8192, 8, 2, 128, jnp.bfloat16, causal=True)
+  assert len(kernels(text)) == 3
+
+
+def test_blocks_beyond_the_chips_vmem_are_refused_before_compiling():
+  """The same at T=16384 needs ~193 MiB (Mosaic itself reports 192 MiB used when forced)."""
+  with pytest.raises(ValueError, match=r"on TPU v5 lite: the dk/dv kernel needs about 193 MiB "
+                                       r"of VMEM \(128 MiB per core\).*model.max_len"):
+    compile_attention_grad(1, 16384, 8, 2, 128, jnp.bfloat16, causal=True)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -71,6 +72,13 @@ def target_platform(*arrays) -> str:
   inside `shard_map`), then from the mesh of the arrays' shardings (what `jit` in_shardings
   give its tracers), then the default backend (no mesh anywhere: eager or a plain jit).
   """
+  device = _target_device(*arrays)
+  return device.platform if device is not None else jax.default_backend()
+
+
+def _target_device(*arrays):
+  """The `jax.sharding.AbstractDevice` (platform, device_kind, num_cores) of the mesh in
+  context or of the arrays' shardings, or None (see `target_platform`)."""
   meshes = [jax.sharding.get_abstract_mesh()]
   for x in arrays:
     sharding = getattr(getattr(x, "aval", None), "sharding", None)
@@ -78,8 +86,23 @@ def target_platform(*arrays) -> str:
   for mesh in meshes:
     device = getattr(mesh, "abstract_device", None)     # None for an empty mesh
     if device is not None and getattr(device, "platform", None):
-      return device.platform
-  return jax.default_backend()
+      return device
+  return None
+
+
+def _tpu_vmem_capacity(device_kind: str | None) -> int | None:
+  """VMEM bytes per TensorCore of a TPU kind ("TPU v5 lite"), None if unknown (Pallas's own
+  chip table; the kind -> version map is private, so read defensively)."""
+  if device_kind is None:
+    return None
+  try:
+    from jax._src.pallas.mosaic import tpu_info
+    from jax.experimental.pallas import tpu as pltpu
+    version = tpu_info.chip_version_from_device_kind(device_kind)
+    return None if version is None else pltpu.get_tpu_info_for_chip(
+        version, 1).vmem_capacity_bytes
+  except Exception:       # noqa: BLE001 (another JAX: no capacity, Mosaic's default limit)
+    return None
 
 
 def pallas_attention(q, k, v, *, bias=None, mask=None, q_segment_ids=None,
@@ -133,6 +156,8 @@ class _Config:
   interpret: bool
   backend: str
   head_dim: int
+  device_kind: str | None = None        # the TPU's kind, when known (VMEM sizing)
+  vmem_capacity: int | None = None      # its VMEM bytes per core, when known
 
   @property
   def padded_tq(self) -> int:
@@ -190,21 +215,74 @@ def _make_config(q, k, causal, window, scale, block_q, block_k, interpret, backe
                      "impl='blocked'/'xla'")
   head_dim = q.shape[-1]
   default_q, default_k = default_block_sizes(head_dim, kind)
+  device = _target_device(q, k)
+  device_kind = getattr(device, "device_kind", None) if kind == "tpu" else None
   return _Config(
+      device_kind=device_kind, vmem_capacity=_tpu_vmem_capacity(device_kind),
       causal=causal, window=masks.normalize_window(window), scale=float(scale),
       block_q=_fit_block("block_q", block_q, default_q, q.shape[1], kind),
       block_k=_fit_block("block_k", block_k, default_k, k.shape[1], kind),
       tq=q.shape[1], tk=k.shape[1], interpret=interpret, backend=kind, head_dim=head_dim)
 
 
-def _compiler_params(cfg: _Config, num_dims: int = 3):
+def _compiler_params(cfg: _Config, kernel: str, blocks, num_dims: int = 3):
+  """Backend compiler parameters; `blocks` are the kernel's (BlockSpec, array) pairs (in and
+  out), from which TPU sizes its VMEM (see `_tpu_vmem_limit`)."""
   if cfg.backend == "gpu":
     from jax.experimental.pallas import triton as pltriton
     return pltriton.CompilerParams(num_warps=4 if cfg.head_dim <= 64 else 8, num_stages=2)
   if cfg.backend == "tpu":
     from jax.experimental.pallas import tpu as pltpu
-    return pltpu.CompilerParams(dimension_semantics=("parallel",) * num_dims)
+    return pltpu.CompilerParams(dimension_semantics=("parallel",) * num_dims,
+                                vmem_limit_bytes=_tpu_vmem_limit(cfg, kernel, blocks))
   return None
+
+
+# Mosaic's default scoped VMEM limit is 16 MiB (v4/v5e/v5p; v6e has 32); a kernel whose blocks
+# need more asks for what they need (+25%), up to the core's VMEM.
+_DEFAULT_SCOPED_VMEM = 16 * 2**20
+
+
+def _vmem_block_bytes(spec, x) -> int:
+  """VMEM bytes of one buffer of x's BlockSpec block: the last two dims padded to Mosaic's
+  tiles (8 sublanes of 32-bit, 16 of 16-bit, 32 of 8-bit; 128 lanes)."""
+  if spec is None or x is None:
+    return 0
+  shape = [b if isinstance(b, int) else 1 for b in spec.block_shape]   # None: squeezed
+  itemsize = jnp.dtype(x.dtype).itemsize
+  rows, cols = shape[-2], shape[-1]
+  sublanes = 8 * max(1, 4 // itemsize)
+  return (math.prod(shape[:-2]) * -(-rows // sublanes) * sublanes * -(-cols // 128) * 128
+          * itemsize)
+
+
+def _tpu_vmem_limit(cfg: _Config, kernel: str, blocks) -> int | None:
+  """The kernel's vmem_limit_bytes: None (Mosaic's default) when its double-buffered blocks
+  and float32 tiles fit the default limit, else enough for them (capped at the core's VMEM).
+  A ValueError before compiling when they exceed the core's VMEM: K/V (and, in dk/dv, the
+  rows of a kv head's query heads) are whole-sequence blocks (see NOTES.md).
+
+  Checked on compile-only v5e (128 MiB): bf16, head_dim 128, 4 query heads per kv head
+  compiles at T=8192 (dk/dv ~97 MiB) and Mosaic reports 192 MiB used at T=16384 (refused
+  here: ~193 MiB); MHA compiles at T=32768."""
+  if cfg.vmem_capacity is None:
+    return None
+  buffers = sum(_vmem_block_bytes(spec, x) for spec, x in blocks)
+  d = -(-cfg.head_dim // 128) * 128
+  tiles = 4 * (6 * cfg.block_q * cfg.block_k + 3 * max(cfg.block_q, cfg.block_k) * d)
+  need = 2 * buffers + tiles
+  if need <= _DEFAULT_SCOPED_VMEM:
+    return None
+  mib = lambda n: f"{n / 2**20:.0f} MiB"
+  if need > cfg.vmem_capacity:
+    raise ValueError(
+        f"impl='pallas' on {cfg.device_kind}: the {kernel} kernel needs about "
+        f"{mib(need)} of VMEM ({mib(cfg.vmem_capacity)} per core) for Tq={cfg.tq}, "
+        f"Tk={cfg.tk}, head_dim={cfg.head_dim} per device: it keeps a head's whole K/V, and "
+        "for dk/dv the whole rows of the query heads sharing a kv head, on chip. Use a "
+        "shorter sequence (model.max_len), fewer query heads per kv head (model.num_kv_heads), "
+        "or impl='blocked'")
+  return int(min(cfg.vmem_capacity, need * 1.25 + 2**20))
 
 
 # ------------------------------------------------------------------------------ loop bounds
@@ -475,16 +553,20 @@ def _query_block_specs(q, k, q_ids, kv_ids, bias, mask, cfg: _Config):
 def _forward(q, k, v, bias, mask, q_ids, kv_ids, cfg: _Config):
   b, h, tq_pad, _ = q.shape
   specs = _query_block_specs(q, k, q_ids, kv_ids, bias, mask, cfg)
+  inputs = (q, k, v, q_ids, kv_ids, bias, mask)
+  out_specs = [specs["row"], specs["stat"]]
+  out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype),
+               jax.ShapeDtypeStruct((b, h, tq_pad, 1), jnp.float32)]
+  blocks = list(zip(specs["inputs"] + out_specs, inputs + tuple(out_shape)))
   out, lse = pl.pallas_call(
       functools.partial(_forward_kernel, cfg=cfg),
       grid=(b, h, tq_pad // cfg.block_q),
       in_specs=specs["inputs"],
-      out_specs=[specs["row"], specs["stat"]],
-      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                 jax.ShapeDtypeStruct((b, h, tq_pad, 1), jnp.float32)],
-      compiler_params=_compiler_params(cfg), interpret=cfg.interpret,
+      out_specs=out_specs,
+      out_shape=out_shape,
+      compiler_params=_compiler_params(cfg, "forward", blocks), interpret=cfg.interpret,
       name="jaxformer_flash_forward",
-  )(q, k, v, q_ids, kv_ids, bias, mask)
+  )(*inputs)
   return out, lse
 
 
@@ -498,15 +580,18 @@ def _dq(q, k, v, bias, mask, q_ids, kv_ids, do, lse, delta, cfg: _Config):
     out_shape.append(jax.ShapeDtypeStruct((b, h, tq_pad, k.shape[2]), jnp.float32))
     out_specs.append(pl.BlockSpec((None, None, cfg.block_q, k.shape[2]),
                                   lambda b, h, i: (b, h, i, 0)))
+  in_specs = specs["inputs"] + [specs["row"], specs["stat"], specs["stat"]]
+  inputs = (q, k, v, q_ids, kv_ids, bias, mask, do, lse, delta)
+  blocks = list(zip(in_specs + out_specs, inputs + tuple(out_shape)))
   outs = pl.pallas_call(
       functools.partial(_dq_kernel, cfg=cfg) if bias is not None else
       functools.partial(_dq_kernel_without_ds, cfg=cfg),
       grid=(b, h, tq_pad // cfg.block_q),
-      in_specs=specs["inputs"] + [specs["row"], specs["stat"], specs["stat"]],
+      in_specs=in_specs,
       out_specs=out_specs, out_shape=out_shape,
-      compiler_params=_compiler_params(cfg), interpret=cfg.interpret,
+      compiler_params=_compiler_params(cfg, "dq", blocks), interpret=cfg.interpret,
       name="jaxformer_flash_dq",
-  )(q, k, v, q_ids, kv_ids, bias, mask, do, lse, delta)
+  )(*inputs)
   return outs[0], (outs[1] if bias is not None else None)
 
 
@@ -546,14 +631,17 @@ def _dkdv(q, k, v, bias, mask, q_ids, kv_ids, do, lse, delta, cfg: _Config):
       grouped, grouped_stat, grouped_stat]
   kernel = functools.partial(_dkdv_kernel, cfg=cfg, groups=groups, bias_grouped=bias_grouped,
                              mask_grouped=mask_grouped)
+  inputs = (_grouped_rows(q, hkv), k, v, q_ids, kv_ids, bias, mask, _grouped_rows(do, hkv),
+            _grouped_rows(lse, hkv), _grouped_rows(delta, hkv))
+  out_specs = [per_key_block, per_key_block]
+  out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+  blocks = list(zip(in_specs + out_specs, inputs + tuple(out_shape)))
   return pl.pallas_call(
       kernel, grid=(b, hkv, tk_pad // bk), in_specs=in_specs,
-      out_specs=[per_key_block, per_key_block],
-      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      compiler_params=_compiler_params(cfg), interpret=cfg.interpret,
+      out_specs=out_specs, out_shape=out_shape,
+      compiler_params=_compiler_params(cfg, "dk/dv", blocks), interpret=cfg.interpret,
       name="jaxformer_flash_dkdv",
-  )(_grouped_rows(q, hkv), k, v, q_ids, kv_ids, bias, mask, _grouped_rows(do, hkv),
-    _grouped_rows(lse, hkv), _grouped_rows(delta, hkv))
+  )(*inputs)
 
 
 # ---------------------------------------------------------------------------- custom_vjp
