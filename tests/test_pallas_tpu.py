@@ -154,6 +154,20 @@ def test_gpt_train_step_compiles_mosaic_forward_and_backward_per_shard(plan):
       assert operands.group(2) == f"{b},{h},{T},{HEAD_DIM}", line[:200]
 
 
+def test_a_batch_no_mesh_axis_divides_still_runs_per_device():
+  """One sequence (sampling) on a 4-way data-parallel mesh: nothing splits, every device runs
+  the whole attention, still inside shard_map (outside it Mosaic would not compile)."""
+  plan = ShardingPlan.from_config(dict(data=4, model=1, expert=1), tpu_devices("v5e:2x2"))
+  module, _, init = state_lib.train_state_fns(gpt_config())
+  params = plan.restore_target(jax.eval_shape(init))["params"]
+  tokens = jax.ShapeDtypeStruct((1, T), jnp.int32, sharding=plan.replicated)
+  forward = plan.jit(lambda p, x: module.apply({"params": p}, x),
+                     in_shardings=(jax.tree.map(lambda x: x.sharding, params), plan.replicated),
+                     out_shardings=plan.replicated)
+  _shapes_match(forward.lower(params, tokens).compile().as_text(), {"jaxformer_flash_forward"},
+                1, HEADS)
+
+
 def test_without_shard_map_the_mosaic_kernel_cannot_be_partitioned():
   """Why `per_device_attention` wraps the kernel: jit's automatic partitioning of a Mosaic
   call over a multi-chip mesh is refused when it is lowered."""
