@@ -25,6 +25,13 @@ suit Mosaic's 2-D layouts. A query row with no visible key returns zeros and zer
 
 Cost notes: K/V of one head are a single BlockSpec block (the loop slices it), and a bias or
 mask is materialised at [.., Tq, Tk]; the dbias cotangent is [B, H, Tq, Tk] float32.
+
+Backends: interpreted where the program's devices are CPUs, Triton on GPU, Mosaic on TPU; the
+platform is that of the mesh the program is traced for (`target_platform`), so planning a TPU
+job on a CPU host with compile-only TPU devices builds the Mosaic kernels. On TPU: float32 or
+bfloat16 only, blocks >= 128 (lane width), and every kernel's VMEM is sized from its blocks
+(`_tpu_vmem_limit`): the whole-sequence K/V (and dk/dv's query rows) blocks bound the sequence
+length, refused with a ValueError before compiling.
 """
 
 from __future__ import annotations
@@ -51,13 +58,14 @@ _CONFIG_FIELD = "model.attention_block_sizes"    # where a config sets (block_q,
 
 
 def default_block_sizes(head_dim: int, backend: str | None = None) -> tuple[int, int]:
-  """(block_q, block_k) for a backend ("gpu" | "tpu" | "cpu", default: jax's) and head dim.
+  """(block_q, block_k) for a backend ("gpu" | "tpu" | "cpu", default: `target_platform()`)
+  and head dim.
 
   GPU: tiles that fit a Triton program's registers/shared memory (smaller for large heads);
   TPU: 128-lane aligned; CPU (interpret mode): large blocks, since every grid step and loop
   iteration is interpreted.
   """
-  backend = backend or jax.default_backend()
+  backend = backend or target_platform()
   if backend == "gpu":
     return (128, 64) if head_dim <= 64 else (64, 64) if head_dim <= 128 else (32, 32)
   return 128, 128
@@ -202,7 +210,7 @@ def _make_config(q, k, causal, window, scale, block_q, block_k, interpret, backe
     raise ValueError(f"interpret must be a bool or None; got {interpret!r}")
   if backend is not None and backend not in _MIN_BLOCK:
     raise ValueError(f"backend={backend!r} must be one of {sorted(_MIN_BLOCK)} or None "
-                     "(jax's default backend)")
+                     "(the platform of the mesh's devices, else jax's default backend)")
   backend = backend or target_platform(q, k)
   interpret = backend not in ("gpu", "tpu") if interpret is None else interpret
   if backend not in ("gpu", "tpu") and not interpret:
