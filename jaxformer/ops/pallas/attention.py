@@ -233,17 +233,30 @@ def _make_config(q, k, causal, window, scale, block_q, block_k, interpret, backe
       tq=q.shape[1], tk=k.shape[1], interpret=interpret, backend=kind, head_dim=head_dim)
 
 
-def _compiler_params(cfg: _Config, kernel: str, blocks, num_dims: int = 3):
-  """Backend compiler parameters; `blocks` are the kernel's (BlockSpec, array) pairs (in and
-  out), from which TPU sizes its VMEM (see `_tpu_vmem_limit`)."""
+def _kernel_params(cfg: _Config, kernel: str, in_specs, inputs, out_specs, out_shape,
+                   resident: tuple[int, ...]):
+  """(in_specs, compiler_params) of a pallas_call for the config's backend.
+
+  TPU: VMEM is sized from the kernel's blocks (`_tpu_vmem_limit`). `resident` are the inputs
+  whose block is the same for every step of the last grid axis (whole-sequence K/V; dk/dv's
+  query rows): when double buffering every block would not fit the core's VMEM, those are
+  single-buffered (`pl.Buffered(1)`: their DMA, once per (batch, head), is not overlapped).
+  """
   if cfg.backend == "gpu":
     from jax.experimental.pallas import triton as pltriton
-    return pltriton.CompilerParams(num_warps=4 if cfg.head_dim <= 64 else 8, num_stages=2)
-  if cfg.backend == "tpu":
-    from jax.experimental.pallas import tpu as pltpu
-    return pltpu.CompilerParams(dimension_semantics=("parallel",) * num_dims,
-                                vmem_limit_bytes=_tpu_vmem_limit(cfg, kernel, blocks))
-  return None
+    return in_specs, pltriton.CompilerParams(num_warps=4 if cfg.head_dim <= 64 else 8,
+                                             num_stages=2)
+  if cfg.backend != "tpu":
+    return in_specs, None
+  from jax.experimental.pallas import tpu as pltpu
+  limit, single = _tpu_vmem_limit(cfg, kernel, list(zip(in_specs, inputs)),
+                                  list(zip(out_specs, out_shape)), resident)
+  if single:
+    in_specs = [pl.BlockSpec(spec.block_shape, spec.index_map, pipeline_mode=pl.Buffered(1))
+                if i in resident and spec is not None else spec
+                for i, spec in enumerate(in_specs)]
+  return in_specs, pltpu.CompilerParams(dimension_semantics=("parallel",) * 3,
+                                        vmem_limit_bytes=limit)
 
 
 # Mosaic's default scoped VMEM limit is 16 MiB (v4/v5e/v5p; v6e has 32); a kernel whose blocks
@@ -264,25 +277,31 @@ def _vmem_block_bytes(spec, x) -> int:
           * itemsize)
 
 
-def _tpu_vmem_limit(cfg: _Config, kernel: str, blocks) -> int | None:
-  """The kernel's vmem_limit_bytes: None (Mosaic's default) when its double-buffered blocks
-  and float32 tiles fit the default limit, else enough for them (capped at the core's VMEM).
-  A ValueError before compiling when they exceed the core's VMEM: K/V (and, in dk/dv, the
-  rows of a kv head's query heads) are whole-sequence blocks (see NOTES.md).
+def _tpu_vmem_limit(cfg: _Config, kernel: str, inputs, outputs, resident
+                    ) -> tuple[int | None, bool]:
+  """(vmem_limit_bytes, single-buffer the resident inputs) of a kernel whose inputs/outputs
+  are (BlockSpec, array) pairs. None (Mosaic's default limit) when its double-buffered blocks
+  and float32 tiles fit the default, else what they need (+25%, capped at the core's VMEM);
+  past the core's VMEM the resident inputs are single-buffered, and past it even so a
+  ValueError before compiling: the whole-sequence blocks bound the sequence length.
 
-  Checked on compile-only v5e (128 MiB): bf16, head_dim 128, 4 query heads per kv head
-  compiles at T=8192 (dk/dv ~97 MiB) and Mosaic reports 192 MiB used at T=16384 (refused
-  here: ~193 MiB); MHA compiles at T=32768."""
+  Checked on compile-only v5e (128 MiB per core), bf16, head_dim 128, 4 query heads per kv
+  head (dk/dv is the largest kernel): double-buffered, T=8192 needs ~97 MiB and compiles,
+  T=12288 ~145 MiB and Mosaic, when forced, reports 144 MiB used (over); single-buffered
+  T=16384 compiles (~97 MiB) and T=32768 (~193 MiB) is refused."""
   if cfg.vmem_capacity is None:
-    return None
-  buffers = sum(_vmem_block_bytes(spec, x) for spec, x in blocks)
+    return None, False
+  sizes = [_vmem_block_bytes(spec, x) for spec, x in inputs + outputs]
   d = -(-cfg.head_dim // 128) * 128
   tiles = 4 * (6 * cfg.block_q * cfg.block_k + 3 * max(cfg.block_q, cfg.block_k) * d)
-  need = 2 * buffers + tiles
+  need = 2 * sum(sizes) + tiles
   if need <= _DEFAULT_SCOPED_VMEM:
-    return None
-  mib = lambda n: f"{n / 2**20:.0f} MiB"
+    return None, False
+  single = need > cfg.vmem_capacity
+  if single:
+    need -= sum(sizes[i] for i in resident)
   if need > cfg.vmem_capacity:
+    mib = lambda n: f"{n / 2**20:.0f} MiB"
     raise ValueError(
         f"impl='pallas' on {cfg.device_kind}: the {kernel} kernel needs about "
         f"{mib(need)} of VMEM ({mib(cfg.vmem_capacity)} per core) for Tq={cfg.tq}, "
@@ -290,7 +309,7 @@ def _tpu_vmem_limit(cfg: _Config, kernel: str, blocks) -> int | None:
         "for dk/dv the whole rows of the query heads sharing a kv head, on chip. Use a "
         "shorter sequence (model.max_len), fewer query heads per kv head (model.num_kv_heads), "
         "or impl='blocked'")
-  return int(min(cfg.vmem_capacity, need * 1.25 + 2**20))
+  return int(min(cfg.vmem_capacity, need * 1.25 + 2**20)), single
 
 
 # ------------------------------------------------------------------------------ loop bounds
@@ -558,6 +577,9 @@ def _query_block_specs(q, k, q_ids, kv_ids, bias, mask, cfg: _Config):
               _pair_spec(mask, bq, tk_pad, lambda i: (i, 0))])
 
 
+_KV_RESIDENT = (1, 2, 4)    # k, v, kv ids: the same for every query block of a head
+
+
 def _forward(q, k, v, bias, mask, q_ids, kv_ids, cfg: _Config):
   b, h, tq_pad, _ = q.shape
   specs = _query_block_specs(q, k, q_ids, kv_ids, bias, mask, cfg)
@@ -565,14 +587,15 @@ def _forward(q, k, v, bias, mask, q_ids, kv_ids, cfg: _Config):
   out_specs = [specs["row"], specs["stat"]]
   out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype),
                jax.ShapeDtypeStruct((b, h, tq_pad, 1), jnp.float32)]
-  blocks = list(zip(specs["inputs"] + out_specs, inputs + tuple(out_shape)))
+  in_specs, params = _kernel_params(cfg, "forward", specs["inputs"], inputs, out_specs,
+                                    out_shape, resident=_KV_RESIDENT)
   out, lse = pl.pallas_call(
       functools.partial(_forward_kernel, cfg=cfg),
       grid=(b, h, tq_pad // cfg.block_q),
-      in_specs=specs["inputs"],
+      in_specs=in_specs,
       out_specs=out_specs,
       out_shape=out_shape,
-      compiler_params=_compiler_params(cfg, "forward", blocks), interpret=cfg.interpret,
+      compiler_params=params, interpret=cfg.interpret,
       name="jaxformer_flash_forward",
   )(*inputs)
   return out, lse
@@ -590,14 +613,15 @@ def _dq(q, k, v, bias, mask, q_ids, kv_ids, do, lse, delta, cfg: _Config):
                                   lambda b, h, i: (b, h, i, 0)))
   in_specs = specs["inputs"] + [specs["row"], specs["stat"], specs["stat"]]
   inputs = (q, k, v, q_ids, kv_ids, bias, mask, do, lse, delta)
-  blocks = list(zip(in_specs + out_specs, inputs + tuple(out_shape)))
+  in_specs, params = _kernel_params(cfg, "dq", in_specs, inputs, out_specs, out_shape,
+                                    resident=_KV_RESIDENT)
   outs = pl.pallas_call(
       functools.partial(_dq_kernel, cfg=cfg) if bias is not None else
       functools.partial(_dq_kernel_without_ds, cfg=cfg),
       grid=(b, h, tq_pad // cfg.block_q),
       in_specs=in_specs,
       out_specs=out_specs, out_shape=out_shape,
-      compiler_params=_compiler_params(cfg, "dq", blocks), interpret=cfg.interpret,
+      compiler_params=params, interpret=cfg.interpret,
       name="jaxformer_flash_dq",
   )(*inputs)
   return outs[0], (outs[1] if bias is not None else None)
@@ -643,11 +667,13 @@ def _dkdv(q, k, v, bias, mask, q_ids, kv_ids, do, lse, delta, cfg: _Config):
             _grouped_rows(lse, hkv), _grouped_rows(delta, hkv))
   out_specs = [per_key_block, per_key_block]
   out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
-  blocks = list(zip(in_specs + out_specs, inputs + tuple(out_shape)))
+  # resident: q rows, q ids, dO rows, LSE, delta (the same for every key block)
+  in_specs, params = _kernel_params(cfg, "dk/dv", in_specs, inputs, out_specs, out_shape,
+                                    resident=(0, 3, 7, 8, 9))
   return pl.pallas_call(
       kernel, grid=(b, hkv, tk_pad // bk), in_specs=in_specs,
       out_specs=out_specs, out_shape=out_shape,
-      compiler_params=_compiler_params(cfg, "dk/dv", blocks), interpret=cfg.interpret,
+      compiler_params=params, interpret=cfg.interpret,
       name="jaxformer_flash_dkdv",
   )(*inputs)
 
