@@ -32,14 +32,17 @@ def per_device_attention(q, k, v, *, bias=None, mask=None, segment_ids=None, **k
   sequences, with no communication. Rows follow the logical rule for "batch", heads those
   for "heads"/"kv_heads" (both must map to the same mesh axes so GQA groups stay on one
   device); an axis that does not divide its dim stays replicated (correct, just redundant).
-  Without a mesh (or rules) this is `dot_product_attention`.
+  That holds when nothing divides too (a batch of 1 on a data-parallel mesh while sampling):
+  every device then runs the whole attention, still in `shard_map`, since a Mosaic (TPU)
+  kernel outside one fails to compile on a multi-device mesh. Without a mesh (or with one
+  device) this is `dot_product_attention`.
   """
   mesh = jax.sharding.get_abstract_mesh()
   batch = _divisible_mesh_axes(mesh, "batch", q.shape[0])
   heads = _divisible_mesh_axes(mesh, "heads", q.shape[2])
   if heads != _divisible_mesh_axes(mesh, "kv_heads", k.shape[2]):
     heads = None
-  if batch is None and heads is None:
+  if batch is None and heads is None and _auto_devices(mesh) == 1:
     return dot_product_attention(q, k, v, bias=bias, mask=mask, segment_ids=segment_ids,
                                  **kwargs)
 
@@ -63,6 +66,13 @@ def per_device_attention(q, k, v, *, bias=None, mask=None, segment_ids=None, **k
                              in_specs=(specs,), out_specs=P(batch, None, heads),
                              check_vma=False)
   return per_device(arrays)
+
+
+def _auto_devices(mesh) -> int:
+  """How many devices the mesh's non-manual axes span (1 without a mesh)."""
+  if mesh.empty:
+    return 1
+  return math.prod(n for a, n in mesh.shape.items() if a not in mesh.manual_axes)
 
 
 def _divisible_mesh_axes(mesh, logical: str, size: int):

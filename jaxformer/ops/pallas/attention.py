@@ -25,12 +25,20 @@ suit Mosaic's 2-D layouts. A query row with no visible key returns zeros and zer
 
 Cost notes: K/V of one head are a single BlockSpec block (the loop slices it), and a bias or
 mask is materialised at [.., Tq, Tk]; the dbias cotangent is [B, H, Tq, Tk] float32.
+
+Backends: interpreted where the program's devices are CPUs, Triton on GPU, Mosaic on TPU; the
+platform is that of the mesh the program is traced for (`target_platform`), so planning a TPU
+job on a CPU host with compile-only TPU devices builds the Mosaic kernels. On TPU: float32 or
+bfloat16 only, blocks >= 128 (lane width), and every kernel's VMEM is sized from its blocks
+(`_tpu_vmem_limit`): the whole-sequence K/V (and dk/dv's query rows) blocks bound the sequence
+length, refused with a ValueError before compiling.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -44,19 +52,65 @@ _NN = ((1,), (0,))      # a @ b
 _NT = ((1,), (1,))      # a @ b.T
 _TN = ((0,), (0,))      # a.T @ b
 _MIN_BLOCK = {"gpu": 16, "tpu": 128, "cpu": 1}   # tl.dot needs >= 16; Mosaic lanes are 128
+_TPU_DTYPES = (jnp.float32, jnp.bfloat16)        # Mosaic refuses float16 loads (v5e: "Invalid
+                                                 # vector type for load")
+_CONFIG_FIELD = "model.attention_block_sizes"    # where a config sets (block_q, block_k)
 
 
 def default_block_sizes(head_dim: int, backend: str | None = None) -> tuple[int, int]:
-  """(block_q, block_k) for a backend ("gpu" | "tpu" | "cpu", default: jax's) and head dim.
+  """(block_q, block_k) for a backend ("gpu" | "tpu" | "cpu", default: `target_platform()`)
+  and head dim.
 
   GPU: tiles that fit a Triton program's registers/shared memory (smaller for large heads);
   TPU: 128-lane aligned; CPU (interpret mode): large blocks, since every grid step and loop
   iteration is interpreted.
   """
-  backend = backend or jax.default_backend()
+  backend = backend or target_platform()
   if backend == "gpu":
     return (128, 64) if head_dim <= 64 else (64, 64) if head_dim <= 128 else (32, 32)
   return 128, 128
+
+
+def target_platform(*arrays) -> str:
+  """The platform ("cpu" | "gpu" | "tpu" | other) the program being traced is compiled for.
+
+  That is the devices' platform, not `jax.default_backend()`: planning a TPU job on a CPU host
+  traces for compile-only TPU devices while the default backend stays CPU. Read, in order,
+  from the mesh in context (`jax.set_mesh`, e.g. `ShardingPlan.scope`, and its manual form
+  inside `shard_map`), then from the mesh of the arrays' shardings (what `jit` in_shardings
+  give its tracers), then the default backend (no mesh anywhere: eager or a plain jit).
+  """
+  device = _target_device(*arrays)
+  return device.platform if device is not None else jax.default_backend()
+
+
+def _target_device(*arrays):
+  """The `jax.sharding.AbstractDevice` (platform, device_kind, num_cores) of the mesh in
+  context or of the arrays' shardings, or None (see `target_platform`)."""
+  meshes = [jax.sharding.get_abstract_mesh()]
+  for x in arrays:
+    sharding = getattr(getattr(x, "aval", None), "sharding", None)
+    meshes.append(getattr(sharding, "mesh", None))
+  for mesh in meshes:
+    device = getattr(mesh, "abstract_device", None)     # None for an empty mesh
+    if device is not None and getattr(device, "platform", None):
+      return device
+  return None
+
+
+def _tpu_vmem_capacity(device_kind: str | None) -> int | None:
+  """VMEM bytes per TensorCore of a TPU kind ("TPU v5 lite"), None if unknown (Pallas's own
+  chip table; the kind -> version map is private, so read defensively)."""
+  if device_kind is None:
+    return None
+  try:
+    from jax._src.pallas.mosaic import tpu_info
+    from jax.experimental.pallas import tpu as pltpu
+    version = tpu_info.chip_version_from_device_kind(device_kind)
+    return None if version is None else pltpu.get_tpu_info_for_chip(
+        version, 1).vmem_capacity_bytes
+  except Exception:       # noqa: BLE001 (another JAX: no capacity, Mosaic's default limit)
+    return None
 
 
 def pallas_attention(q, k, v, *, bias=None, mask=None, q_segment_ids=None,
@@ -68,10 +122,12 @@ def pallas_attention(q, k, v, *, bias=None, mask=None, q_segment_ids=None,
   q [B, Tq, H, D]; k, v [B, Tk, Hkv, D]; bias/mask 4-D broadcastable to [B, H, Tq, Tk] or None;
   segment ids [B, Tq] / [B, Tk] or None; window a (left, right) tuple or None.
   block_q/block_k: powers of two (default `default_block_sizes`, shrunk for short inputs);
-  interpret: run the kernels in the Pallas interpreter (default: when the backend is CPU).
-  backend: the platform to build the kernels for, "gpu" | "tpu" | "cpu" (default: jax's). A
+  interpret: run the kernels in the Pallas interpreter (default: unless the backend is GPU/TPU).
+  backend: the platform to build the kernels for, "gpu" | "tpu" | "cpu" (default:
+    `target_platform`, the platform of the mesh's devices, else jax's default backend). A
     GPU/TPU backend on another host lowers ahead of time, e.g. with
-    `jax.jit(f).trace(...).lower(lowering_platforms=("tpu",))` (tests check both lowerings).
+    `jax.jit(f).trace(...).lower(lowering_platforms=("tpu",))`, or under a mesh of
+    compile-only TPU devices (`jax.experimental.topologies`) with no argument at all.
   Returns [B, Tq, H, D] in q's dtype.
   """
   cfg = _make_config(q, k, causal, window, scale, block_q, block_k, interpret, backend)
@@ -80,6 +136,8 @@ def pallas_attention(q, k, v, *, bias=None, mask=None, q_segment_ids=None,
   qp = _to_kernel_layout(q, cfg.padded_tq, d_pad)
   kp, vp = (_to_kernel_layout(x, cfg.padded_tk, d_pad) for x in (k, v))
   pair_shape = (cfg.padded_tq, cfg.padded_tk)
+  if bias is not None and cfg.backend == "tpu" and bias.dtype not in _TPU_DTYPES:
+    bias = bias.astype(jnp.float32)              # (a float16 bias; its gradient casts back)
   bias = None if bias is None else _pad_pair(bias, (tq, cfg.tk), pair_shape)
   mask = None if mask is None else _pad_pair(mask.astype(jnp.int8), (tq, cfg.tk), pair_shape)
   q_ids = kv_ids = None
@@ -106,6 +164,8 @@ class _Config:
   interpret: bool
   backend: str
   head_dim: int
+  device_kind: str | None = None        # the TPU's kind, when known (VMEM sizing)
+  vmem_capacity: int | None = None      # its VMEM bytes per core, when known
 
   @property
   def padded_tq(self) -> int:
@@ -133,11 +193,13 @@ def _fit_block(name: str, block: int | None, default: int, length: int, backend:
   minimum = _MIN_BLOCK.get(backend, 1)
   if block is None:
     return max(minimum, min(default, pl.next_power_of_2(length)))
+  which = f"{name} ({_CONFIG_FIELD}[{0 if name == 'block_q' else 1}] in a config)"
   if not _is_pow2(block):
-    raise ValueError(f"{name}={block!r} must be a power of two (e.g. 64 or 128)")
+    raise ValueError(f"{name}={block!r} must be a power of two (e.g. 64 or 128); {which}")
   if block < minimum:
     raise ValueError(f"{name}={block} is below {minimum}, the smallest block the {backend} "
-                     f"Pallas backend supports; pass {name}>={minimum} or leave it None")
+                     f"Pallas backend supports; pass {name}>={minimum} or leave it None "
+                     f"(the default); {which}")
   return block
 
 
@@ -148,30 +210,106 @@ def _make_config(q, k, causal, window, scale, block_q, block_k, interpret, backe
     raise ValueError(f"interpret must be a bool or None; got {interpret!r}")
   if backend is not None and backend not in _MIN_BLOCK:
     raise ValueError(f"backend={backend!r} must be one of {sorted(_MIN_BLOCK)} or None "
-                     "(jax's default backend)")
-  backend = backend or jax.default_backend()
+                     "(the platform of the mesh's devices, else jax's default backend)")
+  backend = backend or target_platform(q, k)
   interpret = backend not in ("gpu", "tpu") if interpret is None else interpret
   if backend not in ("gpu", "tpu") and not interpret:
     raise ValueError(f"interpret=False needs a GPU or TPU backend (this one is {backend!r}); "
                      "pass interpret=None or True, or backend='gpu'/'tpu' to lower for one")
   kind = "cpu" if interpret else backend
+  if kind == "tpu" and q.dtype not in _TPU_DTYPES:
+    raise ValueError(f"impl='pallas' on TPU (Mosaic) takes float32 or bfloat16 q/k/v; got "
+                     f"{q.dtype}. Use bfloat16 (model.dtype='bfloat16' in a config), or "
+                     "impl='blocked'/'xla'")
   head_dim = q.shape[-1]
   default_q, default_k = default_block_sizes(head_dim, kind)
+  device = _target_device(q, k)
+  device_kind = getattr(device, "device_kind", None) if kind == "tpu" else None
   return _Config(
+      device_kind=device_kind, vmem_capacity=_tpu_vmem_capacity(device_kind),
       causal=causal, window=masks.normalize_window(window), scale=float(scale),
       block_q=_fit_block("block_q", block_q, default_q, q.shape[1], kind),
       block_k=_fit_block("block_k", block_k, default_k, k.shape[1], kind),
       tq=q.shape[1], tk=k.shape[1], interpret=interpret, backend=kind, head_dim=head_dim)
 
 
-def _compiler_params(cfg: _Config, num_dims: int = 3):
+def _kernel_params(cfg: _Config, kernel: str, in_specs, inputs, out_specs, out_shape,
+                   resident: tuple[int, ...]):
+  """(in_specs, compiler_params) of a pallas_call for the config's backend.
+
+  TPU: VMEM is sized from the kernel's blocks (`_tpu_vmem_limit`). `resident` are the inputs
+  whose block is the same for every step of the last grid axis (whole-sequence K/V; dk/dv's
+  query rows): when double buffering every block would not fit the core's VMEM, those are
+  single-buffered (`pl.Buffered(1)`: their DMA, once per (batch, head), is not overlapped).
+  """
   if cfg.backend == "gpu":
     from jax.experimental.pallas import triton as pltriton
-    return pltriton.CompilerParams(num_warps=4 if cfg.head_dim <= 64 else 8, num_stages=2)
-  if cfg.backend == "tpu":
-    from jax.experimental.pallas import tpu as pltpu
-    return pltpu.CompilerParams(dimension_semantics=("parallel",) * num_dims)
-  return None
+    return in_specs, pltriton.CompilerParams(num_warps=4 if cfg.head_dim <= 64 else 8,
+                                             num_stages=2)
+  if cfg.backend != "tpu":
+    return in_specs, None
+  from jax.experimental.pallas import tpu as pltpu
+  limit, single = _tpu_vmem_limit(cfg, kernel, list(zip(in_specs, inputs)),
+                                  list(zip(out_specs, out_shape)), resident)
+  if single:
+    in_specs = [pl.BlockSpec(spec.block_shape, spec.index_map, pipeline_mode=pl.Buffered(1))
+                if i in resident and spec is not None else spec
+                for i, spec in enumerate(in_specs)]
+  return in_specs, pltpu.CompilerParams(dimension_semantics=("parallel",) * 3,
+                                        vmem_limit_bytes=limit)
+
+
+# Mosaic's default scoped VMEM limit is 16 MiB (v4/v5e/v5p; v6e has 32); a kernel whose blocks
+# need more asks for what they need (+25%), up to the core's VMEM.
+_DEFAULT_SCOPED_VMEM = 16 * 2**20
+
+
+def _vmem_block_bytes(spec, x) -> int:
+  """VMEM bytes of one buffer of x's BlockSpec block: the last two dims padded to Mosaic's
+  tiles (8 sublanes of 32-bit, 16 of 16-bit, 32 of 8-bit; 128 lanes)."""
+  if spec is None or x is None:
+    return 0
+  shape = [b if isinstance(b, int) else 1 for b in spec.block_shape]   # None: squeezed
+  itemsize = jnp.dtype(x.dtype).itemsize
+  rows, cols = shape[-2], shape[-1]
+  sublanes = 8 * max(1, 4 // itemsize)
+  return (math.prod(shape[:-2]) * -(-rows // sublanes) * sublanes * -(-cols // 128) * 128
+          * itemsize)
+
+
+def _tpu_vmem_limit(cfg: _Config, kernel: str, inputs, outputs, resident
+                    ) -> tuple[int | None, bool]:
+  """(vmem_limit_bytes, single-buffer the resident inputs) of a kernel whose inputs/outputs
+  are (BlockSpec, array) pairs. None (Mosaic's default limit) when its double-buffered blocks
+  and float32 tiles fit the default, else what they need (+25%, capped at the core's VMEM);
+  past the core's VMEM the resident inputs are single-buffered, and past it even so a
+  ValueError before compiling: the whole-sequence blocks bound the sequence length.
+
+  Checked on compile-only v5e (128 MiB per core), bf16, head_dim 128, 4 query heads per kv
+  head (dk/dv is the largest kernel): double-buffered, T=8192 needs ~97 MiB and compiles,
+  T=12288 ~145 MiB and Mosaic, when forced, reports 144 MiB used (over); single-buffered
+  T=16384 compiles (~97 MiB) and T=32768 (~193 MiB) is refused."""
+  if cfg.vmem_capacity is None:
+    return None, False
+  sizes = [_vmem_block_bytes(spec, x) for spec, x in inputs + outputs]
+  d = -(-cfg.head_dim // 128) * 128
+  tiles = 4 * (6 * cfg.block_q * cfg.block_k + 3 * max(cfg.block_q, cfg.block_k) * d)
+  need = 2 * sum(sizes) + tiles
+  if need <= _DEFAULT_SCOPED_VMEM:
+    return None, False
+  single = need > cfg.vmem_capacity
+  if single:
+    need -= sum(sizes[i] for i in resident)
+  if need > cfg.vmem_capacity:
+    mib = lambda n: f"{n / 2**20:.0f} MiB"
+    raise ValueError(
+        f"impl='pallas' on {cfg.device_kind}: the {kernel} kernel needs about "
+        f"{mib(need)} of VMEM ({mib(cfg.vmem_capacity)} per core) for Tq={cfg.tq}, "
+        f"Tk={cfg.tk}, head_dim={cfg.head_dim} per device: it keeps a head's whole K/V, and "
+        "for dk/dv the whole rows of the query heads sharing a kv head, on chip. Use a "
+        "shorter sequence (model.max_len), fewer query heads per kv head (model.num_kv_heads), "
+        "or impl='blocked'")
+  return int(min(cfg.vmem_capacity, need * 1.25 + 2**20)), single
 
 
 # ------------------------------------------------------------------------------ loop bounds
@@ -439,19 +577,27 @@ def _query_block_specs(q, k, q_ids, kv_ids, bias, mask, cfg: _Config):
               _pair_spec(mask, bq, tk_pad, lambda i: (i, 0))])
 
 
+_KV_RESIDENT = (1, 2, 4)    # k, v, kv ids: the same for every query block of a head
+
+
 def _forward(q, k, v, bias, mask, q_ids, kv_ids, cfg: _Config):
   b, h, tq_pad, _ = q.shape
   specs = _query_block_specs(q, k, q_ids, kv_ids, bias, mask, cfg)
+  inputs = (q, k, v, q_ids, kv_ids, bias, mask)
+  out_specs = [specs["row"], specs["stat"]]
+  out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype),
+               jax.ShapeDtypeStruct((b, h, tq_pad, 1), jnp.float32)]
+  in_specs, params = _kernel_params(cfg, "forward", specs["inputs"], inputs, out_specs,
+                                    out_shape, resident=_KV_RESIDENT)
   out, lse = pl.pallas_call(
       functools.partial(_forward_kernel, cfg=cfg),
       grid=(b, h, tq_pad // cfg.block_q),
-      in_specs=specs["inputs"],
-      out_specs=[specs["row"], specs["stat"]],
-      out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                 jax.ShapeDtypeStruct((b, h, tq_pad, 1), jnp.float32)],
-      compiler_params=_compiler_params(cfg), interpret=cfg.interpret,
+      in_specs=in_specs,
+      out_specs=out_specs,
+      out_shape=out_shape,
+      compiler_params=params, interpret=cfg.interpret,
       name="jaxformer_flash_forward",
-  )(q, k, v, q_ids, kv_ids, bias, mask)
+  )(*inputs)
   return out, lse
 
 
@@ -465,15 +611,19 @@ def _dq(q, k, v, bias, mask, q_ids, kv_ids, do, lse, delta, cfg: _Config):
     out_shape.append(jax.ShapeDtypeStruct((b, h, tq_pad, k.shape[2]), jnp.float32))
     out_specs.append(pl.BlockSpec((None, None, cfg.block_q, k.shape[2]),
                                   lambda b, h, i: (b, h, i, 0)))
+  in_specs = specs["inputs"] + [specs["row"], specs["stat"], specs["stat"]]
+  inputs = (q, k, v, q_ids, kv_ids, bias, mask, do, lse, delta)
+  in_specs, params = _kernel_params(cfg, "dq", in_specs, inputs, out_specs, out_shape,
+                                    resident=_KV_RESIDENT)
   outs = pl.pallas_call(
       functools.partial(_dq_kernel, cfg=cfg) if bias is not None else
       functools.partial(_dq_kernel_without_ds, cfg=cfg),
       grid=(b, h, tq_pad // cfg.block_q),
-      in_specs=specs["inputs"] + [specs["row"], specs["stat"], specs["stat"]],
+      in_specs=in_specs,
       out_specs=out_specs, out_shape=out_shape,
-      compiler_params=_compiler_params(cfg), interpret=cfg.interpret,
+      compiler_params=params, interpret=cfg.interpret,
       name="jaxformer_flash_dq",
-  )(q, k, v, q_ids, kv_ids, bias, mask, do, lse, delta)
+  )(*inputs)
   return outs[0], (outs[1] if bias is not None else None)
 
 
@@ -513,14 +663,19 @@ def _dkdv(q, k, v, bias, mask, q_ids, kv_ids, do, lse, delta, cfg: _Config):
       grouped, grouped_stat, grouped_stat]
   kernel = functools.partial(_dkdv_kernel, cfg=cfg, groups=groups, bias_grouped=bias_grouped,
                              mask_grouped=mask_grouped)
+  inputs = (_grouped_rows(q, hkv), k, v, q_ids, kv_ids, bias, mask, _grouped_rows(do, hkv),
+            _grouped_rows(lse, hkv), _grouped_rows(delta, hkv))
+  out_specs = [per_key_block, per_key_block]
+  out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+  # resident: q rows, q ids, dO rows, LSE, delta (the same for every key block)
+  in_specs, params = _kernel_params(cfg, "dk/dv", in_specs, inputs, out_specs, out_shape,
+                                    resident=(0, 3, 7, 8, 9))
   return pl.pallas_call(
       kernel, grid=(b, hkv, tk_pad // bk), in_specs=in_specs,
-      out_specs=[per_key_block, per_key_block],
-      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-      compiler_params=_compiler_params(cfg), interpret=cfg.interpret,
+      out_specs=out_specs, out_shape=out_shape,
+      compiler_params=params, interpret=cfg.interpret,
       name="jaxformer_flash_dkdv",
-  )(_grouped_rows(q, hkv), k, v, q_ids, kv_ids, bias, mask, _grouped_rows(do, hkv),
-    _grouped_rows(lse, hkv), _grouped_rows(delta, hkv))
+  )(*inputs)
 
 
 # ---------------------------------------------------------------------------- custom_vjp
