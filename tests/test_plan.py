@@ -50,3 +50,153 @@ def test_batch_spec_matches_the_pipelines_first_batch(name, tmp_path):
   spec = train_batch_spec(cfg, settings, task.name, models.with_defaults(cfg.model))
   got = {k: (tuple(v.shape), np.asarray(v).dtype) for k, v in batch.items()}
   assert spec == got
+
+
+# --- compiled for TPU topologies (libtpu's compile-only devices) ------------------------------
+
+needs_libtpu = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("libtpu") is None,
+    reason='libtpu is not installed (pip install -e ".[tpu]"): no compile-only TPU devices')
+
+
+def _tiny(*, batch: int = 8, seq: int = 64, vocab: int = 128, **model):
+  """gpt2:tiny (2 layers, d_model 64) with a vocabulary every mesh divides, bf16, scanned."""
+  from configs import gpt2
+  cfg = gpt2.get_config("tiny")
+  cfg.model.update(vocab_size=vocab, dtype="bfloat16", scan_layers=True, max_len=seq, **model)
+  cfg.data.seq_len = seq
+  cfg.train.batch_size = batch
+  return cfg
+
+
+def _too_big(**model):
+  """A step whose float32 logits need ~25 GiB per v5e chip (4 rows x 2048 tokens x 524288
+  classes): refused at grad_accum=1, fits at 2."""
+  return _tiny(batch=16, seq=2048, vocab=2**19, **model)
+
+
+def _flags(cfg) -> list[str]:
+  base = {f"{s}.{k}": v for s, fields in _tiny().to_dict().items() for k, v in fields.items()}
+  return [f"--config.{s}.{k}={v}" for s, fields in cfg.to_dict().items()
+          for k, v in fields.items() if base.get(f"{s}.{k}") != v]
+
+
+def test_out_of_memory_refusals_parse():
+  from jaxformer.train.planning import parse_out_of_memory
+  assert parse_out_of_memory(
+      "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+      "temporaries (31.47G) exceeds available HBM (15.75G).") == (
+          int(31.47 * 2**30), int(15.75 * 2**30))
+  assert parse_out_of_memory("RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm. "
+                             "Used 20.51G of 15.75G hbm. Exceeded hbm capacity by 4.76G."
+                             ) == (int(20.51 * 2**30), int(15.75 * 2**30))
+  assert parse_out_of_memory("INVALID_ARGUMENT: something else") is None
+
+
+@needs_libtpu
+def test_plan_memory_by_hand_and_collectives_of_each_strategy():
+  """Data parallel: every chip holds all parameters (4 bytes each) and Adam's two moments,
+  and gradients are all-reduced over 'data'; FSDP gathers parameters and scatters gradients
+  over 'data'; tensor parallelism communicates over 'model' only."""
+  from jaxformer import scaling
+  from jaxformer.train import planning
+  n = scaling.count_params(_tiny().model)["total"]
+  plans = {}
+  for name, mesh in {"dp": dict(data=4, model=1, fsdp=False),
+                     "fsdp": dict(data=4, model=1, fsdp=True),
+                     "tp": dict(data=1, model=4, fsdp=False)}.items():
+    cfg = _tiny()
+    cfg.mesh.update(mesh)
+    plans[name] = planning.plan(cfg, "v5e:2x2")
+  dp = plans["dp"]
+  assert dp.fits and dp.chips == 4 and dp.hbm_bytes == 16 * 2**30
+  assert dp.per_chip_bytes["params"] == 4 * n
+  assert 8 * n <= dp.per_chip_bytes["optimizer"] <= 8 * n + 64      # mu, nu (+ counters)
+  assert dp.per_chip_bytes["total"] >= dp.per_chip_bytes["params"] * 3
+  # FSDP shards every matrix's embed dim 4 ways; the few vectors without one stay whole
+  assert n <= plans["fsdp"].per_chip_bytes["params"] < 4 * n / 3
+
+  def kinds(plan, axis):
+    return {rec["kind"] for rec in plan.collectives.values() if axis in rec["axes"]}
+
+  assert "all-reduce" in kinds(dp, "data") and "all-gather" not in kinds(dp, "data")
+  assert {"all-gather", "reduce-scatter"} <= kinds(plans["fsdp"], "data")
+  assert kinds(plans["tp"], "model") and not kinds(plans["tp"], "data")
+  for p in plans.values():
+    assert p.estimated_step_seconds > 0 and p.roofline["step_seconds"] > 0
+    assert 0.5 < p.flops_per_step["compiler"] / p.flops_per_step["analytic"] < 3
+
+
+@needs_libtpu
+def test_a_step_that_cannot_fit_is_reported_not_fitting():
+  from jaxformer.train import planning
+  p = planning.plan(_too_big(), "v5e:2x2")
+  assert not p.fits and "RESOURCE_EXHAUSTED" in p.refusal
+  assert p.per_chip_bytes["temp"] > 16 * 2**30
+  assert "does NOT fit" in planning.table(p)
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_search_returns_the_best_of_a_space_ranked_by_hand(tmp_path):
+  """Gradient accumulation 1, 2 or 4 (8 would leave a micro-batch the 4 batch shards cannot
+  split): 1 does not fit, and of 2 and 4 the one with fewer, larger micro-batches is faster.
+  A rerun reads every compile from the cache."""
+  from jaxformer.train import plan_search
+  result = plan_search.search(_too_big(), "v5e:2x2", dimensions=["accum"],
+                              cache_dir=str(tmp_path), log=lambda *_: None)
+  by_accum = {c.overrides["optim.grad_accum"]: c for c in result.candidates}
+  assert by_accum[8].status == "pruned" and "does not split" in by_accum[8].reason
+  assert by_accum[1].status == "compiled" and not by_accum[1].fits
+  assert by_accum[2].fits and by_accum[4].fits
+  assert result.best is by_accum[2]
+  again = plan_search.search(_too_big(), "v5e:2x2", dimensions=["accum"],
+                             cache_dir=str(tmp_path), log=lambda *_: None)
+  assert again.best.overrides == {"optim.grad_accum": 2} and again.seconds < result.seconds
+  assert "optim.grad_accum=2" in plan_search.table(again)
+
+
+def _run(module: str, *args: str, cwd=None):
+  import os
+  import subprocess
+  import sys
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                        env=env, cwd=cwd, timeout=600)
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_plan_cli_json_and_train_plan_only_refusal(tmp_path):
+  import pathlib
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  report = tmp_path / "plan.json"
+  ok = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v5e:2x2",
+            f"--json={report}", *_flags(_tiny()), cwd=repo)
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  data = json.loads(report.read_text())
+  for key in ("fits", "hbm_bytes", "per_chip_bytes", "flops_per_step", "collectives",
+              "estimated_step_seconds", "compile_seconds"):
+    assert key in data
+  assert set(data["per_chip_bytes"]) == {"params", "optimizer", "temp", "total"}
+  assert "fits" in ok.stdout and "MFU implied" in ok.stdout
+  workdir = tmp_path / "run"
+  refused = _run("jaxformer.train", "--config=configs/gpt2.py:tiny", "--plan_only",
+                 "--topology=v5e:2x2", f"--workdir={workdir}", *_flags(_too_big()), cwd=repo)
+  assert refused.returncode == 2, refused.stderr[-2000:]
+  line = refused.stderr.strip().splitlines()[-1]
+  assert "short by" in line and "nearest change that fits: --config." in line
+  assert not workdir.exists()
+
+
+@needs_libtpu
+def test_plan_cli_user_errors_are_one_line():
+  import pathlib
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  bad = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v9z:2x2",
+             cwd=repo)
+  assert bad.returncode == 2 and "--topology='v9z:2x2'" in bad.stderr
+  assert "Traceback" not in bad.stderr
+  mesh = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v5e:2x2",
+              "--config.mesh.data=3", cwd=repo)
+  assert mesh.returncode == 2 and "mesh data=3" in mesh.stderr and "Traceback" not in mesh.stderr

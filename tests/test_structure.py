@@ -28,7 +28,7 @@ LAYERS = (
     ("state",),                               # train-state layout, optimizer, checkpoints
     ("inference", "scaling", "convert"),      # restore + decode; studies; Hugging Face
     ("train",),                               # the training loop (samples through inference)
-    ("sample", "sweep"),                      # entry points over train and inference
+    ("sample", "sweep", "plan"),              # entry points over train and inference
 )
 LEVEL = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 

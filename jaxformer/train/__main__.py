@@ -1,4 +1,5 @@
-"""python -m jaxformer.train --config=configs/<name>.py[:arg] --workdir=DIR [--config.a.b=v]"""
+"""python -m jaxformer.train --config=configs/<name>.py[:arg] --workdir=DIR [--config.a.b=v]
+    [--plan_only [--topology=v5e:4x4 [--slices=N]]]"""
 
 import jax
 from absl import flags
@@ -10,16 +11,33 @@ from jaxformer.train.loop import train
 config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics); reruns resume.")
 flags.DEFINE_bool("fresh", False, "Discard the workdir's checkpoints and metrics first.")
+flags.DEFINE_bool("plan_only", False, "Compile the train step, print its per-chip memory and "
+                  "estimated step time, and exit (refused if it does not fit); writes nothing.")
+flags.DEFINE_string("topology", None, "With --plan_only: compile for this TPU topology "
+                    "(e.g. v5e:4x4) instead of this machine's TPUs.")
+flags.DEFINE_integer("slices", 1, "With --topology: the number of slices.")
 cli.define_compilation_cache_flag()
-flags.mark_flags_as_required(["config", "workdir"])
+flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
   del argv
-  compilation.enable_cache(flags.FLAGS.compilation_cache)
+  f = flags.FLAGS
+  # compile-only TPU executables cannot be cached
+  compilation.enable_cache(None if f.plan_only and f.topology else f.compilation_cache)
+  if f.plan_only:
+    from jaxformer.train import plan_search
+    plan_search.plan_only(f.config, topology=f.topology, slices=f.slices)
+    return
+  if f.topology:
+    raise ValueError(f"--topology={f.topology} is for --plan_only (a run trains on the "
+                     "machine's own devices); add --plan_only or drop --topology")
+  if f.workdir is None:
+    raise ValueError("--workdir is not set; pass --workdir=DIR (the run directory: "
+                     "checkpoints, metrics; a rerun resumes)")
   parallel.initialize()      # multi-host (TPU pod, Slurm, JAXFORMER_* env); no-op otherwise
-  console.route_process_output(jax.process_index(), jax.process_count(), flags.FLAGS.workdir)
-  train(flags.FLAGS.config, flags.FLAGS.workdir, fresh=flags.FLAGS.fresh)
+  console.route_process_output(jax.process_index(), jax.process_count(), f.workdir)
+  train(f.config, f.workdir, fresh=f.fresh)
 
 
 if __name__ == "__main__":

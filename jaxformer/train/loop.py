@@ -29,11 +29,18 @@ from jaxformer.train.metrics import read
 def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None = None) -> dict:
   """Train (or resume) `config` in `workdir`; returns the last eval record.
 
-  The config is validated and the workdir checked before anything is written; the workdir is
+  The config is validated and the workdir checked before anything is written (on TPUs the
+  train step is compiled first and refused when it cannot fit in HBM); the workdir is
   locked for the run (a second training on it is refused at once). `stop_after` ends the run
   after that many steps as if preempted (for tests/benchmarks).
   """
   settings = config_checks.validate(config)
+  if jax.devices()[0].platform == "tpu":     # refuse a step that cannot fit before any work
+    from jaxformer.train import plan_search
+    devices = jax.devices()
+    say = print if jax.process_index() == 0 else logging.info
+    plan_search.require_fit(config, settings, devices, plan_search.local_chip(devices),
+                            topology=devices[0].device_kind, log=say)
   workdir_lib.check_usable(workdir)
   owner = workdir_lib.Lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
   with owner:

@@ -1,0 +1,67 @@
+"""python -m jaxformer.plan --config=configs/<name>.py[:arg] --topology=v5e:4x4 [--slices=N]
+    [--config.a.b=v] [--json=PATH] [--search [--search_dims=mesh,fsdp,...] [--budget_minutes=M]]
+
+Compiles the train step `jaxformer.train` would run for the config on the named TPU topology
+(compile-only devices: no TPU needed) and prints per-chip memory against HBM, FLOPs,
+collectives and estimated step times. `--search` ranks shardings and prints the winning
+`--config.*` overrides.
+"""
+
+import json
+
+from absl import flags
+from ml_collections import config_flags
+
+from jaxformer import cli, paths
+
+config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
+flags.DEFINE_string("topology", None, "TPU topology, e.g. v5e:4x4, v5p:4x4x4, v4:2x2x2, v6e:8x8.")
+flags.DEFINE_integer("slices", 1, "Number of slices (multi-slice: the data axis spans DCN).")
+flags.DEFINE_string("json", None, "Also write the report as JSON to this path.")
+flags.DEFINE_bool("search", False, "Search the sharding space and rank what fits.")
+flags.DEFINE_list("search_dims", ["mesh", "fsdp", "remat", "accum", "attention", "scan"],
+                  "Dimensions the search varies (others keep the config's value).")
+flags.DEFINE_float("budget_minutes", 30.0, "Time budget of --search.")
+flags.DEFINE_integer("workers", 2, "Compile processes of --search.")
+flags.DEFINE_integer("max_compiles", None, "At most this many compiles in --search.")
+flags.DEFINE_string("cache_dir", None, "Where --search caches compile results "
+                    "(default ~/.cache/jaxformer/plans).")
+flags.mark_flags_as_required(["config", "topology"])
+
+
+def main(argv):
+  del argv
+  from jaxformer.train import config_checks, plan_search, planning
+  f = flags.FLAGS
+  if f.slices < 1:
+    raise ValueError(f"--slices={f.slices} must be >= 1")
+  unknown = sorted(set(f.search_dims) - set(plan_search.DIMENSIONS))
+  if unknown:
+    raise ValueError(f"--search_dims={','.join(f.search_dims)}: {unknown} unknown; choose "
+                     f"from {','.join(plan_search.DIMENSIONS)}")
+  settings = config_checks.validate(f.config)
+  if not f.search:
+    report = planning.plan(f.config, f.topology, f.slices, settings=settings)
+    print(planning.table(report))
+    if f.json:
+      paths.write_text(f.json, json.dumps(report.to_json(), indent=2))
+    return
+  result = plan_search.search(f.config, f.topology, f.slices, dimensions=f.search_dims,
+                              budget_seconds=60 * f.budget_minutes, workers=f.workers,
+                              cache_dir=f.cache_dir, max_compiles=f.max_compiles)
+  print(plan_search.table(result))
+  best = result.best
+  if best is None:
+    print("no candidate fits; widen --search_dims, raise --budget_minutes, or use more chips")
+  else:
+    print(f"best: {best.flags()}")
+    print(f"  python -m jaxformer.train --config=... {best.flags()} --workdir=...")
+  if f.json:
+    paths.write_text(f.json, json.dumps(
+        {"best": None if best is None else best.overrides,
+         "candidates": [{"overrides": c.overrides, "status": c.status, "reason": c.reason,
+                         "plan": c.plan} for c in result.candidates]}, indent=2))
+
+
+if __name__ == "__main__":
+  cli.run_absl(main)

@@ -1,0 +1,403 @@
+"""The best sharding of a config on a TPU slice: enumerate, prune cheaply, compile, rank.
+
+The space (each dimension can be held at the config's value): mesh shapes (data, model,
+expert) over the slice's chips, FSDP on/off, the remat policy, the per-chip micro-batch (the
+global batch is fixed; `optim.grad_accum` splits it), the attention implementation and
+layer scanning. Cheap checks first, on abstract shapes only: the trainer's own validation
+and divisibility errors, and the exact per-chip bytes of parameters, optimizer moments and
+gradients, which no sharding of activations can reduce (a candidate over HBM on those alone
+is dropped uncompiled). The rest are ordered by a rough analytic estimate and compiled in
+that order, in worker processes, until the time budget runs out; each compile's result is
+cached on disk under a hash of the config, topology and compiler versions, so a rerun is
+instant. Fitting candidates are ranked by the compiler's estimated step time.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import time
+from typing import Any, Iterable
+
+import jax
+
+from jaxformer import models, parallel
+from jaxformer.data.batch_spec import train_batch_spec
+from jaxformer.layers.settings import REMAT_POLICIES
+from jaxformer.parallel.sharding import per_device_bytes
+from jaxformer.state import train_state as state_lib
+from jaxformer.train import config_checks, planning, progress, tasks
+from jaxformer.tpu import chips as chips_lib
+from jaxformer.tpu import topology as topology_lib
+
+DIMENSIONS = ("mesh", "fsdp", "remat", "accum", "attention", "scan")
+ATTENTION_IMPLS = ("xla", "pallas")
+
+
+def _divisors(n: int) -> list[int]:
+  return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def set_field(config, dotted: str, value) -> None:
+  """`config.<dotted> = value` on an unlocked copy's nested ConfigDict."""
+  section, _, name = dotted.partition(".")
+  with config.unlocked():
+    config[section][name] = value
+
+
+def with_overrides(config, overrides: dict[str, Any]):
+  out = copy.deepcopy(config)
+  for key, value in overrides.items():
+    set_field(out, key, value)
+  return out
+
+
+def candidate_overrides(config, chips: int, dimensions: Iterable[str]) -> list[dict]:
+  """Every combination of the searched dimensions' values, as `--config.*` overrides."""
+  dimensions = set(dimensions)
+  cfg = models.with_defaults(config.model)
+  fields = models.config_fields(cfg["family"])
+  axes: list[list[tuple[tuple[str, Any], ...]]] = []
+  if "mesh" in dimensions:
+    num_experts = cfg.get("num_experts") or 1
+    meshes = []
+    for model in _divisors(chips):
+      for expert in _divisors(chips // model):
+        if expert > 1 and num_experts % expert:
+          continue
+        meshes.append((("mesh.data", chips // (model * expert)), ("mesh.model", model),
+                       ("mesh.expert", expert)))
+    axes.append(meshes)
+  if "fsdp" in dimensions:
+    axes.append([(("mesh.fsdp", False),), (("mesh.fsdp", True),)])
+  if "remat" in dimensions and "remat_policy" in fields:
+    axes.append([(("model.remat_policy", p),) for p in REMAT_POLICIES])
+  if "accum" in dimensions:
+    batch = config.train.batch_size
+    axes.append([(("optim.grad_accum", a),) for a in _divisors(batch) if a <= 64])
+  if "attention" in dimensions and "attention_impl" in fields:
+    axes.append([(("model.attention_impl", i),) for i in ATTENTION_IMPLS])
+  if "scan" in dimensions and "scan_layers" in fields:
+    axes.append([(("model.scan_layers", s),) for s in (True, False)])
+  return [dict(itertools.chain.from_iterable(combo)) for combo in itertools.product(*axes)]
+
+
+@dataclasses.dataclass
+class Candidate:
+  overrides: dict[str, Any]
+  status: str = "pending"          # pruned | compiled | refused | skipped (budget)
+  reason: str = ""
+  lower_bound_bytes: int = 0       # params + optimizer + gradients per chip: exact
+  rough_seconds: float = math.inf  # analytic ordering estimate, not reported as a result
+  likely_fits: bool = True         # by an analytic activation estimate: compiled first
+  plan: dict | None = None         # Plan.to_json() once compiled
+
+  def flags(self) -> str:
+    return " ".join(f"--config.{k}={_flag_value(v)}" for k, v in self.overrides.items())
+
+  @property
+  def fits(self) -> bool:
+    return bool(self.plan and self.plan["fits"])
+
+  @property
+  def seconds(self) -> float:
+    if not self.plan:
+      return math.inf
+    est = self.plan["estimated_step_seconds"]
+    return est if est is not None else self.plan["roofline"].get("step_seconds", math.inf)
+
+
+def _flag_value(value) -> str:
+  return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def cheap_check(config, candidate: Candidate, devices, chip: chips_lib.Chip,
+                abstract_cache: dict) -> None:
+  """Validation, divisibility and the exact lower bound on per-chip memory, no compile."""
+  cfg = with_overrides(config, candidate.overrides)
+  try:
+    settings = config_checks.validate(cfg)
+    plan = parallel.ShardingPlan.from_config(settings.mesh, devices)
+    plan.check_batch_size(settings.train.batch_size)
+    micro = settings.train.batch_size // settings.optim.grad_accum
+    if micro % plan.batch_shards:
+      raise ValueError(f"the micro-batch ({micro} rows) does not split over "
+                       f"{plan.batch_shards} batch shards")
+    key = json.dumps(cfg.model.to_dict(), sort_keys=True, default=str)
+    if key not in abstract_cache:
+      abstract_cache[key] = jax.eval_shape(state_lib.train_state_fns(cfg)[2])
+    abstract = abstract_cache[key]
+    state = plan.restore_target(abstract)
+  except (ValueError, TypeError) as e:
+    candidate.status, candidate.reason = "pruned", str(e).splitlines()[0]
+    return
+  params = per_device_bytes(state["params"])
+  candidate.lower_bound_bytes = 2 * params + per_device_bytes(state["opt_state"])
+  if candidate.lower_bound_bytes > chip.hbm_bytes:
+    candidate.status = "pruned"
+    candidate.reason = (f"parameters, gradients and optimizer alone need "
+                        f"{planning.gib(candidate.lower_bound_bytes)} per chip")
+    return
+  candidate.rough_seconds = _rough_seconds(cfg, settings, plan, chip, params)
+  expected = candidate.lower_bound_bytes + _ACTIVATION_MARGIN * _activation_bytes(
+      cfg, settings, plan)
+  candidate.likely_fits = expected <= chip.hbm_bytes
+
+
+# Activation bytes kept for the backward pass per token and layer, in units of d_model, by
+# remat policy (Korthikanti et al. 2022, "Reducing activation recomputation", sec. 4: 34 d +
+# 5 a s bytes in 16-bit without recomputation; with full recomputation only the layer input).
+# The compiler keeps some residuals in float32 and copies: its temporaries came out ~1.2x the
+# estimate below for GPT-2 small (31.5 GiB compiled vs 27 GiB estimated, v5e, 16 rows/chip).
+_ACTIVATION_MARGIN = 1.3
+_SAVED_PER_TOKEN = {"none": 34, "dots_no_batch": 34, "dots": 12, "full": 2}
+
+
+def _activation_bytes(cfg, settings, plan) -> float:
+  """A rough per-chip activation footprint: what the ordering expects the compiler to need
+  beyond the parameters, gradients and optimizer state (only orders compiles)."""
+  model = models.with_defaults(cfg.model)
+  shape = plan.mesh.shape
+  rows = settings.train.batch_size / (plan.batch_shards * settings.optim.grad_accum)
+  seq = settings.data.seq_len or model.get("max_len") or 1
+  d, layers = model.get("d_model", 1), model.get("num_layers", 1)
+  heads = model.get("num_heads", 1)
+  policy = model.get("remat_policy", "none")
+  per_token = _SAVED_PER_TOKEN.get(policy, 34) * d
+  if policy in ("none", "dots_no_batch"):
+    per_token += 5 * heads * seq                 # attention probabilities (XLA attention)
+  tokens = rows * seq
+  vocab = model.get("vocab_size") or model.get("num_classes") or 0
+  logits = tokens * vocab * 4 * 3 / shape["model"]   # f32 logits, softmax, its gradient
+  return layers * tokens * per_token / shape["model"] + logits
+
+
+def _rough_seconds(cfg, settings, plan, chip, param_bytes: int) -> float:
+  """An analytic ordering key: compute (with the remat policy's recompute) against the
+  bytes FSDP, data and tensor parallelism move. Only orders compiles; never reported."""
+  model = models.with_defaults(cfg.model)
+  task = tasks.task_for(cfg.model)
+  batch = {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in train_batch_spec(
+      cfg, settings, task.name, model).items()}
+  flops = progress.flops_per_step(cfg.model, task, batch, 1) / plan.mesh.devices.size
+  recompute = {"none": 1.0, "dots": 1.1, "dots_no_batch": 1.15, "full": 4 / 3}
+  flops *= recompute.get(model.get("remat_policy", "none"), 1.0)
+  shape = plan.mesh.shape
+  accum = settings.optim.grad_accum
+  moved = 0.0
+  if settings.mesh.fsdp and shape["data"] > 1:
+    moved += param_bytes * (shape["data"] - 1) * (2 * accum + 1) / 2   # gathers + scatter
+  elif shape["data"] > 1:
+    moved += 2 * param_bytes * (shape["data"] - 1) / shape["data"]      # all-reduce
+  if shape["model"] > 1:
+    rows = settings.train.batch_size // plan.batch_shards
+    seq = settings.data.seq_len or 1
+    moved += 8 * model.get("num_layers", 1) * rows * seq * model.get("d_model", 1) * 2
+  return max(flops / chip.peak_flops, moved / chip.ici_bytes_per_s) + 1e-3 * accum
+
+
+def compile_candidate(config, overrides: dict, topology: str, slices: int,
+                      cache_dir: str | None) -> dict:
+  """Worker: the plan of one candidate as JSON data (errors as a 'refused' record)."""
+  try:
+    return {"plan": planning.plan(with_overrides(config, overrides), topology, slices,
+                                  cache_dir=cache_dir).to_json()}
+  except Exception as e:  # noqa: BLE001  (a candidate's failure is a result, not a crash)
+    return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+
+
+@dataclasses.dataclass
+class SearchResult:
+  topology: str
+  slices: int
+  candidates: list[Candidate]
+  seconds: float
+
+  @property
+  def ranked(self) -> list[Candidate]:
+    return sorted((c for c in self.candidates if c.fits), key=lambda c: c.seconds)
+
+  @property
+  def best(self) -> Candidate | None:
+    ranked = self.ranked
+    return ranked[0] if ranked else None
+
+
+def search(config, topology: str, slices: int = 1, *, dimensions=DIMENSIONS,
+           budget_seconds: float = 1800, workers: int = 2, cache_dir: str | None = None,
+           max_compiles: int | None = None, log=print) -> SearchResult:
+  """Search the sharding space of `config` on `slices` x `topology` (see module docstring)."""
+  start = time.perf_counter()
+  devices = topology_lib.devices(topology, slices)
+  chip = chips_lib.CHIPS[topology_lib.generation(topology)]
+  candidates = [Candidate(o) for o in candidate_overrides(config, len(devices), dimensions)]
+  abstract_cache: dict = {}
+  for c in candidates:
+    cheap_check(config, c, devices, chip, abstract_cache)
+  viable = sorted((c for c in candidates if c.status == "pending"),
+                  key=lambda c: (not c.likely_fits, c.rough_seconds))
+  log(f"{len(candidates)} candidates, {len(viable)} left after the cheap checks "
+      f"({time.perf_counter() - start:.0f} s)")
+  if max_compiles is not None:
+    for c in viable[max_compiles:]:
+      c.status, c.reason = "skipped", f"beyond --max_compiles={max_compiles}"
+    viable = viable[:max_compiles]
+  if viable:
+    _compile_all(config, viable, topology, slices, workers=workers,
+                 cache_dir=cache_dir or planning.default_cache_dir(),
+                 deadline=start + budget_seconds, log=log)
+  return SearchResult(topology, slices, candidates, time.perf_counter() - start)
+
+
+def _quiet_worker(log_path: str) -> None:
+  """A compile worker's C++ logs (libtpu, XLA) go to a file, not the search's console."""
+  fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+  os.dup2(fd, 2)
+  os.close(fd)
+
+
+def _record(candidate: Candidate, result: dict) -> None:
+  if "plan" in result:
+    candidate.status, candidate.plan = "compiled", result["plan"]
+    if not result["plan"]["fits"]:
+      candidate.reason = "does not fit"
+  else:
+    candidate.status, candidate.reason = "refused", result["error"]
+
+
+def _compile_all(config, todo, topology, slices, *, workers, cache_dir, deadline,
+                 log) -> None:
+  """Compile `todo` in `workers` processes, best-first, until `deadline` (each compile is
+  cached in `cache_dir`, so a rerun reads instead of compiling)."""
+  context = multiprocessing.get_context("spawn")
+  os.makedirs(cache_dir, exist_ok=True)
+  worker_log = os.path.join(cache_dir, "workers.log")
+  pool = context.Pool(max(1, workers), initializer=_quiet_worker, initargs=(worker_log,))
+  pending = [(c, pool.apply_async(compile_candidate,
+                                  (config, c.overrides, topology, slices, cache_dir)))
+             for c in todo]
+  finished = True
+  for c, result in pending:
+    try:
+      value = result.get(timeout=max(0.0, deadline - time.perf_counter()))
+    except multiprocessing.TimeoutError:
+      finished = False
+      break
+    _record(c, value)
+    log(f"  compiled {c.flags()}: {c.status}{', ' + c.reason if c.reason else ''}"
+        + (f", est {c.seconds:.4f} s" if c.fits else ""))
+  if finished:
+    pool.close()
+  else:
+    pool.terminate()                 # compiles in flight are abandoned, not cached
+  pool.join()
+  for c in todo:
+    if c.status == "pending":
+      c.status, c.reason = "skipped", "time budget spent"
+
+
+def nearest_fitting_change(config, devices, chip: chips_lib.Chip, *, topology: str,
+                           slices: int = 1, log=lambda *_: None) -> Candidate | None:
+  """The smallest change to `config` that fits: one field at a time (remat, FSDP, doubling
+  the gradient accumulation, the mesh), then pairs, cheapest estimated step first; compiled
+  in this process on `devices`."""
+  neighbours = []
+  for dims in (["remat"], ["fsdp"], ["accum"], ["mesh"], ["remat", "accum"],
+               ["fsdp", "remat"], ["fsdp", "accum"], ["mesh", "fsdp"]):
+    for overrides in candidate_overrides(config, len(devices), dims):
+      changed = {k: v for k, v in overrides.items() if _current(config, k) != v}
+      if changed and changed not in [n.overrides for n in neighbours]:
+        neighbours.append(Candidate(changed))
+  abstract_cache: dict = {}
+  for c in neighbours:
+    cheap_check(config, c, devices, chip, abstract_cache)
+  viable = sorted((c for c in neighbours if c.status == "pending"),
+                  key=lambda c: (len(c.overrides), not c.likely_fits, c.rough_seconds))
+  for c in viable:
+    program = planning.build_program(with_overrides(config, c.overrides), devices)
+    result = planning.analyse(program, planning.compile_program(program), chip,
+                              topology=topology, slices=slices)
+    log(f"  tried {c.flags()}: {'fits' if result.fits else 'does not fit'}")
+    if result.fits:
+      c.status, c.plan = "compiled", result.to_json()
+      return c
+  return None
+
+
+def _current(config, dotted: str):
+  section, _, name = dotted.partition(".")
+  return config[section].get(name)
+
+
+def table(result: SearchResult, top: int = 15) -> str:
+  """The ranked fitting candidates, then how many were pruned, refused or skipped."""
+  lines = ["| rank | overrides | per-chip GiB | est. step s | roofline s | MFU (est.) | "
+           "compile s |", "|---|---|---|---|---|---|---|"]
+  for i, c in enumerate(result.ranked[:top], 1):
+    p = c.plan
+    mfu = p["mfu"]["estimate"]
+    lines.append(f"| {i} | `{c.flags()}` | {p['per_chip_bytes']['total'] / 2**30:.2f} | "
+                 f"{c.seconds:.4f} | {p['roofline']['step_seconds']:.4f} | "
+                 f"{'n/a' if mfu is None else f'{100 * mfu:.1f}%'} | "
+                 f"{p['compile_seconds']:.1f} |")
+  counts: dict[str, int] = {}
+  for c in result.candidates:
+    key = "compiled, does not fit" if c.status == "compiled" and not c.fits else c.status
+    counts[key] = counts.get(key, 0) + 1
+  lines.append("")
+  lines.append(", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+               + f"; {result.seconds:.0f} s in all")
+  return "\n".join(lines)
+
+
+def require_fit(config, settings, devices, chip: chips_lib.Chip, *, topology: str,
+                slices: int = 1, log=lambda *_: None) -> planning.Plan:
+  """The plan of `config` on `devices`; a ValueError naming the shortfall and the nearest
+  change that fits when the step does not fit in the chip's HBM."""
+  program = planning.build_program(config, devices, settings)
+  report = planning.analyse(program, planning.compile_program(program), chip,
+                            topology=topology, slices=slices)
+  if report.fits:
+    return report
+  total = report.per_chip_bytes["total"]
+  need = (f"the train step needs {planning.gib(total)} per chip but a {chip.name} has "
+          f"{planning.gib(chip.hbm_bytes)} of HBM (short by "
+          f"{planning.gib(total - chip.hbm_bytes)})")
+  log(need + "; looking for the nearest change that fits")
+  nearest = nearest_fitting_change(config, devices, chip, topology=topology, slices=slices,
+                                   log=log)
+  if nearest is None:
+    raise ValueError(f"{need}; no change of remat policy, FSDP, gradient accumulation or mesh "
+                     "fits: use more chips or a smaller model or batch")
+  fit = nearest.plan["per_chip_bytes"]["total"]
+  raise ValueError(f"{need}; nearest change that fits: {nearest.flags()} "
+                   f"({planning.gib(fit)} per chip)")
+
+
+def local_chip(devices) -> chips_lib.Chip:
+  """The chip of this machine's TPU `devices`; ValueError elsewhere (no HBM to plan for)."""
+  if devices[0].platform != "tpu":
+    raise ValueError(f"--plan_only on {devices[0].platform} devices needs --topology=<a TPU "
+                     "topology, e.g. v5e:4x4> (memory planning is for TPUs: the GPU plugin "
+                     "has no compile-only devices)")
+  return chips_lib.for_device_kind(devices[0].device_kind)
+
+
+def plan_only(config, *, topology: str | None, slices: int = 1) -> planning.Plan:
+  """`train --plan_only`: the plan printed, and a ValueError if the step does not fit."""
+  settings = config_checks.validate(config)
+  if topology:
+    devices = topology_lib.devices(topology, slices)
+    chip = chips_lib.CHIPS[topology_lib.generation(topology)]
+  else:
+    devices = jax.devices()
+    chip, topology = local_chip(devices), devices[0].device_kind
+  report = require_fit(config, settings, devices, chip, topology=topology, slices=slices,
+                       log=print)
+  print(planning.table(report))
+  return report

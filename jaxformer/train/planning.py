@@ -1,0 +1,327 @@
+"""What a training config costs on a TPU slice, read from the compiler before any chip is used.
+
+`build_program` assembles the train step exactly as `jaxformer.train` runs it (the same
+`setup.jit_train_step`, shardings from the same `ShardingPlan`), with abstract arguments in
+place of the data and the train state, for any list of devices: libtpu's compile-only devices
+of a topology (`jaxformer.tpu.topology`) or the machine's own. `plan` compiles it and reads
+what the compiler reports: per-chip memory (`memory_analysis`), its cost model
+(`estimated_cycles` of every op, summed over the executed schedule by `jaxformer.tpu.hlo`), the
+collectives and the matmul FLOPs. A step that does not fit is refused by the TPU compiler
+itself (RESOURCE_EXHAUSTED); its message states the bytes needed, which the plan reports.
+
+Two step-time estimates, both labelled as estimates: the compiler's own cost model, and a
+roofline (FLOPs / peak, HBM bytes / bandwidth, collective bytes / ICI or DCN bandwidth, the
+largest of the three: perfect overlap). The chip figures are public spec sheets
+(`jaxformer.tpu.chips`, with sources).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gzip
+import hashlib
+import json
+import os
+import re
+import time
+import warnings
+from typing import Any, Sequence
+
+import jax
+
+from jaxformer import models, parallel, run_settings
+from jaxformer.data.batch_spec import train_batch_spec
+from jaxformer.parallel.sharding import per_device_bytes
+from jaxformer.state import train_state as state_lib
+from jaxformer.train import config_checks, progress, setup, tasks
+from jaxformer.tpu import chips as chips_lib
+from jaxformer.tpu import hlo, topology as topology_lib
+
+
+@dataclasses.dataclass
+class Program:
+  """A config's train step on a device set, with abstract (ShapeDtypeStruct) arguments."""
+  config: Any
+  settings: run_settings.RunSettings
+  task: tasks.Task
+  plan: parallel.ShardingPlan
+  step: parallel.CompiledStep
+  state: Any                     # the train state: ShapeDtypeStructs with their shardings
+  batch: dict
+  key: Any
+
+  @property
+  def args(self) -> tuple:
+    return self.state, self.batch, self.key
+
+
+def build_program(config, devices: Sequence[Any], settings=None) -> Program:
+  """The train step of `config` for `devices`, as the trainer builds it; every config error
+  (mesh, divisibility, batch) is raised here, before anything compiles."""
+  settings = settings or config_checks.validate(config)
+  task = tasks.task_for(config.model)
+  plan = parallel.ShardingPlan.from_config(settings.mesh, devices)
+  plan.check_batch_size(settings.train.batch_size)
+  module, tx, init_boxed = state_lib.train_state_fns(config)
+  abstract = jax.eval_shape(init_boxed)
+  state_shardings = plan.state_shardings(abstract)
+  state = plan.restore_target(abstract)
+  spec = train_batch_spec(config, settings, task.name, models.with_defaults(config.model))
+  batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=plan.batch_sharding(len(shape)))
+           for k, (shape, dtype) in spec.items()}
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=plan.replicated)
+  step = setup.jit_train_step(settings, plan, module, tx, task, state_shardings,
+                              {k: v.sharding for k, v in batch.items()})
+  return Program(config, settings, task, plan, step, state, batch, key)
+
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# TPU compiler refusals: "... HLO temporaries (31.47G) exceeds available HBM (15.75G)" and
+# "Used 20.51G of 15.75G hbm. Exceeded hbm capacity by 4.76G."
+_OOM_PATTERNS = (
+    re.compile(r"temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)"),
+    re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm"),
+)
+
+
+def parse_out_of_memory(message: str) -> tuple[int, int] | None:
+  """(bytes needed, bytes available) from a TPU compiler's out-of-memory refusal, or None."""
+  if "RESOURCE_EXHAUSTED" not in message:
+    return None
+  for pattern in _OOM_PATTERNS:
+    match = pattern.search(message)
+    if match:
+      need, need_unit, have, have_unit = match.groups()
+      return (int(float(need) * _UNITS[need_unit]), int(float(have) * _UNITS[have_unit]))
+  return None
+
+
+@dataclasses.dataclass
+class Plan:
+  """The compiled step's costs per chip; `to_json` is the `--json` report."""
+  topology: str
+  slices: int
+  chips: int
+  chip: chips_lib.Chip
+  mesh: dict[str, int]
+  fsdp: bool
+  fits: bool
+  per_chip_bytes: dict[str, int]        # params, optimizer, temp, total
+  flops_per_step: dict[str, float]      # compiler (loop-aware matmuls), analytic
+  collectives: dict[str, dict]
+  estimated_step_seconds: float | None  # the compiler's cost model
+  roofline: dict[str, float]
+  mfu: dict[str, float | None]
+  compile_seconds: float
+  refusal: str | None = None            # the compiler's out-of-memory message
+
+  @property
+  def hbm_bytes(self) -> int:
+    return self.chip.hbm_bytes
+
+  def to_json(self) -> dict:
+    return {"topology": self.topology, "slices": self.slices, "chips": self.chips,
+            "chip": dataclasses.asdict(self.chip), "mesh": self.mesh, "fsdp": self.fsdp,
+            "fits": self.fits, "hbm_bytes": self.hbm_bytes,
+            "per_chip_bytes": self.per_chip_bytes, "flops_per_step": self.flops_per_step,
+            "collectives": self.collectives,
+            "estimated_step_seconds": self.estimated_step_seconds, "roofline": self.roofline,
+            "mfu": self.mfu, "compile_seconds": self.compile_seconds,
+            "refusal": self.refusal}
+
+
+@dataclasses.dataclass
+class CompileOutput:
+  """What the compiler says about a program: kept (cached) whole, so that a better analysis
+  re-reads it without compiling again."""
+  seconds: float
+  memory: dict[str, int] | None = None   # CompiledMemoryStats fields
+  hlo: str | None = None                 # the optimized HLO text
+  refusal: str | None = None             # an out-of-memory refusal's first line
+  needed_temp_bytes: int | None = None   # from the refusal
+
+
+def _compile_only(program: Program) -> bool:
+  """Whether `program`'s devices are libtpu's compile-only ones (no chip behind them)."""
+  client = program.plan.mesh.devices.flat[0].client
+  return type(client).__name__ == "CompileOnlyPyClient"
+
+
+@contextlib.contextmanager
+def _cache_warnings_off(active: bool):
+  """Compile-only executables cannot be read back from JAX's persistent compilation cache
+  ('PjRtCompiler must be constructed with a Client'): JAX warns and compiles, which is what
+  a plan wants, so its warning is not shown. (JAX decides once per process whether the cache
+  is used, so it cannot be switched off here.)"""
+  with warnings.catch_warnings():
+    if active:
+      warnings.filterwarnings("ignore", message=".*persistent compilation cache entry")
+    yield
+
+
+def compile_program(program: Program) -> CompileOutput:
+  """Compile `program`; an out-of-memory refusal is a result, any other error raises."""
+  start = time.perf_counter()
+  try:
+    with _cache_warnings_off(_compile_only(program)):
+      compiled = program.step.lower(*program.args).compile()
+  except jax.errors.JaxRuntimeError as e:
+    refused = parse_out_of_memory(str(e))
+    if refused is None:
+      raise
+    return CompileOutput(time.perf_counter() - start, refusal=_first_line(str(e)),
+                         needed_temp_bytes=refused[0])
+  seconds = time.perf_counter() - start
+  memory = compiled.memory_analysis()
+  fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+            "temp_size_in_bytes", "generated_code_size_in_bytes")
+  return CompileOutput(seconds, memory={f: int(getattr(memory, f)) for f in fields},
+                       hlo=compiled.as_text())
+
+
+def default_cache_dir() -> str:
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "jaxformer", "plans")
+
+
+def cache_key(config, topology: str, slices: int) -> str:
+  """The config, the topology and the compiler's versions: what a compile depends on."""
+  import jaxlib
+  versions = [jax.__version__, jaxlib.__version__, topology_lib.libtpu_version()]
+  text = json.dumps([config.to_dict(), topology, slices, versions], sort_keys=True,
+                    default=str)
+  return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def compile_cached(program: Program, key: str, cache_dir: str | None) -> CompileOutput:
+  """`compile_program`, through a gzipped JSON file per key in `cache_dir` (None: no cache)."""
+  if cache_dir is None:
+    return compile_program(program)
+  path = os.path.join(cache_dir, key + ".json.gz")
+  if os.path.exists(path):
+    with gzip.open(path, "rt") as f:
+      return CompileOutput(**json.load(f))
+  out = compile_program(program)
+  os.makedirs(cache_dir, exist_ok=True)
+  tmp = f"{path}.{os.getpid()}.tmp"
+  with gzip.open(tmp, "wt") as f:
+    json.dump(dataclasses.asdict(out), f)
+  os.replace(tmp, path)
+  return out
+
+
+def plan(config, topology: str, slices: int = 1, *, settings=None,
+         cache_dir: str | None = None) -> Plan:
+  """Compile `config`'s train step for `slices` slices of `topology` and read its costs
+  (compiles cached in `cache_dir`, if given)."""
+  devices = topology_lib.devices(topology, slices)
+  program = build_program(config, devices, settings)
+  chip = chips_lib.CHIPS[topology_lib.generation(topology)]
+  out = compile_cached(program, cache_key(config, topology, slices), cache_dir)
+  return analyse(program, out, chip, topology=topology, slices=slices)
+
+
+def analyse(program: Program, out: CompileOutput, chip: chips_lib.Chip, *, topology: str,
+            slices: int = 1) -> Plan:
+  """The compiled program's memory, FLOPs, collectives and estimated step times per chip."""
+  mesh = program.plan.mesh
+  n = mesh.devices.size
+  params = per_device_bytes(program.state["params"])
+  optimizer = per_device_bytes(program.state["opt_state"])
+  analytic = float(progress.flops_per_step(program.config.model, program.task, program.batch, 1))
+  common = dict(topology=topology, slices=slices, chips=n, chip=chip, mesh=dict(mesh.shape),
+                fsdp=program.settings.mesh.fsdp, compile_seconds=out.seconds)
+  if out.refusal is not None:
+    total = params + optimizer + out.needed_temp_bytes + per_device_bytes(program.batch)
+    return Plan(**common, fits=False,
+                per_chip_bytes={"params": params, "optimizer": optimizer,
+                                "temp": out.needed_temp_bytes, "total": total},
+                flops_per_step={"compiler": None, "analytic": analytic}, collectives={},
+                estimated_step_seconds=None, roofline={},
+                mfu={"estimate": None, "roofline": None}, refusal=out.refusal)
+  m = out.memory
+  total = (m["argument_size_in_bytes"] + m["output_size_in_bytes"] - m["alias_size_in_bytes"]
+           + m["temp_size_in_bytes"] + m["generated_code_size_in_bytes"])
+  stats = hlo.analyse(out.hlo, mesh)
+  estimate = stats.estimated_cycles / chip.clock_hz if stats.estimated_cycles else None
+  roofline = {"compute_seconds": stats.matmul_flops / chip.peak_flops,
+              "hbm_seconds": stats.hbm_bytes / chip.hbm_bytes_per_s,
+              **communication_seconds(stats.collectives, chip)}
+  roofline["step_seconds"] = max(roofline.values())
+  peak = chip.peak_flops * n
+  mfu = {"estimate": analytic / (estimate * peak) if estimate else None,
+         "roofline": analytic / (roofline["step_seconds"] * peak)
+         if roofline["step_seconds"] else None}
+  return Plan(**common, fits=total <= chip.hbm_bytes,
+              per_chip_bytes={"params": params, "optimizer": optimizer,
+                              "temp": m["temp_size_in_bytes"], "total": total},
+              flops_per_step={"compiler": stats.matmul_flops * n, "analytic": analytic},
+              collectives=stats.collectives, estimated_step_seconds=estimate,
+              roofline=roofline, mfu=mfu)
+
+
+def communication_seconds(collectives: dict, chip: chips_lib.Chip) -> dict[str, float]:
+  """Collective time at the links' bandwidth: a ring all-gather, reduce-scatter, all-to-all
+  or permute moves its bytes over one mesh axis's links once (the (n-1)/n factor taken as
+  1), an all-reduce twice (a reduce-scatter then an all-gather); cross-slice transfers go
+  at the chip's share of the host's DCN bandwidth."""
+  ici = dcn = 0.0
+  for c in collectives.values():
+    if c["dcn"]:
+      dcn += c["bytes"] / chip.dcn_bytes_per_s
+    else:
+      ici += c["bytes"] * (2 if c["kind"] == "all-reduce" else 1) / chip.ici_axis_bytes_per_s
+  return {"ici_seconds": ici, "dcn_seconds": dcn}
+
+
+def _first_line(message: str) -> str:
+  return next((line.strip() for line in message.splitlines() if line.strip()), message)
+
+
+def seconds(x: float | None) -> str:
+  if x is None:
+    return "n/a"
+  return f"{x:.3f} s" if x >= 0.1 else f"{1e3 * x:.3f} ms"
+
+
+def gib(n: float | None) -> str:
+  return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def table(p: Plan) -> str:
+  """The plan as the lines the CLI prints."""
+  mesh = " x ".join(f"{k}={v}" for k, v in p.mesh.items())
+  c = p.chip
+  b = p.per_chip_bytes
+  margin = p.hbm_bytes - b["total"]
+  lines = [f"{p.topology}" + (f" x {p.slices} slices" if p.slices > 1 else "")
+           + f": {p.chips} chips ({c.name}), mesh {mesh}, fsdp={p.fsdp}, compiled in "
+           f"{p.compile_seconds:.1f} s",
+           f"memory per chip: params {gib(b['params'])} + optimizer {gib(b['optimizer'])} + "
+           f"temporaries {gib(b['temp'])} = {gib(b['total'])} of {gib(p.hbm_bytes)} HBM: "
+           + (f"fits ({gib(margin)} free)" if p.fits else f"does NOT fit (short by "
+              f"{gib(-margin)})")]
+  if p.refusal:
+    lines.append(f"compiler: {p.refusal}")
+    return "\n".join(lines)
+  f = p.flops_per_step
+  lines.append(f"FLOPs per step: compiler {f['compiler']:.3e} (matmuls, all chips), analytic "
+               f"{f['analytic']:.3e} (6N + attention; ratio {f['compiler'] / f['analytic']:.2f})")
+  for kind, rec in sorted(p.collectives.items()):
+    lines.append(f"  {kind:<28} x{rec['count']:<6} {rec['bytes'] / 2**20:10.1f} MiB per chip")
+  r = p.roofline
+  lines.append(
+      f"estimated step time (estimates, not measurements): compiler cost model "
+      f"{seconds(p.estimated_step_seconds)}; roofline {seconds(r['step_seconds'])} (compute "
+      f"{seconds(r['compute_seconds'])}, HBM {seconds(r['hbm_seconds'])}, ICI "
+      f"{seconds(r['ici_seconds'])}, DCN {seconds(r['dcn_seconds'])})")
+  mfu = p.mfu
+  lines.append("MFU implied: " + ", ".join(
+      f"{k} {'n/a' if v is None else f'{100 * v:.1f}%'}" for k, v in mfu.items()))
+  lines.append(f"chip figures: {c.peak_flops / 1e12:.0f} TFLOP/s bf16, "
+               f"{c.hbm_bytes_per_s / 1e9:.0f} GB/s HBM, {c.ici_bytes_per_s / 1e9:.0f} GB/s "
+               f"ICI, {c.dcn_bytes_per_s / 1e9:.1f} GB/s DCN per chip, clock "
+               f"{c.clock_hz / 1e9:.2f} GHz ({c.source})")
+  return "\n".join(lines)
+
