@@ -200,3 +200,18 @@ def test_plan_cli_user_errors_are_one_line():
   mesh = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v5e:2x2",
               "--config.mesh.data=3", cwd=repo)
   assert mesh.returncode == 2 and "mesh data=3" in mesh.stderr and "Traceback" not in mesh.stderr
+
+
+@needs_libtpu
+def test_two_slices_put_the_data_parallel_gradient_exchange_on_dcn():
+  """Two v5e:2x2 slices, data parallel over all 8 chips: the gradients cross the slices over
+  the data-centre network, and the roofline charges DCN time for them."""
+  from jaxformer.train import planning
+  cfg = _tiny()
+  cfg.mesh.update(data=8, model=1, fsdp=False)
+  p = planning.plan(cfg, "v5e:2x2", slices=2)
+  assert p.chips == 8 and p.slices == 2
+  dcn = [rec for rec in p.collectives.values() if rec["dcn"]]
+  assert dcn and all(rec["axes"] == ["data"] or rec["axes"] == ("data",) for rec in dcn)
+  assert p.roofline["dcn_seconds"] > 0
+  assert "x 2 slices" in planning.table(p)

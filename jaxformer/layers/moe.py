@@ -50,6 +50,7 @@ from jax.sharding import PartitionSpec as P
 from jaxformer.layers.dense import default_kernel_init, dense
 from jaxformer.layers.mlp import activation_fn
 from jaxformer.layers.settings import MoESettings
+from jaxformer.ops.pallas import target_platform
 
 MOE_COLLECTION = "intermediates"
 # The expert kernels' parameter names (gated input, gated up, ungated input, output), each
@@ -285,7 +286,8 @@ class MoE(nn.Module):
   def _grouped_matmul_impl(self) -> str:
     if self.settings.grouped_matmul != "auto":
       return self.settings.grouped_matmul
-    return "blocked" if jax.default_backend() == "cpu" else "ragged"
+    # the devices compiled for (a TPU plan traces on a CPU host), not the default backend
+    return "blocked" if target_platform() == "cpu" else "ragged"
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool = True):

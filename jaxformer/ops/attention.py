@@ -134,8 +134,9 @@ def _full_mask(a, tq, tk):
 
 def cudnn_unsupported_reason(q, k, v, *, bias=None) -> str | None:
   """Why `impl="cudnn"` cannot take these inputs, or None if it can."""
-  if jax.default_backend() != "gpu":
-    return f"it needs an NVIDIA GPU backend, but jax.default_backend() is {jax.default_backend()!r}"
+  platform = pallas.target_platform(q)       # the devices compiled for, not the host's
+  if platform != "gpu":
+    return f"it needs an NVIDIA GPU, but the program is compiled for {platform!r}"
   if q.dtype not in _CUDNN_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
     return f"it needs bfloat16/float16 q, k, v (got {q.dtype}, {k.dtype}, {v.dtype})"
   d = q.shape[-1]

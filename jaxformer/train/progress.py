@@ -20,6 +20,8 @@ from typing import Callable, TextIO
 
 import numpy as np
 
+from jaxformer.tpu import chips
+
 PEAK_FLOPS_ENV = "JAXFORMER_PEAK_FLOPS"
 
 _UNIT_SHORT = {"tokens": "tok", "images": "img"}
@@ -34,8 +36,7 @@ _DTYPES = ("bfloat16", "float16", "float32")
 #   A100 (SXM and PCIe, 40/80GB): NVIDIA A100 datasheet: BF16 312 TFLOPS, FP32 19.5 TFLOPS.
 #   V100 SXM2 / PCIe: NVIDIA V100 datasheet: FP16 tensor 125 / 112 TFLOPS, FP32 15.7 / 14;
 #     no bfloat16 hardware, so none is listed.
-#   TPU v4 275, v5e 197, v5p 459, v6e (Trillium) 918 TFLOPS bf16 per chip: Google Cloud TPU
-#     system-architecture pages; Google does not publish fp32 peaks.
+#   TPUs: `jaxformer.tpu.chips` (bf16 only; Google does not publish fp32 peaks).
 # FP32 is the non-tensor-core figure: XLA's default matmul precision on Ampere and newer GPUs
 # uses TF32, so float32 MFU against it can read above 100%.
 _GPU_PEAKS = (
@@ -48,15 +49,6 @@ _GPU_PEAKS = (
     (("v100", "pcie"), {"float16": 112e12, "float32": 14e12}),
     (("v100",), {"float16": 125e12, "float32": 15.7e12}),
 )
-_TPU_PEAKS = {
-    "tpu v4": {"bfloat16": 275e12},
-    "tpu v5 lite": {"bfloat16": 197e12},
-    "tpu v5e": {"bfloat16": 197e12},
-    "tpu v5": {"bfloat16": 459e12},
-    "tpu v5p": {"bfloat16": 459e12},
-    "tpu v6 lite": {"bfloat16": 918e12},
-    "tpu v6e": {"bfloat16": 918e12},
-}
 
 
 def _dtype_name(dtype) -> str:
@@ -98,9 +90,10 @@ def peak_flops_per_device(device=None, dtype="bfloat16", *,
   if device is None:
     import jax                           # pylint: disable=import-outside-toplevel
     device = jax.devices()[0]
+  chip = chips.for_device_kind(device.device_kind)
+  if chip is not None:
+    return chip.peak_flops if dtype == "bfloat16" else None
   kind = device.device_kind.lower().strip()
-  if kind in _TPU_PEAKS:
-    return _TPU_PEAKS[kind].get(dtype)
   for needles, peaks in _GPU_PEAKS:
     if all(needle in kind for needle in needles):
       return peaks.get(dtype)
