@@ -94,7 +94,7 @@ class Candidate:
   reason: str = ""
   lower_bound_bytes: int = 0       # params + optimizer + gradients per chip: exact
   rough_seconds: float = math.inf  # analytic ordering estimate, not reported as a result
-  likely_fits: bool = True         # by an analytic activation estimate: compiled first
+  activation_bytes: float = 0.0    # analytic estimate of the rest (orders compiles)
   plan: dict | None = None         # Plan.to_json() once compiled
 
   def flags(self) -> str:
@@ -144,9 +144,22 @@ def cheap_check(config, candidate: Candidate, devices, chip: chips_lib.Chip,
                         f"{planning.gib(candidate.lower_bound_bytes)} per chip")
     return
   candidate.rough_seconds = _rough_seconds(cfg, settings, plan, chip, params)
-  expected = candidate.lower_bound_bytes + _ACTIVATION_MARGIN * _activation_bytes(
-      cfg, settings, plan)
-  candidate.likely_fits = expected <= chip.hbm_bytes
+  candidate.activation_bytes = _activation_bytes(cfg, settings, plan)
+
+
+def _order_key(margin: float, hbm_bytes: int):
+  """Compile order: the candidates expected to fit (activations scaled by `margin`, learnt
+  from the compiles so far), fastest first by the rough estimate, then the others."""
+  return lambda c: (c.lower_bound_bytes + margin * c.activation_bytes > hbm_bytes,
+                    c.rough_seconds)
+
+
+def _learn_margin(margin: float, c: Candidate) -> float:
+  """The activation estimate's margin after `c` compiled: at least what it needed."""
+  if not c.plan or not c.activation_bytes:
+    return margin
+  needed = c.plan["per_chip_bytes"]["total"] - c.lower_bound_bytes
+  return max(margin, needed / c.activation_bytes)
 
 
 # Activation bytes kept for the backward pass per token and layer, in units of d_model, by
@@ -154,6 +167,7 @@ def cheap_check(config, candidate: Candidate, devices, chip: chips_lib.Chip,
 # 5 a s bytes in 16-bit without recomputation; with full recomputation only the layer input).
 # The compiler keeps some residuals in float32 and copies: its temporaries came out ~1.2x the
 # estimate below for GPT-2 small (31.5 GiB compiled vs 27 GiB estimated, v5e, 16 rows/chip).
+# A search starts from this margin and raises it to what each compile needed.
 _ACTIVATION_MARGIN = 1.3
 _SAVED_PER_TOKEN = {"none": 34, "dots_no_batch": 34, "dots": 12, "full": 2}
 
@@ -239,18 +253,13 @@ def search(config, topology: str, slices: int = 1, *, dimensions=DIMENSIONS,
   abstract_cache: dict = {}
   for c in candidates:
     cheap_check(config, c, devices, chip, abstract_cache)
-  viable = sorted((c for c in candidates if c.status == "pending"),
-                  key=lambda c: (not c.likely_fits, c.rough_seconds))
+  viable = [c for c in candidates if c.status == "pending"]
   log(f"{len(candidates)} candidates, {len(viable)} left after the cheap checks "
       f"({time.perf_counter() - start:.0f} s)")
-  if max_compiles is not None:
-    for c in viable[max_compiles:]:
-      c.status, c.reason = "skipped", f"beyond --max_compiles={max_compiles}"
-    viable = viable[:max_compiles]
   if viable:
-    _compile_all(config, viable, topology, slices, workers=workers,
+    _compile_all(config, viable, topology, slices, chip, workers=workers,
                  cache_dir=cache_dir or planning.default_cache_dir(),
-                 deadline=start + budget_seconds, log=log)
+                 deadline=start + budget_seconds, max_compiles=max_compiles, log=log)
   return SearchResult(topology, slices, candidates, time.perf_counter() - start)
 
 
@@ -270,42 +279,54 @@ def _record(candidate: Candidate, result: dict) -> None:
     candidate.status, candidate.reason = "refused", result["error"]
 
 
-def _compile_all(config, todo, topology, slices, *, workers, cache_dir, deadline,
-                 log) -> None:
-  """Compile `todo` in `workers` processes, best-first, until `deadline` (each compile is
-  cached in `cache_dir`, so a rerun reads instead of compiling)."""
+def _compile_all(config, queue: list[Candidate], topology, slices, chip, *, workers,
+                 cache_dir, deadline, max_compiles, log) -> None:
+  """Compile the candidates in `workers` processes until `deadline` or `max_compiles`, always
+  the best-ordered next (the order is redone after each result, with the activation margin
+  learnt from it); each compile is cached in `cache_dir`, so a rerun reads it back."""
   context = multiprocessing.get_context("spawn")
   os.makedirs(cache_dir, exist_ok=True)
   worker_log = os.path.join(cache_dir, "workers.log")
   pool = context.Pool(max(1, workers), initializer=_quiet_worker, initargs=(worker_log,))
-  pending = [(c, pool.apply_async(compile_candidate,
-                                  (config, c.overrides, topology, slices, cache_dir)))
-             for c in todo]
-  finished = True
-  for c, result in pending:
-    try:
-      value = result.get(timeout=max(0.0, deadline - time.perf_counter()))
-    except multiprocessing.TimeoutError:
-      finished = False
+  margin, launched, running = _ACTIVATION_MARGIN, 0, []
+  while True:
+    while (queue and len(running) < max(1, workers) and time.perf_counter() < deadline
+           and (max_compiles is None or launched < max_compiles)):
+      queue.sort(key=_order_key(margin, chip.hbm_bytes))
+      c = queue.pop(0)
+      running.append((c, pool.apply_async(
+          compile_candidate, (config, c.overrides, topology, slices, cache_dir))))
+      launched += 1
+    done = [(c, r) for c, r in running if r.ready()]
+    if not running or (not done and time.perf_counter() >= deadline):
       break
-    _record(c, value)
-    log(f"  compiled {c.flags()}: {c.status}{', ' + c.reason if c.reason else ''}"
-        + (f", est {c.seconds:.4f} s" if c.fits else ""))
-  if finished:
-    pool.close()
-  else:
+    if not done:
+      time.sleep(0.2)
+      continue
+    for c, r in done:
+      running.remove((c, r))
+      _record(c, r.get())
+      margin = _learn_margin(margin, c)
+      log(f"  compiled {c.flags()}: {c.status}{', ' + c.reason if c.reason else ''}"
+          + (f", est {c.seconds:.4f} s" if c.fits else ""))
+  if running:
     pool.terminate()                 # compiles in flight are abandoned, not cached
+  else:
+    pool.close()
   pool.join()
-  for c in todo:
-    if c.status == "pending":
-      c.status, c.reason = "skipped", "time budget spent"
+  for c in queue + [c for c, _ in running]:
+    c.status = "skipped"
+    c.reason = ("time budget spent" if time.perf_counter() >= deadline
+                else f"beyond max_compiles={max_compiles}")
 
 
 def nearest_fitting_change(config, devices, chip: chips_lib.Chip, *, topology: str,
-                           slices: int = 1, log=lambda *_: None) -> Candidate | None:
-  """The smallest change to `config` that fits: one field at a time (remat, FSDP, doubling
-  the gradient accumulation, the mesh), then pairs, cheapest estimated step first; compiled
-  in this process on `devices`."""
+                           slices: int = 1, refused: planning.Plan | None = None,
+                           log=lambda *_: None) -> Candidate | None:
+  """The smallest change to `config` that fits: one field at a time (remat policy, FSDP,
+  gradient accumulation, the mesh), then pairs; among as many changes, those expected to fit
+  first, fastest first. Compiled in this process on `devices`; `refused` (the config's own
+  plan) calibrates the memory estimate, and so does each compile."""
   neighbours = []
   for dims in (["remat"], ["fsdp"], ["accum"], ["mesh"], ["remat", "accum"],
                ["fsdp", "remat"], ["fsdp", "accum"], ["mesh", "fsdp"]):
@@ -314,18 +335,26 @@ def nearest_fitting_change(config, devices, chip: chips_lib.Chip, *, topology: s
       if changed and changed not in [n.overrides for n in neighbours]:
         neighbours.append(Candidate(changed))
   abstract_cache: dict = {}
+  margin = _ACTIVATION_MARGIN
+  if refused is not None:
+    own = Candidate({}, plan=refused.to_json())
+    cheap_check(config, own, devices, chip, abstract_cache)
+    margin = _learn_margin(margin, own)
   for c in neighbours:
     cheap_check(config, c, devices, chip, abstract_cache)
-  viable = sorted((c for c in neighbours if c.status == "pending"),
-                  key=lambda c: (len(c.overrides), not c.likely_fits, c.rough_seconds))
-  for c in viable:
+  viable = [c for c in neighbours if c.status == "pending"]
+  while viable:
+    order = _order_key(margin, chip.hbm_bytes)
+    viable.sort(key=lambda c: (len(c.overrides), *order(c)))
+    c = viable.pop(0)
     program = planning.build_program(with_overrides(config, c.overrides), devices)
     result = planning.analyse(program, planning.compile_program(program), chip,
                               topology=topology, slices=slices)
+    c.status, c.plan = "compiled", result.to_json()
     log(f"  tried {c.flags()}: {'fits' if result.fits else 'does not fit'}")
     if result.fits:
-      c.status, c.plan = "compiled", result.to_json()
       return c
+    margin = _learn_margin(margin, c)
   return None
 
 
@@ -370,7 +399,7 @@ def require_fit(config, settings, devices, chip: chips_lib.Chip, *, topology: st
           f"{planning.gib(total - chip.hbm_bytes)})")
   log(need + "; looking for the nearest change that fits")
   nearest = nearest_fitting_change(config, devices, chip, topology=topology, slices=slices,
-                                   log=log)
+                                   refused=report, log=log)
   if nearest is None:
     raise ValueError(f"{need}; no change of remat policy, FSDP, gradient accumulation or mesh "
                      "fits: use more chips or a smaller model or batch")
