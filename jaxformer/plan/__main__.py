@@ -8,6 +8,7 @@ collectives and estimated step times. `--search` ranks shardings and prints the 
 """
 
 import json
+import sys
 
 from absl import flags
 from ml_collections import config_flags
@@ -24,8 +25,8 @@ flags.DEFINE_list("search_dims", ["mesh", "fsdp", "remat", "accum", "attention",
 flags.DEFINE_float("budget_minutes", 30.0, "Time budget of --search.")
 flags.DEFINE_integer("workers", 2, "Compile processes of --search.")
 flags.DEFINE_integer("max_compiles", None, "At most this many compiles in --search.")
-flags.DEFINE_string("cache_dir", None, "Where --search caches compile results "
-                    "(default ~/.cache/jaxformer/plans).")
+flags.DEFINE_string("cache_dir", None, "Where compiles are cached (default for --search: "
+                    "~/.cache/jaxformer/plans; a single plan is cached only when given).")
 flags.mark_flags_as_required(["config", "topology"])
 
 
@@ -41,7 +42,8 @@ def main(argv):
                      f"from {','.join(plan_search.DIMENSIONS)}")
   settings = config_checks.validate(f.config)
   if not f.search:
-    report = planning.plan(f.config, f.topology, f.slices, settings=settings)
+    report = planning.plan(f.config, f.topology, f.slices, settings=settings,
+                           cache_dir=f.cache_dir)
     print(planning.table(report))
     if f.json:
       paths.write_text(f.json, json.dumps(report.to_json(), indent=2))
@@ -54,8 +56,13 @@ def main(argv):
   if best is None:
     print("no candidate fits; widen --search_dims, raise --budget_minutes, or use more chips")
   else:
+    spec = config_flags.get_config_filename(flags.FLAGS["config"])
+    given = " ".join(a for a in sys.argv[1:] if a.startswith("--config.")
+                     and a.split("=", 1)[0][len("--config."):] not in best.overrides)
+    train = f"python -m jaxformer.train --config={spec} {given} {best.flags()}".replace("  ", " ")
     print(f"best: {best.flags()}")
-    print(f"  python -m jaxformer.train --config=... {best.flags()} --workdir=...")
+    print(f"  {train} --workdir=DIR")
+    print(f"  python -m launch.tpu run --tpu=NAME --zone=ZONE -- {train} --workdir=gs://BUCKET/DIR")
   if f.json:
     paths.write_text(f.json, json.dumps(
         {"best": None if best is None else best.overrides,

@@ -154,12 +154,22 @@ def _order_key(margin: float, hbm_bytes: int):
                     c.rough_seconds)
 
 
-def _learn_margin(margin: float, c: Candidate) -> float:
-  """The activation estimate's margin after `c` compiled: at least what it needed."""
-  if not c.plan or not c.activation_bytes:
-    return margin
-  needed = c.plan["per_chip_bytes"]["total"] - c.lower_bound_bytes
-  return max(margin, needed / c.activation_bytes)
+class Margin:
+  """The factor between what compiles needed beyond the exact lower bound and the activation
+  estimate: a prior until the first compile, then the largest factor seen (the estimate is
+  coarse both ways: float32 copies the compiler keeps, fusions that keep less)."""
+
+  def __init__(self):
+    self.seen: list[float] = []
+
+  @property
+  def value(self) -> float:
+    return max(self.seen) if self.seen else _ACTIVATION_MARGIN
+
+  def learn(self, c: Candidate) -> None:
+    if c.plan and c.activation_bytes:
+      needed = c.plan["per_chip_bytes"]["total"] - c.lower_bound_bytes
+      self.seen.append(max(needed, 0) / c.activation_bytes)
 
 
 # Activation bytes kept for the backward pass per token and layer, in units of d_model, by
@@ -288,11 +298,11 @@ def _compile_all(config, queue: list[Candidate], topology, slices, chip, *, work
   os.makedirs(cache_dir, exist_ok=True)
   worker_log = os.path.join(cache_dir, "workers.log")
   pool = context.Pool(max(1, workers), initializer=_quiet_worker, initargs=(worker_log,))
-  margin, launched, running = _ACTIVATION_MARGIN, 0, []
+  margin, launched, running = Margin(), 0, []
   while True:
     while (queue and len(running) < max(1, workers) and time.perf_counter() < deadline
            and (max_compiles is None or launched < max_compiles)):
-      queue.sort(key=_order_key(margin, chip.hbm_bytes))
+      queue.sort(key=_order_key(margin.value, chip.hbm_bytes))
       c = queue.pop(0)
       running.append((c, pool.apply_async(
           compile_candidate, (config, c.overrides, topology, slices, cache_dir))))
@@ -306,9 +316,9 @@ def _compile_all(config, queue: list[Candidate], topology, slices, chip, *, work
     for c, r in done:
       running.remove((c, r))
       _record(c, r.get())
-      margin = _learn_margin(margin, c)
+      margin.learn(c)
       log(f"  compiled {c.flags()}: {c.status}{', ' + c.reason if c.reason else ''}"
-          + (f", est {c.seconds:.4f} s" if c.fits else ""))
+          + (f", est. step {planning.seconds(c.seconds)}" if c.fits else ""))
   if running:
     pool.terminate()                 # compiles in flight are abandoned, not cached
   else:
@@ -327,24 +337,25 @@ def nearest_fitting_change(config, devices, chip: chips_lib.Chip, *, topology: s
   gradient accumulation, the mesh), then pairs; among as many changes, those expected to fit
   first, fastest first. Compiled in this process on `devices`; `refused` (the config's own
   plan) calibrates the memory estimate, and so does each compile."""
+  current = _current_values(config, devices)
   neighbours = []
   for dims in (["remat"], ["fsdp"], ["accum"], ["mesh"], ["remat", "accum"],
                ["fsdp", "remat"], ["fsdp", "accum"], ["mesh", "fsdp"]):
     for overrides in candidate_overrides(config, len(devices), dims):
-      changed = {k: v for k, v in overrides.items() if _current(config, k) != v}
+      changed = {k: v for k, v in overrides.items() if current.get(k) != v}
       if changed and changed not in [n.overrides for n in neighbours]:
         neighbours.append(Candidate(changed))
   abstract_cache: dict = {}
-  margin = _ACTIVATION_MARGIN
+  margin = Margin()
   if refused is not None:
     own = Candidate({}, plan=refused.to_json())
     cheap_check(config, own, devices, chip, abstract_cache)
-    margin = _learn_margin(margin, own)
+    margin.learn(own)
   for c in neighbours:
     cheap_check(config, c, devices, chip, abstract_cache)
   viable = [c for c in neighbours if c.status == "pending"]
   while viable:
-    order = _order_key(margin, chip.hbm_bytes)
+    order = _order_key(margin.value, chip.hbm_bytes)
     viable.sort(key=lambda c: (len(c.overrides), *order(c)))
     c = viable.pop(0)
     program = planning.build_program(with_overrides(config, c.overrides), devices)
@@ -354,24 +365,31 @@ def nearest_fitting_change(config, devices, chip: chips_lib.Chip, *, topology: s
     log(f"  tried {c.flags()}: {'fits' if result.fits else 'does not fit'}")
     if result.fits:
       return c
-    margin = _learn_margin(margin, c)
+    margin.learn(c)
   return None
 
 
-def _current(config, dotted: str):
-  section, _, name = dotted.partition(".")
-  return config[section].get(name)
+def _current_values(config, devices) -> dict[str, Any]:
+  """The config's values of the searched fields, its mesh resolved on `devices` (-1 filled)."""
+  settings = config_checks.validate(config)
+  shape = parallel.mesh.resolve_mesh_shape(settings.mesh, devices)
+  model = models.with_defaults(config.model)
+  return {"mesh.data": shape[0], "mesh.model": shape[1], "mesh.expert": shape[2],
+          "mesh.fsdp": settings.mesh.fsdp, "optim.grad_accum": settings.optim.grad_accum,
+          **{f"model.{k}": model.get(k) for k in ("remat_policy", "attention_impl",
+                                                   "scan_layers")}}
 
 
 def table(result: SearchResult, top: int = 15) -> str:
   """The ranked fitting candidates, then how many were pruned, refused or skipped."""
-  lines = ["| rank | overrides | per-chip GiB | est. step s | roofline s | MFU (est.) | "
+  lines = ["| rank | overrides | per-chip GiB | est. step | roofline step | MFU (est.) | "
            "compile s |", "|---|---|---|---|---|---|---|"]
   for i, c in enumerate(result.ranked[:top], 1):
     p = c.plan
     mfu = p["mfu"]["estimate"]
     lines.append(f"| {i} | `{c.flags()}` | {p['per_chip_bytes']['total'] / 2**30:.2f} | "
-                 f"{c.seconds:.4f} | {p['roofline']['step_seconds']:.4f} | "
+                 f"{planning.seconds(c.seconds)} | "
+                 f"{planning.seconds(p['roofline']['step_seconds'])} | "
                  f"{'n/a' if mfu is None else f'{100 * mfu:.1f}%'} | "
                  f"{p['compile_seconds']:.1f} |")
   counts: dict[str, int] = {}
