@@ -95,6 +95,7 @@ class Candidate:
   lower_bound_bytes: int = 0       # params + optimizer + gradients per chip: exact
   rough_seconds: float = math.inf  # analytic ordering estimate, not reported as a result
   activation_bytes: float = 0.0    # analytic estimate of the rest (orders compiles)
+  remat_policy: str = "none"
   plan: dict | None = None         # Plan.to_json() once compiled
 
   def flags(self) -> str:
@@ -124,6 +125,9 @@ def cheap_check(config, candidate: Candidate, devices, chip: chips_lib.Chip,
     settings = config_checks.validate(cfg)
     plan = parallel.ShardingPlan.from_config(settings.mesh, devices)
     plan.check_batch_size(settings.train.batch_size)
+    if settings.mesh.fsdp and plan.mesh.shape["data"] == 1:
+      raise ValueError("mesh.fsdp=True shards nothing with mesh.data=1 (the same program as "
+                       "mesh.fsdp=False)")
     micro = settings.train.batch_size // settings.optim.grad_accum
     if micro % plan.batch_shards:
       raise ValueError(f"the micro-batch ({micro} rows) does not split over "
@@ -145,60 +149,63 @@ def cheap_check(config, candidate: Candidate, devices, chip: chips_lib.Chip,
     return
   candidate.rough_seconds = _rough_seconds(cfg, settings, plan, chip, params)
   candidate.activation_bytes = _activation_bytes(cfg, settings, plan)
+  candidate.remat_policy = models.with_defaults(cfg.model).get("remat_policy", "none")
 
 
-def _order_key(margin: float, hbm_bytes: int):
-  """Compile order: the candidates expected to fit (activations scaled by `margin`, learnt
+def _order_key(margin: "Margin", hbm_bytes: int):
+  """Compile order: the candidates expected to fit (activations scaled by the margin learnt
   from the compiles so far), fastest first by the rough estimate, then the others."""
-  return lambda c: (c.lower_bound_bytes + margin * c.activation_bytes > hbm_bytes,
-                    c.rough_seconds)
+  return lambda c: (c.lower_bound_bytes + margin.value(c.remat_policy) * c.activation_bytes
+                    > hbm_bytes, c.rough_seconds)
 
 
 class Margin:
   """The factor between what compiles needed beyond the exact lower bound and the activation
-  estimate: a prior until the first compile, then the largest factor seen (the estimate is
-  coarse both ways: float32 copies the compiler keeps, fusions that keep less)."""
+  estimate, per remat policy (the estimate's error depends on what the policy saves): a prior
+  until a compile of that policy, then the largest factor seen for it."""
 
   def __init__(self):
-    self.seen: list[float] = []
+    self.seen: dict[str, list[float]] = {}
 
-  @property
-  def value(self) -> float:
-    return max(self.seen) if self.seen else _ACTIVATION_MARGIN
+  def value(self, policy: str) -> float:
+    seen = self.seen.get(policy)
+    return max(seen) if seen else _ACTIVATION_MARGIN
 
   def learn(self, c: Candidate) -> None:
     if c.plan and c.activation_bytes:
       needed = c.plan["per_chip_bytes"]["total"] - c.lower_bound_bytes
-      self.seen.append(max(needed, 0) / c.activation_bytes)
+      self.seen.setdefault(c.remat_policy, []).append(max(needed, 0) / c.activation_bytes)
 
 
-# Activation bytes kept for the backward pass per token and layer, in units of d_model, by
-# remat policy (Korthikanti et al. 2022, "Reducing activation recomputation", sec. 4: 34 d +
-# 5 a s bytes in 16-bit without recomputation; with full recomputation only the layer input).
-# The compiler keeps some residuals in float32 and copies: its temporaries came out ~1.2x the
-# estimate below for GPT-2 small (31.5 GiB compiled vs 27 GiB estimated, v5e, 16 rows/chip).
-# A search starts from this margin and raises it to what each compile needed.
+# Activation bytes kept for the backward pass per token and layer (Korthikanti et al. 2022,
+# "Reducing activation recomputation", sec. 4: d (10 + 24/t) + 5 a s / t in 16-bit with
+# tensor parallelism t and no recomputation; the 10 d of norms, residuals and dropout masks
+# are not split by t). By remat policy, as (d replicated, d split over t, a s split over t):
+# `dots` keeps the matmul outputs, the attention scores included (a batched dot, float32);
+# `dots_no_batch` keeps the projections' outputs only; `full` keeps each layer's input.
+# The compiler keeps some residuals in float32 and copies: its temporaries came out ~1.2x
+# this for GPT-2 small (31.5 GiB compiled vs 27 GiB estimated, v5e, 16 rows/chip). A search
+# starts from this margin and learns each policy's from what its compiles needed.
 _ACTIVATION_MARGIN = 1.3
-_SAVED_PER_TOKEN = {"none": 34, "dots_no_batch": 34, "dots": 12, "full": 2}
+_SAVED = {"none": (10, 24, 5), "dots": (2, 12, 4), "dots_no_batch": (2, 12, 0),
+          "full": (2, 0, 0)}
 
 
 def _activation_bytes(cfg, settings, plan) -> float:
   """A rough per-chip activation footprint: what the ordering expects the compiler to need
   beyond the parameters, gradients and optimizer state (only orders compiles)."""
   model = models.with_defaults(cfg.model)
-  shape = plan.mesh.shape
+  t = plan.mesh.shape["model"]
   rows = settings.train.batch_size / (plan.batch_shards * settings.optim.grad_accum)
   seq = settings.data.seq_len or model.get("max_len") or 1
   d, layers = model.get("d_model", 1), model.get("num_layers", 1)
   heads = model.get("num_heads", 1)
-  policy = model.get("remat_policy", "none")
-  per_token = _SAVED_PER_TOKEN.get(policy, 34) * d
-  if policy in ("none", "dots_no_batch"):
-    per_token += 5 * heads * seq                 # attention probabilities (XLA attention)
+  whole, split, scores = _SAVED.get(model.get("remat_policy", "none"), _SAVED["none"])
+  per_token = whole * d + (split * d + scores * heads * seq) / t
   tokens = rows * seq
   vocab = model.get("vocab_size") or model.get("num_classes") or 0
-  logits = tokens * vocab * 4 * 3 / shape["model"]   # f32 logits, softmax, its gradient
-  return layers * tokens * per_token / shape["model"] + logits
+  logits = tokens * vocab * 4 * 3 / t        # float32 logits, softmax, its gradient
+  return layers * tokens * per_token + logits
 
 
 def _rough_seconds(cfg, settings, plan, chip, param_bytes: int) -> float:
@@ -302,7 +309,7 @@ def _compile_all(config, queue: list[Candidate], topology, slices, chip, *, work
   while True:
     while (queue and len(running) < max(1, workers) and time.perf_counter() < deadline
            and (max_compiles is None or launched < max_compiles)):
-      queue.sort(key=_order_key(margin.value, chip.hbm_bytes))
+      queue.sort(key=_order_key(margin, chip.hbm_bytes))
       c = queue.pop(0)
       running.append((c, pool.apply_async(
           compile_candidate, (config, c.overrides, topology, slices, cache_dir))))
@@ -355,7 +362,7 @@ def nearest_fitting_change(config, devices, chip: chips_lib.Chip, *, topology: s
     cheap_check(config, c, devices, chip, abstract_cache)
   viable = [c for c in neighbours if c.status == "pending"]
   while viable:
-    order = _order_key(margin.value, chip.hbm_bytes)
+    order = _order_key(margin, chip.hbm_bytes)
     viable.sort(key=lambda c: (len(c.overrides), *order(c)))
     c = viable.pop(0)
     program = planning.build_program(with_overrides(config, c.overrides), devices)
