@@ -17,7 +17,8 @@ largest of the three: perfect overlap). The chip figures are public spec sheets
 Custom kernels (Pallas attention) have no compiler cost: their `cost_estimate` (flops, bytes
 accessed) is in the FLOP and HBM counts, and the compiler-cost-model estimate adds each kernel
 at its own roofline on this chip, max(flops / peak, bytes / HBM bandwidth) per execution
-(`kernel_seconds`). Kernels with no cost_estimate at all are left out, and the table says so.
+(`kernel_summary`, `Plan.kernels`). Kernels with no cost_estimate at all are left out, and the
+table says so.
 """
 
 from __future__ import annotations
@@ -328,7 +329,9 @@ def table(p: Plan) -> str:
     lines.append(f"compiler: {p.refusal}")
     return "\n".join(lines)
   f = p.flops_per_step
-  lines.append(f"FLOPs per step: compiler {f['compiler']:.3e} (matmuls, all chips), analytic "
+  kernel_flops = " incl. Pallas kernels' estimates" if (p.kernels or {}).get("count") else ""
+  lines.append(f"FLOPs per step: compiler {f['compiler']:.3e} (matmuls{kernel_flops}, all "
+               f"chips), analytic "
                f"{f['analytic']:.3e} (6N + attention; ratio {f['compiler'] / f['analytic']:.2f})")
   for kind, rec in sorted(p.collectives.items()):
     lines.append(f"  {kind:<28} x{rec['count']:<6} {rec['bytes'] / 2**20:10.1f} MiB per chip")
