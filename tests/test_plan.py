@@ -245,3 +245,22 @@ def test_pallas_attention_kernels_are_costed_at_their_roofline():
   assert pallas.mfu["roofline"] < 1 and pallas.to_json()["kernels"] == kernels
   assert "(incl. 3 Pallas kernels at their roofline" in planning.table(pallas)
   assert "WARNING" not in planning.table(pallas)
+
+
+def test_plan_table_warns_of_kernels_without_a_cost():
+  from jaxformer.tpu import chips
+  from jaxformer.train import planning
+  p = planning.Plan(
+      topology="v5e:2x2", slices=1, chips=4, chip=chips.CHIPS["v5e"], mesh={"data": 4},
+      fsdp=False, fits=True,
+      per_chip_bytes={"params": 1, "optimizer": 2, "temp": 3, "total": 6},
+      flops_per_step={"compiler": 2e9, "analytic": 1e9}, collectives={},
+      estimated_step_seconds=1e-3, roofline={k: 1e-4 for k in (
+          "compute_seconds", "hbm_seconds", "ici_seconds", "dcn_seconds", "step_seconds")},
+      mfu={"estimate": 0.1, "roofline": 0.5}, compile_seconds=1.0,
+      kernels={"count": 1, "executions": 2, "flops": 1e8, "bytes": 1e6,
+               "roofline_seconds": 2e-5, "uncosted": 2})
+  text = planning.table(p)
+  assert "(incl. 1 Pallas kernel at its roofline, 0.020 ms)" in text
+  assert "WARNING: 2 custom kernel(s) carry no cost" in text
+  assert json.loads(json.dumps(p.to_json()))["kernels"]["uncosted"] == 2

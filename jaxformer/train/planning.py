@@ -275,9 +275,9 @@ def analyse(program: Program, out: CompileOutput, chip: chips_lib.Chip, *, topol
 def kernel_summary(stats: hlo.ProgramStats, chip: chips_lib.Chip) -> dict:
   """The custom kernels of a program on `chip`: each execution at its roofline,
   max(flops / peak FLOP/s, bytes / HBM bandwidth), summed over the executions of a step."""
-  seconds = sum(k["executions"] * max(k["flops"] / chip.peak_flops,
-                                      k["bytes"] / chip.hbm_bytes_per_s)
-                for k in stats.kernels.values())
+  seconds = sum((k["executions"] * max(k["flops"] / chip.peak_flops,
+                                       k["bytes"] / chip.hbm_bytes_per_s)
+                 for k in stats.kernels.values()), 0.0)
   return {"count": len(stats.kernels),
           "executions": int(sum(k["executions"] for k in stats.kernels.values())),
           "flops": stats.kernel_flops, "bytes": stats.kernel_bytes,
@@ -337,8 +337,10 @@ def table(p: Plan) -> str:
     lines.append(f"  {kind:<28} x{rec['count']:<6} {rec['bytes'] / 2**20:10.1f} MiB per chip")
   r = p.roofline
   k = p.kernels or {}
-  with_kernels = (f" (incl. {k['count']} Pallas kernel{'s' if k['count'] != 1 else ''} at "
-                  f"their roofline, {seconds(k['roofline_seconds'])})" if k.get("count") else "")
+  many = k.get("count", 0) != 1
+  with_kernels = (f" (incl. {k['count']} Pallas kernel{'s' if many else ''} at "
+                  f"{'their' if many else 'its'} roofline, {seconds(k['roofline_seconds'])})"
+                  if k.get("count") else "")
   lines.append(
       f"estimated step time (estimates, not measurements): compiler cost model "
       f"{seconds(p.estimated_step_seconds)}{with_kernels}; roofline "
