@@ -259,3 +259,68 @@ def test_block_sizes_reach_the_kernel_and_bad_ones_fail_early():
     models.build(config)
   built = models.build(dict(config, attention_block_sizes=[32, 64]))
   assert built.block.attention_block_sizes == (32, 64)
+
+
+def _pallas_costs(f, *args) -> dict:
+  """{kernel name: its pallas_call's CostEstimate} in the jaxpr of f(*args) (traced only)."""
+  found = {}
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "pallas_call":
+        found[eqn.params["name"]] = eqn.params["cost_estimate"]
+      for param in eqn.params.values():
+        for sub in param if isinstance(param, (tuple, list)) else (param,):
+          inner = getattr(sub, "jaxpr", sub)
+          if hasattr(inner, "eqns"):
+            walk(inner)
+
+  walk(jax.make_jaxpr(f)(*args).jaxpr)
+  return found
+
+
+
+
+def test_cost_estimates_are_the_hand_count_of_a_causal_gqa_shape():
+  """B=2, T=512, 4 query heads on 2 kv heads, D=64, bf16, causal, 128-blocks (TPU): a query
+  block i visits key blocks 0..i, 1+2+3+4 = 10 of 16 pairs per (batch, head)."""
+  b, t, h, hkv, d, blk = 2, 512, 4, 2, 64, 128
+  q = jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16)
+  kv = jax.ShapeDtypeStruct((b, t, hkv, d), jnp.bfloat16)
+
+  def loss(q, k, v):
+    out = pallas_ops.pallas_attention(q, k, v, scale=0.1, causal=True, backend="tpu")
+    return jnp.sum(out.astype(jnp.float32))
+
+  costs = _pallas_costs(jax.grad(loss, (0, 1, 2)), q, kv, kv)
+  pairs = b * h * 10
+  tile = pairs * blk * blk
+  fwd = costs["jaxformer_flash_forward"]
+  assert fwd.flops == 2 * tile * d + 2 * tile * d                 # Q K^T, P V
+  assert fwd.transcendentals == tile + pairs * blk + b * h * t     # exp(s), rescale, log
+  q_bytes, kv_bytes, stat = b * h * t * d * 2, b * hkv * t * d * 2, b * h * t * 4
+  assert fwd.bytes_accessed == 2 * q_bytes + 2 * kv_bytes + stat  # q, K, V in; O, LSE out
+  assert (fwd.flops, fwd.transcendentals, fwd.bytes_accessed) == (335544320, 1325056, 1589248)
+  dq, dkdv = costs["jaxformer_flash_dq"], costs["jaxformer_flash_dkdv"]
+  assert dq.flops == 6 * tile * d and dkdv.flops == 8 * tile * d  # + recomputed Q K^T
+  assert dq.transcendentals == dkdv.transcendentals == tile
+  assert dq.bytes_accessed == 3 * q_bytes + 2 * kv_bytes + 2 * stat
+  assert dkdv.bytes_accessed == 2 * q_bytes + 4 * kv_bytes + 2 * stat
+  # no mask: every pair
+  full = _pallas_costs(lambda q, k, v: pallas_ops.pallas_attention(
+      q, k, v, scale=0.1, backend="tpu"), q, kv, kv)["jaxformer_flash_forward"]
+  assert full.flops == fwd.flops * 16 // 10
+
+
+@pytest.mark.parametrize("tq, tk, bq, bk, causal, window", [
+    (512, 512, 128, 128, True, None), (40, 40, 8, 16, True, None), (7, 33, 16, 16, True, None),
+    (100, 100, 16, 32, False, (20, 5)), (64, 64, 16, 16, False, None),
+    (33, 50, 16, 8, True, (9, None))])
+def test_visited_block_pairs_are_the_kernels_loop_bounds(tq, tk, bq, bk, causal, window):
+  cfg = pallas_ops._Config(causal=causal, window=window, scale=1.0, block_q=bq, block_k=bk,
+                           tq=tq, tk=tk, interpret=True, backend="cpu", head_dim=8)
+  kw = cfg.bounds_kwargs()
+  lo, _, _, hi = pallas_ops.key_block_bounds(np.arange(-(-tq // bq)), **kw)
+  assert pallas_ops.visited_block_pairs(cfg, "query") == int(np.sum(hi - lo))
+  lo, _, _, hi = pallas_ops.query_block_bounds(np.arange(-(-tk // bk)), **kw)
+  assert pallas_ops.visited_block_pairs(cfg, "key") == int(np.sum(hi - lo))

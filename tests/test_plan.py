@@ -215,3 +215,52 @@ def test_two_slices_put_the_data_parallel_gradient_exchange_on_dcn():
   assert dcn and all(rec["axes"] == ["data"] or rec["axes"] == ("data",) for rec in dcn)
   assert p.roofline["dcn_seconds"] > 0
   assert "x 2 slices" in planning.table(p)
+
+
+@needs_libtpu
+def test_pallas_attention_kernels_are_costed_at_their_roofline():
+  """The Pallas kernels' matmuls are no HLO dots and they carry no compiler cycles: their
+  cost_estimate puts the plan's FLOPs near the XLA attention plan's (causal blocks skipped)
+  and adds their roofline to the compiler's step time estimate."""
+  from jaxformer.train import planning
+  plans = {}
+  for impl in ("xla", "pallas"):
+    cfg = _tiny(batch=4, seq=512, d_model=128, num_heads=1, attention_impl=impl)
+    cfg.mesh.update(data=4, model=1, fsdp=False)
+    plans[impl] = planning.plan(cfg, "v5e:2x2")
+  xla, pallas = plans["xla"], plans["pallas"]
+  kernels = pallas.kernels
+  assert kernels["count"] == 3 and kernels["uncosted"] == 0
+  assert kernels["executions"] == 3 * 2                      # forward, dq, dk/dv per layer
+  # per chip: 1 sequence, 1 head of 128, 4 x 4 blocks of 128 of which 10 causal, 2 layers:
+  # (4 + 6 + 8) 128^3 flops per block pair
+  assert kernels["flops"] == 2 * 18 * 10 * 128**3
+  assert xla.kernels["count"] == 0 and xla.kernels["roofline_seconds"] == 0
+  ratio = pallas.flops_per_step["compiler"] / xla.flops_per_step["compiler"]
+  assert 0.7 < ratio <= 1.0, ratio
+  without = (pallas.flops_per_step["compiler"] - 4 * kernels["flops"]) / \
+      xla.flops_per_step["compiler"]
+  assert without < 0.7 * ratio            # the kernels are a large part of the step
+  assert pallas.estimated_step_seconds >= kernels["roofline_seconds"] > 0
+  assert pallas.mfu["roofline"] < 1 and pallas.to_json()["kernels"] == kernels
+  assert "(incl. 3 Pallas kernels at their roofline" in planning.table(pallas)
+  assert "WARNING" not in planning.table(pallas)
+
+
+def test_plan_table_warns_of_kernels_without_a_cost():
+  from jaxformer.tpu import chips
+  from jaxformer.train import planning
+  p = planning.Plan(
+      topology="v5e:2x2", slices=1, chips=4, chip=chips.CHIPS["v5e"], mesh={"data": 4},
+      fsdp=False, fits=True,
+      per_chip_bytes={"params": 1, "optimizer": 2, "temp": 3, "total": 6},
+      flops_per_step={"compiler": 2e9, "analytic": 1e9}, collectives={},
+      estimated_step_seconds=1e-3, roofline={k: 1e-4 for k in (
+          "compute_seconds", "hbm_seconds", "ici_seconds", "dcn_seconds", "step_seconds")},
+      mfu={"estimate": 0.1, "roofline": 0.5}, compile_seconds=1.0,
+      kernels={"count": 1, "executions": 2, "flops": 1e8, "bytes": 1e6,
+               "roofline_seconds": 2e-5, "uncosted": 2})
+  text = planning.table(p)
+  assert "(incl. 1 Pallas kernel at its roofline, 0.020 ms)" in text
+  assert "WARNING: 2 custom kernel(s) carry no cost" in text
+  assert json.loads(json.dumps(p.to_json()))["kernels"]["uncosted"] == 2

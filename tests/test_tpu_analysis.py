@@ -347,3 +347,34 @@ def test_hbm_bytes_read_a_scanned_stack_of_weights_once():
   assert [trip for _, trip in stats.loops] == [16]
   assert w.size * 2 <= stats.hbm_bytes < 1.01 * w.size * 2
   assert stats.matmul_flops == 16 * 2 * 8 * 1024 * 1024
+
+
+@needs_libtpu
+def test_a_pallas_kernels_cost_estimate_is_counted_per_execution():
+  """A Mosaic kernel carries no estimated_cycles and its work is no HLO dot: its
+  `cost_estimate` counts instead, times the trip count of the loop around it (6), in the
+  FLOPs and HBM bytes; a kernel with no cost_estimate is reported uncosted."""
+  from jax.experimental import pallas as pl
+  mesh = _mesh("v5e:1x1", (1,), ("x",))
+
+  def double(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2
+
+  def kernel(name, cost=None):
+    return pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                          cost_estimate=cost, name=name)
+
+  costed = kernel("costed", pl.CostEstimate(flops=1000, transcendentals=7,
+                                            bytes_accessed=5000))
+  f = lambda x: kernel("uncosted")(jax.lax.fori_loop(0, 6, lambda i, x: costed(x), x))
+  x = jnp.zeros((8, 128), jnp.float32)
+  stats = hlo.analyse(_compile(f, mesh, (P(),), P(), x).as_text(), mesh)
+  assert [trip for _, trip in stats.loops] == [6]
+  (name, record), = stats.kernels.items()
+  assert name.startswith("costed") and record == {
+      "target": "tpu_custom_call", "executions": 6, "flops": 1000, "bytes": 5000,
+      "transcendentals": 7}
+  assert (stats.kernel_flops, stats.kernel_bytes, stats.kernel_transcendentals) == (
+      6000, 30000, 42)
+  assert stats.matmul_flops == 6000 and stats.hbm_bytes >= 30000
+  assert stats.uncosted_kernels == 1

@@ -21,7 +21,16 @@ What is counted (per device, per execution of the program):
   constants, control flow or collectives, and only of arrays in HBM: arrays the compiler
   placed in another memory space (`S(1)`, on-chip VMEM, in the layout) are left out. An
   approximation of the HBM term of a roofline: it ignores layout padding and assumes each op
-  streams its operands once.
+  streams its operands once. A custom call that carries a `cost_estimate` (a Pallas kernel:
+  `pl.pallas_call(..., cost_estimate=...)`) counts its `bytes_accessed` instead.
+- Custom kernels (`tpu_custom_call`: Pallas/Mosaic) carry no `estimated_cycles` and their
+  matmuls are not HLO dots. Their `cost_estimate` (the kernel author's count) is read:
+  `kernel_flops` / `kernel_bytes` are its flops / bytes_accessed, loops multiplied out, and
+  are included in `matmul_flops` / `hbm_bytes`; `kernels` lists them per instruction (with
+  executions per step) so that a chip's figures turn them into time (a roofline per kernel,
+  `jaxformer.train.planning`). `uncosted_kernels` counts the top-level custom calls (fused ones are
+  costed with their fusion) that do work and carry neither `estimated_cycles` nor a
+  `cost_estimate`: their time is in no total.
 - `collectives`: per kind and mesh axes, the number of executions and the bytes each device
   moves: all-gather its result (operand x group size), reduce-scatter / all-reduce /
   all-to-all / collective-permute their operand. An async -start/-done pair counts once, an
@@ -59,6 +68,13 @@ _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([\d,<=]*)\](?:\{([^}]*)\})?")
 _NAME = re.compile(r"%([^\s,)}]+)")
 _CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_COST_ESTIMATE = re.compile(r'"cost_estimate":\{([^}]*)\}')
+_COST_FIELD = re.compile(r'"(\w+)":"?(\d+(?:\.\d+)?)"?')
+# custom calls that do no work of their own (buffers, annotations, index bookkeeping)
+_NO_WORK_TARGETS = ("AllocateBuffer", "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape",
+                    "MoveToHost", "MoveToDevice", "annotate_device_placement",
+                    "AssumeGatherIndicesInBound", "ConcatBitcast",
+                    "GatherScatterIndicesBitpacked")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +85,13 @@ class ProgramStats:
   matmul_flops: float
   hbm_bytes: float
   loops: list              # [(while instruction, trip count or None if not found)]
+  kernel_flops: float = 0.0     # custom kernels' cost_estimate flops (within matmul_flops)
+  kernel_bytes: float = 0.0     # their bytes_accessed (within hbm_bytes)
+  kernel_transcendentals: float = 0.0
+  # custom-call instruction -> {"target", "executions" (per step), "flops", "bytes",
+  # "transcendentals" (per execution)}
+  kernels: dict = dataclasses.field(default_factory=dict)
+  uncosted_kernels: int = 0     # custom calls with neither estimated_cycles nor a cost_estimate
 
 
 @dataclasses.dataclass
@@ -99,9 +122,19 @@ def analyse(hlo_text: str, mesh) -> ProgramStats:
                                           "bytes": 0})
     record["count"] += int(count)
     record["bytes"] += int(moved)
-  return ProgramStats(collectives=collectives, estimated_cycles=int(totals.cycles),
-                      matmul_flops=float(totals.flops), hbm_bytes=float(totals.hbm),
-                      loops=list(totals.loops.items()))
+  kernels = {name: {"target": target, "executions": count, "flops": flops, "bytes": moved,
+                    "transcendentals": transcendentals}
+             for name, (count, target, flops, moved, transcendentals)
+             in sorted(totals.kernels.items())}
+  return ProgramStats(
+      collectives=collectives, estimated_cycles=int(totals.cycles),
+      matmul_flops=float(totals.flops), hbm_bytes=float(totals.hbm),
+      loops=list(totals.loops.items()),
+      kernel_flops=float(sum(k["executions"] * k["flops"] for k in kernels.values())),
+      kernel_bytes=float(sum(k["executions"] * k["bytes"] for k in kernels.values())),
+      kernel_transcendentals=float(sum(k["executions"] * k["transcendentals"]
+                                       for k in kernels.values())),
+      kernels=kernels, uncosted_kernels=len(totals.uncosted))
 
 
 @dataclasses.dataclass
@@ -111,12 +144,19 @@ class _Totals:
   hbm: float = 0.0
   collectives: dict = dataclasses.field(default_factory=dict)   # (kind, axes, dcn) -> [n, B]
   loops: dict = dataclasses.field(default_factory=dict)
+  # custom call -> [executions, target, flops, bytes, transcendentals] (cost per execution)
+  kernels: dict = dataclasses.field(default_factory=dict)
+  uncosted: set = dataclasses.field(default_factory=set)   # custom calls with no cost at all
 
   def add(self, other: _Totals, times: float, *, fused: bool = False) -> None:
     if not fused:
       self.cycles += other.cycles * times
       self.hbm += other.hbm * times
     self.flops += other.flops * times
+    for name, record in other.kernels.items():
+      mine = self.kernels.setdefault(name, [0] + record[1:])
+      mine[0] += record[0] * times
+    self.uncosted |= other.uncosted
     for key, (count, moved) in other.collectives.items():
       record = self.collectives.setdefault(key, [0, 0])
       record[0] += count * times
@@ -181,12 +221,26 @@ class _Module:
           totals.flops += self._dot_flops(instr) if op == "dot" else self._conv_flops(instr)
         except (ValueError, IndexError, KeyError):   # a form not understood: counts 0
           pass
+      cost = _cost_estimate(attrs) if op == "custom-call" and "estimated_cycles" not in attrs \
+          else None                               # (a compiler-costed call keeps its cycles)
+      if cost is not None:
+        flops, moved = cost.get("flops", 0.0), cost.get("bytes_accessed", 0.0)
+        target = re.search(r'custom_call_target="([^"]*)"', attrs)
+        totals.kernels[instr.name] = [1, target.group(1) if target else "?", flops, moved,
+                                      cost.get("transcendentals", 0.0)]
+        totals.flops += flops
+        if not fused:
+          totals.hbm += moved
+      elif (op == "custom-call" and not fused and "estimated_cycles" not in attrs
+            and not any(f'custom_call_target="{t}"' in attrs for t in _NO_WORK_TARGETS)):
+        totals.uncosted.add(instr.name)
       kind = _collective_kind(op, computation)
       if kind:
         self._collective(instr, kind, groups, totals)
       elif op == "send" and "_xla_megascale_transfer_type" in attrs:
         self._dcn_collective(instr, groups, totals)
-      elif not fused and op not in _NO_HBM and not op.endswith(("-done", "-update")):
+      elif (not fused and cost is None and op not in _NO_HBM
+            and not op.endswith(("-done", "-update"))):
         totals.hbm += self._hbm_traffic(instr)
       self._descend(instr, fused, groups, totals)
     return totals
@@ -631,6 +685,15 @@ def _collective_kind(op: str, computation: str) -> str | None:
   if base == "all-reduce" and computation.startswith("all-reduce-scatter"):
     return "reduce-scatter"                  # TPU's all-reduce + dynamic-slice fusion
   return base
+
+
+def _cost_estimate(attrs: str) -> dict[str, float] | None:
+  """A custom call's `cost_estimate` ({"flops", "transcendentals", "bytes_accessed", ...}) in
+  its backend_config, None when it has none."""
+  match = _COST_ESTIMATE.search(attrs)
+  if match is None:
+    return None
+  return {k: float(v) for k, v in _COST_FIELD.findall(match.group(1))}
 
 
 def _names(text: str) -> list[str]:

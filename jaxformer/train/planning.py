@@ -13,6 +13,12 @@ Two step-time estimates, both labelled as estimates: the compiler's own cost mod
 roofline (FLOPs / peak, HBM bytes / bandwidth, collective bytes / ICI or DCN bandwidth, the
 largest of the three: perfect overlap). The chip figures are public spec sheets
 (`jaxformer.tpu.chips`, with sources).
+
+Custom kernels (Pallas attention) have no compiler cost: their `cost_estimate` (flops, bytes
+accessed) is in the FLOP and HBM counts, and the compiler-cost-model estimate adds each kernel
+at its own roofline on this chip, max(flops / peak, bytes / HBM bandwidth) per execution
+(`kernel_summary`, `Plan.kernels`). Kernels with no cost_estimate at all are left out, and the
+table says so.
 """
 
 from __future__ import annotations
@@ -115,6 +121,9 @@ class Plan:
   mfu: dict[str, float | None]
   compile_seconds: float
   refusal: str | None = None            # the compiler's out-of-memory message
+  # custom (Pallas) kernels: count (distinct), executions, flops, bytes (per step, per chip),
+  # roofline_seconds (in estimated_step_seconds), uncosted (kernels with no cost at all)
+  kernels: dict = dataclasses.field(default_factory=dict)
 
   @property
   def hbm_bytes(self) -> int:
@@ -128,7 +137,7 @@ class Plan:
             "collectives": self.collectives,
             "estimated_step_seconds": self.estimated_step_seconds, "roofline": self.roofline,
             "mfu": self.mfu, "compile_seconds": self.compile_seconds,
-            "refusal": self.refusal}
+            "refusal": self.refusal, "kernels": self.kernels}
 
 
 @dataclasses.dataclass
@@ -244,7 +253,9 @@ def analyse(program: Program, out: CompileOutput, chip: chips_lib.Chip, *, topol
   total = (m["argument_size_in_bytes"] + m["output_size_in_bytes"] - m["alias_size_in_bytes"]
            + m["temp_size_in_bytes"] + m["generated_code_size_in_bytes"])
   stats = hlo.analyse(out.hlo, mesh)
-  estimate = stats.estimated_cycles / chip.clock_hz if stats.estimated_cycles else None
+  kernels = kernel_summary(stats, chip)
+  estimate = (stats.estimated_cycles / chip.clock_hz + kernels["roofline_seconds"]
+              if stats.estimated_cycles or kernels["roofline_seconds"] else None)
   roofline = {"compute_seconds": stats.matmul_flops / chip.peak_flops,
               "hbm_seconds": stats.hbm_bytes / chip.hbm_bytes_per_s,
               **communication_seconds(stats.collectives, chip)}
@@ -258,7 +269,19 @@ def analyse(program: Program, out: CompileOutput, chip: chips_lib.Chip, *, topol
                               "temp": m["temp_size_in_bytes"], "total": total},
               flops_per_step={"compiler": stats.matmul_flops * n, "analytic": analytic},
               collectives=stats.collectives, estimated_step_seconds=estimate,
-              roofline=roofline, mfu=mfu)
+              roofline=roofline, mfu=mfu, kernels=kernels)
+
+
+def kernel_summary(stats: hlo.ProgramStats, chip: chips_lib.Chip) -> dict:
+  """The custom kernels of a program on `chip`: each execution at its roofline,
+  max(flops / peak FLOP/s, bytes / HBM bandwidth), summed over the executions of a step."""
+  seconds = sum((k["executions"] * max(k["flops"] / chip.peak_flops,
+                                       k["bytes"] / chip.hbm_bytes_per_s)
+                 for k in stats.kernels.values()), 0.0)
+  return {"count": len(stats.kernels),
+          "executions": int(sum(k["executions"] for k in stats.kernels.values())),
+          "flops": stats.kernel_flops, "bytes": stats.kernel_bytes,
+          "roofline_seconds": seconds, "uncosted": stats.uncosted_kernels}
 
 
 def communication_seconds(collectives: dict, chip: chips_lib.Chip) -> dict[str, float]:
@@ -306,16 +329,27 @@ def table(p: Plan) -> str:
     lines.append(f"compiler: {p.refusal}")
     return "\n".join(lines)
   f = p.flops_per_step
-  lines.append(f"FLOPs per step: compiler {f['compiler']:.3e} (matmuls, all chips), analytic "
+  kernel_flops = " incl. Pallas kernels' estimates" if (p.kernels or {}).get("count") else ""
+  lines.append(f"FLOPs per step: compiler {f['compiler']:.3e} (matmuls{kernel_flops}, all "
+               f"chips), analytic "
                f"{f['analytic']:.3e} (6N + attention; ratio {f['compiler'] / f['analytic']:.2f})")
   for kind, rec in sorted(p.collectives.items()):
     lines.append(f"  {kind:<28} x{rec['count']:<6} {rec['bytes'] / 2**20:10.1f} MiB per chip")
   r = p.roofline
+  k = p.kernels or {}
+  many = k.get("count", 0) != 1
+  with_kernels = (f" (incl. {k['count']} Pallas kernel{'s' if many else ''} at "
+                  f"{'their' if many else 'its'} roofline, {seconds(k['roofline_seconds'])})"
+                  if k.get("count") else "")
   lines.append(
       f"estimated step time (estimates, not measurements): compiler cost model "
-      f"{seconds(p.estimated_step_seconds)}; roofline {seconds(r['step_seconds'])} (compute "
+      f"{seconds(p.estimated_step_seconds)}{with_kernels}; roofline "
+      f"{seconds(r['step_seconds'])} (compute "
       f"{seconds(r['compute_seconds'])}, HBM {seconds(r['hbm_seconds'])}, ICI "
       f"{seconds(r['ici_seconds'])}, DCN {seconds(r['dcn_seconds'])})")
+  if k.get("uncosted"):
+    lines.append(f"WARNING: {k['uncosted']} custom kernel(s) carry no cost (no estimated_cycles, "
+                 "no cost_estimate): the step time estimates and FLOPs exclude them")
   mfu = p.mfu
   lines.append("MFU implied: " + ", ".join(
       f"{k} {'n/a' if v is None else f'{100 * v:.1f}%'}" for k, v in mfu.items()))

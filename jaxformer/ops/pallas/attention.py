@@ -26,6 +26,20 @@ suit Mosaic's 2-D layouts. A query row with no visible key returns zeros and zer
 Cost notes: K/V of one head are a single BlockSpec block (the loop slices it), and a bias or
 mask is materialised at [.., Tq, Tk]; the dbias cotangent is [B, H, Tq, Tk] float32.
 
+Cost estimates (`pl.CostEstimate`, what XLA's cost analysis and `jaxformer.tpu.hlo` read, since
+a kernel's matmuls are no HLO dots): with D the padded head dim, bq x bk the blocks and P the
+(query block, key block) pairs a (batch, query head) visits (`visited_block_pairs`: every pair
+without a mask, ~half with a causal one), per batch and query head:
+  forward   flops 4 bq bk D P (QK^T, PV); exp bq bk P + bq P (probabilities, rescaling) + Tq (log)
+  dq        flops 6 bq bk D P (QK^T recomputed, dO V^T, dS K); exp bq bk P
+  dk/dv     flops 8 bq bk D P (QK^T recomputed, P^T dO, dO V^T, dS^T Q); exp bq bk P
+Bytes are what the grid's BlockSpecs fetch and write (Pallas copies a block only when its
+index changes between consecutive grid steps): q/dO/O/dq/LSE/delta rows once each; a kv head's
+whole-sequence K/V once per (batch, kv head) in the forward and dq (their index ignores the
+query block and is shared by the query heads of a group); in dk/dv, K/V/dk/dv once and the
+grouped query rows once per (batch, kv head); segment ids, bias and mask tiles at every step
+whose index changes (a [bq, Tk] row of bias per query block, a [rows, bk] column per key block).
+
 Backends: interpreted where the program's devices are CPUs, Triton on GPU, Mosaic on TPU; the
 platform is that of the mesh the program is traced for (`target_platform`), so planning a TPU
 job on a CPU host with compile-only TPU devices builds the Mosaic kernels. On TPU: float32 or
@@ -380,6 +394,68 @@ def query_block_bounds(k_block, *, tq: int, tk: int, block_q: int, block_k: int,
   return _ordered(lo, mid_lo, mid_hi, hi)
 
 
+def visited_block_pairs(cfg: _Config, by: str = "query") -> int:
+  """(query block, key block) pairs one (batch, query head) computes: summed over query blocks
+  of `key_block_bounds` (by="query": forward, dq) or over key blocks of `query_block_bounds`
+  (by="key": dk/dv). The bounds in plain integers (the cost is known before tracing)."""
+  left, right = _band(cfg.causal, cfg.window)
+  tq, tk, bq, bk = cfg.tq, cfg.tk, cfg.block_q, cfg.block_k
+  clip = lambda x, lo, hi: min(max(x, lo), hi)
+  cdiv = lambda a, b: -(-a // b)
+  total = 0
+  if by == "query":
+    for i in range(cdiv(tq, bq)):
+      first = i * bq + (tk - tq)
+      last_real = min(first + bq - 1, tk - 1)
+      lo = 0 if left is None else max(first - left, 0) // bk
+      hi = cdiv(tk, bk) if right is None else cdiv(clip(last_real + right + 1, 0, tk), bk)
+      total += max(hi - lo, 0)
+    return total
+  offset = tk - tq
+  for j in range(cdiv(tk, bk)):
+    first = j * bk
+    last_real = min(first + bk - 1, tk - 1)
+    lo = 0 if right is None else max(first - right - offset, 0) // bq
+    hi = cdiv(tq, bq) if left is None else cdiv(clip(last_real + left - offset + 1, 0, tq), bq)
+    total += max(hi - lo, 0)
+  return total
+
+
+def _nbytes(x) -> int:
+  return 0 if x is None else math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
+
+
+def _cost(kernel: str, cfg: _Config, q, k, q_ids, kv_ids, bias, mask,
+          ds_bytes: int = 0) -> pl.CostEstimate:
+  """The kernel's `pl.CostEstimate` (formulas in the module docstring). q [B, H, Tq_pad, D] and
+  k [B, Hkv, Tk_pad, D] in kernel layout; bias/mask padded pairs as the kernel reads them."""
+  b, h, tq_pad, d = q.shape
+  hkv, tk_pad = k.shape[1], k.shape[2]
+  bq, bk = cfg.block_q, cfg.block_k
+  pairs = b * h * visited_block_pairs(cfg, "key" if kernel == "dk/dv" else "query")
+  tile = bq * bk * pairs
+  rows = _nbytes(q)                                 # [B, H, Tq_pad, D]: q, dO, O, dq
+  stat = b * h * tq_pad * 4                         # [B, H, Tq_pad, 1] float32: LSE, delta
+  kv = 2 * b * hkv * tk_pad * d * jnp.dtype(k.dtype).itemsize      # K and V, once
+  ids = 0 if q_ids is None else 4 * b * (h * tq_pad + tk_pad)
+  pair_bytes = 0
+  for x in (bias, mask):
+    if x is not None:      # a [bq, Tk_pad] (forward, dq) / [rows, bk] (dk/dv) tile per step:
+      per_head = _nbytes(x) // (x.shape[0] * x.shape[1])     # all of a (batch, head) slice
+      pair_bytes += per_head * b * (hkv if kernel == "dk/dv" else h)
+  if kernel == "forward":
+    flops, exps = 4 * d * tile, tile + bq * pairs + b * h * tq_pad
+    moved = 2 * rows + kv + stat + ids + pair_bytes           # q in; O, LSE out
+  elif kernel == "dq":
+    flops, exps = 6 * d * tile, tile
+    moved = 3 * rows + kv + 2 * stat + ids + pair_bytes + ds_bytes   # q, dO, LSE, delta; dq
+  else:
+    ids = 0 if q_ids is None else 4 * b * (tq_pad + hkv * tk_pad)
+    flops, exps = 8 * d * tile, tile
+    moved = 2 * rows + 2 * kv + 2 * stat + ids + pair_bytes   # q, dO, LSE, delta, K, V; dk, dv
+  return pl.CostEstimate(flops=int(flops), transcendentals=int(exps), bytes_accessed=int(moved))
+
+
 def _banded_loop(bounds, body, carry):
   """Run body(j, carry, structural) over [lo, hi), without the structural mask inside."""
   lo, mid_lo, mid_hi, hi = bounds
@@ -596,6 +672,7 @@ def _forward(q, k, v, bias, mask, q_ids, kv_ids, cfg: _Config):
       out_specs=out_specs,
       out_shape=out_shape,
       compiler_params=params, interpret=cfg.interpret,
+      cost_estimate=_cost("forward", cfg, q, k, q_ids, kv_ids, bias, mask),
       name="jaxformer_flash_forward",
   )(*inputs)
   return out, lse
@@ -622,6 +699,8 @@ def _dq(q, k, v, bias, mask, q_ids, kv_ids, do, lse, delta, cfg: _Config):
       in_specs=in_specs,
       out_specs=out_specs, out_shape=out_shape,
       compiler_params=params, interpret=cfg.interpret,
+      cost_estimate=_cost("dq", cfg, q, k, q_ids, kv_ids, bias, mask,
+                          ds_bytes=0 if bias is None else math.prod(out_shape[1].shape) * 4),
       name="jaxformer_flash_dq",
   )(*inputs)
   return outs[0], (outs[1] if bias is not None else None)
@@ -674,6 +753,7 @@ def _dkdv(q, k, v, bias, mask, q_ids, kv_ids, do, lse, delta, cfg: _Config):
       kernel, grid=(b, hkv, tk_pad // bk), in_specs=in_specs,
       out_specs=out_specs, out_shape=out_shape,
       compiler_params=params, interpret=cfg.interpret,
+      cost_estimate=_cost("dk/dv", cfg, q, k, q_ids, kv_ids, bias, mask),
       name="jaxformer_flash_dkdv",
   )(*inputs)
 
