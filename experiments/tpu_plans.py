@@ -65,7 +65,6 @@ ROWS = [
     Row("Mixtral 8x7B", "mixtral.py:8x7b", "v5p:4x4x4", 4),
     Row("Llama-2 70B", "llama.py:llama2-70b", "v6e:16x16", 2, "Llama 2 70B"),
     Row("Llama-3 70B", "llama.py:llama3-70b", "v6e:4x8", 2, "Llama 3.1 70B"),
-    Row("Llama-2 70B", "llama.py:llama2-70b", "v5p:4x4x8", 4),
     Row("Mixtral 8x7B", "mixtral.py:8x7b", "v6e:16x16", 12, "Mixtral 8X7B"),
     Row("GPT-3 175B", "gpt3.py:175b", "v6e:16x16", 3, "GPT3-175B"),
 ]

@@ -6,10 +6,12 @@ global batch is fixed; `optim.grad_accum` splits it), the attention implementati
 layer scanning. Cheap checks first, on abstract shapes only: the trainer's own validation
 and divisibility errors, and the exact per-chip bytes of parameters, optimizer moments and
 gradients, which no sharding of activations can reduce (a candidate over HBM on those alone
-is dropped uncompiled). The rest are ordered by a rough analytic estimate and compiled in
-that order, in worker processes, until the time budget runs out; each compile's result is
-cached on disk under a hash of the config, topology and compiler versions, so a rerun is
-instant. Fitting candidates are ranked by the compiler's estimated step time.
+is dropped uncompiled). The rest are compiled best-first in worker processes: those an
+activation estimate expects to fit (its error learnt from every compile so far, per remat
+policy), fastest first by a rough analytic step time; the order is redone after each
+result, until the time budget or the compile cap. Each compile is cached on disk under a
+hash of the config, topology and compiler versions, so a rerun is instant. Fitting
+candidates are ranked by the compiler's estimated step time.
 """
 
 from __future__ import annotations
