@@ -96,6 +96,7 @@ def run_row(row: Row, args) -> dict:
   compiles = [c.plan["compile_seconds"] for c in result.candidates if c.plan]
   return {"row": dataclasses.asdict(row), "seconds": time.perf_counter() - start,
           "counts": counts, "compile_seconds": compiles,
+          "fitting": sum(c.fits for c in result.candidates),
           "batch_size": config.train.batch_size, "seq_len": config.data.seq_len,
           "best": None if best is None else {"overrides": best.overrides, "plan": best.plan}}
 
@@ -144,6 +145,59 @@ def table(results: dict) -> str:
   return "\n".join(lines)
 
 
+REPORT = """# Published models planned on TPU slices
+
+`python -m experiments.tpu_plans` on a 2-core CPU machine with no accelerator: each row's
+config compiled by libtpu for the slice's compile-only devices (`jaxformer.plan --search`
+over mesh, FSDP, remat policy and gradient accumulation; layers scanned, XLA attention),
+the fastest candidate that fits by the compiler's cost model. Every number on our side is an
+estimate from the TPU compiler (its memory assignment, its per-op cycle estimates at the
+chip clock measured from its matmul estimates) and the chips' public figures
+(`jaxformer/tpu/chips.py`), not a measurement.
+
+{table}
+
+- global batch: the published run's per-chip batch x chips where there is one (so both sides
+  describe the same step), otherwise a per-chip batch people use; seq is the config's.
+- est. MFU: analytic model FLOPs (6N + attention, `scaling.flops_per_token`) / (chips x peak
+  x estimated step); the roofline column uses the roofline step instead.
+- est. TFLOP/s/chip: the same model FLOPs / (chips x compiler-estimated step).
+- published: measured by Google with MaxText (tuned sharding, kernels, XLA flags, remat
+  offloading), from `experiments/published_tpu_throughput.py`, where each number's source
+  (repository, commit, file, the line quoted) is recorded. MaxText halves causal attention
+  FLOPs; we count them whole, which flatters our TFLOP/s by a few percent at these lengths.
+- "no" in fits: none of the candidates compiled within the row's compile cap fitted the
+  chip's HBM; the search's table lists what was tried (`tpu_plans.json`).
+
+How far the estimate can be trusted: the compiler's cycle estimates are what XLA uses to
+schedule, not a simulator; they leave out collective time (carried by the roofline column)
+and Pallas kernels (charged at their roofline). Where the published / estimated ratio is
+near 1 the compiled step is as fast as MaxText's measured one would be if the estimate
+held; a large ratio says our step, as compiled, does much more work or moves much more
+memory than theirs (for instance f32 logits and XLA attention's T x T scores, gradient
+all-reduces inside the accumulation loop, untuned sharding), and cannot tell that apart from
+estimate error without hardware.
+
+Searches (wall time on 2 cores, compiles attempted / fitting):
+
+{searches}
+"""
+
+
+def searches(results: dict) -> str:
+  lines = []
+  for row in ROWS:
+    r = results.get(row_key(row))
+    if r is None:
+      continue
+    compiled = r["compile_seconds"]
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(r["counts"].items()))
+    lines.append(f"- {row_key(row)}: {r['seconds'] / 60:.1f} min; {counts}; "
+                 f"{r.get('fitting', '?')} fit; compile times "
+                 + (f"{min(compiled):.0f}-{max(compiled):.0f} s" if compiled else "none"))
+  return "\n".join(lines)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rows", default=None, help="comma-separated labels (default: all)")
@@ -167,9 +221,7 @@ def main(argv=None):
     results[key] = run_row(row, args)
     state_path.write_text(json.dumps(results, indent=1))
   text = table(results)
-  pathlib.Path(args.out).write_text(
-      "# Published models planned on TPU slices (estimates; `python -m experiments.tpu_plans`)"
-      "\n\n" + text + "\n")
+  pathlib.Path(args.out).write_text(REPORT.format(table=text, searches=searches(results)))
   print(text)
 
 
