@@ -97,8 +97,15 @@ def run_row(row: Row, args) -> dict:
   return {"row": dataclasses.asdict(row), "seconds": time.perf_counter() - start,
           "counts": counts, "compile_seconds": compiles,
           "fitting": sum(c.fits for c in result.candidates),
-          "batch_size": config.train.batch_size, "seq_len": config.data.seq_len,
+          "batch_size": config.train.batch_size, "seq_len": _length(config),
           "best": None if best is None else {"overrides": best.overrides, "plan": best.plan}}
+
+
+def _length(config) -> str:
+  """Tokens per example, or the image size for an image model."""
+  if config.data.seq_len is not None:
+    return str(config.data.seq_len)
+  return f"{config.model.image_size}px"
 
 
 def _published(row: Row) -> published.PublishedRun | None:
@@ -121,6 +128,8 @@ def table(results: dict) -> str:
     r = results.get(row_key(row))
     if r is None:
       continue
+    if r["seq_len"] is None:                 # rows recorded before lengths were strings
+      r["seq_len"] = _length(load(row))
     best = r["best"]
     pub = _published(row)
     compiles = r["compile_seconds"]
@@ -178,7 +187,8 @@ memory than theirs (for instance f32 logits and XLA attention's T x T scores, gr
 all-reduces inside the accumulation loop, untuned sharding), and cannot tell that apart from
 estimate error without hardware.
 
-Searches (wall time on 2 cores, compiles attempted / fitting):
+Searches (candidates by status; compile times as measured when each was first compiled, on 2
+cores shared by two compile workers and other jobs; wall time of the run that wrote this):
 
 {searches}
 """
@@ -192,9 +202,11 @@ def searches(results: dict) -> str:
       continue
     compiled = r["compile_seconds"]
     counts = ", ".join(f"{n} {k}" for k, n in sorted(r["counts"].items()))
-    lines.append(f"- {row_key(row)}: {r['seconds'] / 60:.1f} min; {counts}; "
-                 f"{r.get('fitting', '?')} fit; compile times "
-                 + (f"{min(compiled):.0f}-{max(compiled):.0f} s" if compiled else "none"))
+    lines.append(f"- {row_key(row)}: {counts}"
+                 + (f"; {r['fitting']} fit" if "fitting" in r else "")
+                 + (f"; compiles {min(compiled):.0f}-{max(compiled):.0f} s each, "
+                    f"{sum(compiled) / 60:.1f} min in all" if compiled else "")
+                 + f"; this run {r['seconds'] / 60:.1f} min (cached compiles are read back)")
   return "\n".join(lines)
 
 
