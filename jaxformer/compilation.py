@@ -17,6 +17,8 @@ import os
 
 import jax
 
+from jaxformer import paths
+
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"      # JAX's own variable: wins over our default
 MIN_CACHED_COMPILE_SECS = 0.3                 # JAX's default (1 s) would skip the eval step
 
@@ -25,8 +27,7 @@ def default_cache_dir() -> str:
   """$JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/jaxformer/xla (~/.cache/...)."""
   if os.environ.get(CACHE_ENV):
     return os.environ[CACHE_ENV]
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(base, "jaxformer", "xla")
+  return paths.cache_dir("xla")
 
 
 def enable_cache(path: str | None) -> str | None:

@@ -30,6 +30,13 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 MIRROR_ROOT = os.path.join("~", ".cache", "jaxformer", "mirror")
 
 
+def cache_dir(*parts: str) -> str:
+  """$XDG_CACHE_HOME/jaxformer/<parts> (~/.cache/jaxformer/... by default): where jaxformer
+  keeps what it can rebuild (compiled programs, plans)."""
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "jaxformer", *parts)
+
+
 def scheme(value: str | os.PathLike) -> str | None:
   """'gs' for 'gs://b/x', None for a local path."""
   match = _URL.match(os.fspath(value))

@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 import jax
 
-from jaxformer import models, parallel, run_settings
+from jaxformer import models, parallel, paths, run_settings
 from jaxformer.data.batch_spec import train_batch_spec
 from jaxformer.parallel.sharding import per_device_bytes
 from jaxformer.state import train_state as state_lib
@@ -190,8 +190,7 @@ def compile_program(program: Program) -> CompileOutput:
 
 
 def default_cache_dir() -> str:
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(base, "jaxformer", "plans")
+  return paths.cache_dir("plans")
 
 
 def cache_key(config, topology: str, slices: int) -> str:
