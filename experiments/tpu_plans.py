@@ -94,11 +94,18 @@ def run_row(row: Row, args) -> dict:
   for c in result.candidates:
     counts[c.status] = counts.get(c.status, 0) + 1
   compiles = [c.plan["compile_seconds"] for c in result.candidates if c.plan]
+  why = None
+  if best is None:
+    memory = [c.reason for c in result.candidates if "alone need" in c.reason]
+    why = (f"none of the {len(compiles)} compiled fit" if compiles else
+           min(memory, key=lambda m: float(m.split(" need ")[1].split()[0])) if memory else
+           "no candidate passed the checks")
   return {"row": dataclasses.asdict(row), "seconds": time.perf_counter() - start,
           "counts": counts, "compile_seconds": compiles,
           "fitting": sum(c.fits for c in result.candidates),
           "batch_size": config.train.batch_size, "seq_len": _length(config),
-          "best": None if best is None else {"overrides": best.overrides, "plan": best.plan}}
+          "best": None if best is None else {"overrides": best.overrides, "plan": best.plan},
+          "why": why}
 
 
 def _length(config) -> str:
@@ -137,7 +144,8 @@ def table(results: dict) -> str:
                 if compiles else "0")
     if best is None:
       lines.append(f"| {row.label} | {row.topology} | {row.chips} | {r['batch_size']} x "
-                   f"{r['seq_len']} | no | - | - | - | - | - | "
+                   f"{r['seq_len']} | no: {r.get('why') or 'none compiled fit'} | - | - | - | "
+                   "- | - | "
                    f"{pub.value if pub else '-'} | - | {compiled} |")
       continue
     p = best["plan"]
