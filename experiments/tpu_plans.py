@@ -46,6 +46,7 @@ class Row:
   topology: str
   per_chip_batch: int | None     # None: the config's own global batch
   published: str | None = None   # the model name in published_tpu_throughput, same chips
+  seq_len: int | None = None     # None: the config's (set to the published run's)
   slices: int = 1
 
   @property
@@ -62,16 +63,17 @@ ROWS = [
     Row("Llama-2 7B", "llama.py:llama2-7b", "v5e:4x4", 2),
     Row("Llama-3 8B", "llama.py:llama3-8b", "v6e:2x4", 3, "Llama 3.1 8B"),
     Row("ViT-H/14", "vit.py:H/14", "v5e:4x4", 32),
-    Row("Mixtral 8x7B", "mixtral.py:8x7b", "v5p:4x4x4", 4),
+    Row("Mixtral 8x7B", "mixtral.py:8x7b", "v5p:4x4x4", 4, seq_len=4096),
     Row("Llama-2 70B", "llama.py:llama2-70b", "v6e:16x16", 2, "Llama 2 70B"),
     Row("Llama-3 70B", "llama.py:llama3-70b", "v6e:4x8", 2, "Llama 3.1 70B"),
-    Row("Mixtral 8x7B", "mixtral.py:8x7b", "v6e:16x16", 12, "Mixtral 8X7B"),
+    Row("Mixtral 8x7B", "mixtral.py:8x7b", "v6e:16x16", 12, "Mixtral 8X7B", seq_len=4096),
     Row("GPT-3 175B", "gpt3.py:175b", "v6e:16x16", 3, "GPT3-175B"),
 ]
 
 
 def row_key(row: Row) -> str:
-  return f"{row.label} | {row.topology} x{row.slices} | batch/chip {row.per_chip_batch}"
+  seq = f" | seq {row.seq_len}" if row.seq_len else ""
+  return f"{row.label} | {row.topology} x{row.slices} | batch/chip {row.per_chip_batch}{seq}"
 
 
 def load(row: Row):
@@ -79,6 +81,8 @@ def load(row: Row):
   overrides = {"model.scan_layers": True, "model.attention_impl": "xla"}
   if row.per_chip_batch is not None:
     overrides["train.batch_size"] = row.per_chip_batch * row.chips
+  if row.seq_len is not None:
+    overrides["data.seq_len"] = row.seq_len
   return load_config(str(ROOT / "configs" / row.config), overrides)
 
 
@@ -230,6 +234,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   state_path = RESULTS / "tpu_plans.json"
   results = json.loads(state_path.read_text()) if state_path.exists() else {}
+  results = {k: v for k, v in results.items() if k in {row_key(r) for r in ROWS}}
   wanted = None if args.rows is None else set(args.rows.split(","))
   for row in ROWS:
     if wanted is not None and row.label not in wanted:
