@@ -74,7 +74,10 @@ _COST_FIELD = re.compile(r'"(\w+)":"?(\d+(?:\.\d+)?)"?')
 _NO_WORK_TARGETS = ("AllocateBuffer", "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape",
                     "MoveToHost", "MoveToDevice", "annotate_device_placement",
                     "AssumeGatherIndicesInBound", "ConcatBitcast",
-                    "GatherScatterIndicesBitpacked")
+                    "GatherScatterIndicesBitpacked",
+                    # async wrappers: the collective they start is counted where it is
+                    "AsyncCollectiveStart", "AsyncCollectiveDone", "PrepareAsyncCallStart",
+                    "PrepareAsyncCallDone")
 
 
 @dataclasses.dataclass(frozen=True)
