@@ -179,7 +179,8 @@ chip clock measured from its matmul estimates) and the chips' public figures
 {table}
 
 - global batch: the published run's per-chip batch x chips where there is one (so both sides
-  describe the same step), otherwise a per-chip batch people use; seq is the config's.
+  describe the same step), otherwise a per-chip batch people use; seq is the published
+  run's where the config's differs (Mixtral: 4096), otherwise the config's.
 - est. MFU: analytic model FLOPs (6N + attention, `scaling.flops_per_token`) / (chips x peak
   x estimated step); the roofline column uses the roofline step instead.
 - est. TFLOP/s/chip: the same model FLOPs / (chips x compiler-estimated step).
@@ -187,8 +188,11 @@ chip clock measured from its matmul estimates) and the chips' public figures
   offloading), from `experiments/published_tpu_throughput.py`, where each number's source
   (repository, commit, file, the line quoted) is recorded. MaxText halves causal attention
   FLOPs; we count them whole, which flatters our TFLOP/s by a few percent at these lengths.
-- "no" in fits: none of the candidates compiled within the row's compile cap fitted the
-  chip's HBM; the search's table lists what was tried (`tpu_plans.json`).
+- "no" in fits: why nothing fitted: the exact per-chip bytes of parameters, gradients and
+  AdamW's two float32 moments already exceed the chip's HBM (no sharding of a float32
+  AdamW run fits; MaxText fits these with other optimizer-state or offloading settings), or
+  none of the candidates compiled within the row's compile cap fitted (what was tried is in
+  `tpu_plans.json`; the closest Llama-3 8B candidate missed by 1.0 GiB).
 
 How far the estimate can be trusted: the compiler's cycle estimates are what XLA uses to
 schedule, not a simulator; they leave out collective time (carried by the roofline column)
