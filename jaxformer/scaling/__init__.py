@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import importlib
 
-from jaxformer.scaling.chinchilla import (HOFFMANN_2022, Curve, OptimumFit, ParametricFit,
-                                          chinchilla_tokens, envelope_optimum, fit_parametric,
-                                          isoflop_optimum)
+from jaxformer.scaling.chinchilla import (BESIROGLU_2024, HOFFMANN_2022, Curve, OptimumFit,
+                                          ParametricFit, chinchilla_tokens, envelope_optimum,
+                                          fit_parametric, isoflop_optimum)
 from jaxformer.scaling.laws import (fit_kaplan_d, fit_kaplan_joint, fit_kaplan_n,
                                     fit_saturating, fit_zhai)
 from jaxformer.scaling.planning import (Candidate, PlannedRun, lr_optimum, lr_width_rule,
@@ -34,7 +34,7 @@ from jaxformer.scaling.stats import Fit
 _COUNTING = ("count_params", "flops_per_token", "param_shapes", "dummy_inputs",
              "attention_layers")
 
-__all__ = ["HOFFMANN_2022", "Curve", "OptimumFit", "ParametricFit", "chinchilla_tokens",
+__all__ = ["BESIROGLU_2024", "HOFFMANN_2022", "Curve", "OptimumFit", "ParametricFit", "chinchilla_tokens",
            "envelope_optimum",
            "fit_parametric", "isoflop_optimum", "fit_kaplan_d", "fit_kaplan_joint",
            "fit_kaplan_n", "fit_saturating", "fit_zhai", "Candidate", "PlannedRun",
