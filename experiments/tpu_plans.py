@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import sys
@@ -51,11 +52,8 @@ class Row:
 
   @property
   def chips(self) -> int:
-    dims = self.topology.split(":")[1].split("x")
-    n = 1
-    for d in dims:
-      n *= int(d)
-    return n * self.slices
+    from jaxformer.tpu import topology
+    return math.prod(topology.parse(self.topology)[1]) * self.slices
 
 
 ROWS = [

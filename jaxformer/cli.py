@@ -87,6 +87,16 @@ def user_errors(main: Callable) -> Callable:
   return wrapped
 
 
+def format_value(value: Any) -> str:
+  """A Python value as a `--config.*` flag's text that `config_flags` parses back (strings
+  bare, bools lower-case): how sweeps and the plan search write their overrides."""
+  if isinstance(value, str):
+    return value
+  if isinstance(value, bool):
+    return str(value).lower()
+  return repr(tuple(value) if isinstance(value, list) else value)
+
+
 def config_keys(config: Any, prefix: str = "") -> list[str]:
   """Every dotted key of a (nested) ConfigDict, leaves and sections."""
   keys = []

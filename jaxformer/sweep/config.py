@@ -9,16 +9,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from jaxformer.cli import format_value
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def format_value(value: Any) -> str:
-  """A Python value as `config_flags` parses it back (strings bare, bools lower-case)."""
-  if isinstance(value, str):
-    return value
-  if isinstance(value, bool):
-    return str(value).lower()
-  return repr(tuple(value) if isinstance(value, list) else value)
 
 
 def resolve_path(path: str, what: str) -> str:

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 import jax
 
-from jaxformer import models, parallel
+from jaxformer import cli, models, parallel
 from jaxformer.data.batch_spec import train_batch_spec
 from jaxformer.layers.settings import REMAT_POLICIES
 from jaxformer.parallel.sharding import per_device_bytes
@@ -101,7 +101,7 @@ class Candidate:
   plan: dict | None = None         # Plan.to_json() once compiled
 
   def flags(self) -> str:
-    return " ".join(f"--config.{k}={_flag_value(v)}" for k, v in self.overrides.items())
+    return " ".join(f"--config.{k}={cli.format_value(v)}" for k, v in self.overrides.items())
 
   @property
   def fits(self) -> bool:
@@ -113,10 +113,6 @@ class Candidate:
       return math.inf
     est = self.plan["estimated_step_seconds"]
     return est if est is not None else self.plan["roofline"].get("step_seconds", math.inf)
-
-
-def _flag_value(value) -> str:
-  return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def cheap_check(config, candidate: Candidate, devices, chip: chips_lib.Chip,
