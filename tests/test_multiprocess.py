@@ -141,10 +141,13 @@ def test_a_stop_signal_to_one_process_stops_both_after_the_same_step(tmp_path, s
 
 
 def test_launcher_stops_the_others_when_one_fails():
+  # rank 1 fails 2 s after it prints, so rank 0 (started beside it) has printed its line
+  # before the launcher stops it: on a loaded machine an immediate exit raced rank 0's print
+  # (CI once captured 'rank' alone)
   script = ("import os, sys, time\n"
             "rank = int(os.environ['JAXFORMER_PROCESS_ID'])\n"
             "print('rank', rank, os.environ['JAXFORMER_NUM_PROCESSES'], flush=True)\n"
-            "sys.exit(3) if rank == 1 else time.sleep(60)\n")
+            "(time.sleep(2), sys.exit(3)) if rank == 1 else time.sleep(60)\n")
   start = time.monotonic()
   results = run_local([sys.executable, "-c", script], 2, 1, timeout=30)
   assert time.monotonic() - start < 20
