@@ -10,6 +10,7 @@ SAMPLES = "samples.txt"                # text sampled at evals and at the end
 CURVES = "curves.png"                  # loss curves plotted at the end
 ATTENTION = "attention"                # attention-map heatmaps, one PNG per eval
 PROFILE = "profile"                    # jax.profiler traces
+BRANCH = "branched_from.json"          # a cooldown branch: the run and step it started from
 LOGS = "logs"                          # process i > 0: its console output
 LOCK = ".lock"                         # the advisory lock of the training that owns it
 TENSORBOARD_PREFIX = "events.out.tfevents"

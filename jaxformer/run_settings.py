@@ -53,13 +53,19 @@ def _choice(options: tuple, default: Any):
                 want="one of " + ", ".join(repr(o) for o in options))
 
 
+def _steps(v) -> bool:
+  return (isinstance(v, (tuple, list)) and all(_is_int(s) and s >= 1 for s in v)
+          and list(v) == sorted(set(v)))
+
+
 def _typed(kind: type, default: Any, *, optional: bool = False):
   return _field(default, check=lambda v: isinstance(v, kind), want=f"a {kind.__name__}",
                 optional=optional)
 
 
 BEST_METRICS = ("eval_loss", "eval_accuracy")
-SCHEDULES = ("cosine", "linear", "constant", "rsqrt")
+SCHEDULES = ("cosine", "linear", "constant", "rsqrt", "wsd")
+DECAY_SHAPES = ("1-sqrt", "linear", "cosine")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +80,9 @@ class TrainSettings:
   eval_batch_size: int | None = _int(1, None, optional=True)   # None: batch_size
   keep_checkpoints: int = _int(1, 3)             # last N Orbax checkpoints
   keep_checkpoint_every: int = _int(0, 0, note=" (0: off)")   # + multiples of N, never deleted
+  # + checkpoints at these steps, never deleted: the branch points of cooldown branches
+  checkpoint_steps: tuple = _field((), check=_steps,
+                                   want="a tuple of increasing step numbers >= 1, e.g. (800, 1600)")
   keep_best: int = _int(0, 1, note=" (0: off)")   # params of the N best evals
   best_metric: str = _choice(BEST_METRICS, "eval_loss")
   label_smoothing: float = _number(lambda v: 0 <= v < 1, "a number in [0, 1)", 0.0)
@@ -90,13 +99,17 @@ class TrainSettings:
 class OptimSettings:
   """`optim`: AdamW; `lr` is the peak of `schedule`, reached after `warmup_steps`; cosine and
   linear decay to `min_lr_ratio * lr` at `decay_steps` (None: `train.steps`) and stay there;
-  "rsqrt" is Vaswani et al.'s lr * min(step / warmup, sqrt(warmup / step))."""
+  "rsqrt" is Vaswani et al.'s lr * min(step / warmup, sqrt(warmup / step)); "wsd"
+  (warmup-stable-decay, Hägele et al. 2024) holds `lr` and decays to `min_lr_ratio * lr` over
+  the last `decay_fraction` of the steps up to `decay_steps`, in `decay_shape`."""
   lr: float = _number(lambda v: v > 0, "a finite number > 0")
   name: str = _choice(("adamw",), "adamw")
   schedule: str = _choice(SCHEDULES, "cosine")
   warmup_steps: int = _int(0, 0)
   decay_steps: int | None = _int(1, None, optional=True)
   min_lr_ratio: float = _number(lambda v: 0 <= v <= 1, "a number in [0, 1]", 0.1)
+  decay_fraction: float = _number(lambda v: 0 < v <= 1, "a number in (0, 1]", 0.2)   # wsd
+  decay_shape: str = _choice(DECAY_SHAPES, "1-sqrt")                                # wsd
   weight_decay: float = _number(lambda v: v >= 0, "a number >= 0", 0.1)
   clip: float = _number(lambda v: v >= 0, "a number >= 0 (0: off)", 1.0)
   grad_accum: int = _int(1, 1)

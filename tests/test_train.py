@@ -152,10 +152,11 @@ def test_sample_reads_a_run_whose_training_deletes_the_checkpoint_it_reads(tmp_p
   assert sample_text(config, params, tokenizer, prompt="A", max_new_tokens=3, seed=0)
 
 
-def _saved_run(tmp_path, **train):
-  """A workdir whose config.json is the tiny config's (what a first run writes)."""
+def _saved_run(tmp_path, taken: int = 24, **train):
+  """A workdir whose config.json is the tiny config's (what a first run writes), with a
+  checkpoint directory at step `taken` (the steps a resume would continue)."""
   workdir = tmp_path / "run"
-  workdir.mkdir(parents=True)
+  (workdir / "checkpoints" / str(taken)).mkdir(parents=True)
   cfg = tiny_run_config(**train)
   (workdir / "config.json").write_text(cfg.to_json())
   return cfg, str(workdir)
@@ -190,6 +191,9 @@ def test_resume_accepts_bookkeeping_changes_and_steps_that_keep_the_schedule(tmp
   cfg.optim.schedule = "constant"
   (tmp_path / "constant" / "run" / "config.json").write_text(cfg.to_json())
   cfg.train.steps = 100                # a constant LR: extending changes nothing taken
+  config_checks.check_workdir_config(cfg, workdir, fresh=False)
+  cfg, workdir = _saved_run(tmp_path / "stopped", taken=8)
+  cfg.train.steps = 12                 # the LRs of steps 8..11 move, but none was taken yet
   config_checks.check_workdir_config(cfg, workdir, fresh=False)
 
 

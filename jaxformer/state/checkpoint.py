@@ -36,12 +36,13 @@ def _options(name: str, *, read_only: bool = False, **kwargs) -> ocp.CheckpointM
 class Checkpoints:
   """Keeps the last `keep` checkpoints of a pytree state under `directory`, and with
   `keep_every=N` also every step that is a multiple of N (intermediate checkpoints for
-  scaling studies; 0: none). Saved asynchronously; Orbax writes to a temporary directory and
+  scaling studies; 0: none), and every step in `keep_steps` (branch points of cooldown
+  branches). Saved asynchronously; Orbax writes to a temporary directory and
   renames, so a killed save never looks finished. `read_only=True`: a reader of a run another
   process may be training (it restores, never saves, renames or deletes)."""
 
   def __init__(self, directory: str | os.PathLike, *, keep: int = 3, keep_every: int = 0,
-               read_only: bool = False):
+               keep_steps=(), read_only: bool = False):
     if not read_only and (keep < 1 or keep_every < 0):
       raise ValueError(f"keep={keep} must be >= 1 and keep_every={keep_every} >= 0 (0: off)")
     self.directory = paths.absolute(directory)
@@ -49,6 +50,8 @@ class Checkpoints:
     policies = [ocp.checkpoint_managers.LatestN(keep)]
     if keep_every:
       policies.append(ocp.checkpoint_managers.EveryNSteps(keep_every))
+    if keep_steps:
+      policies.append(ocp.checkpoint_managers.CustomSteps(list(keep_steps)))
     kept = {} if read_only else dict(
         preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(policies))
     self._open = lambda: ocp.CheckpointManager(

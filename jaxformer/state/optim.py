@@ -14,18 +14,36 @@ import optax
 from jaxformer.run_settings import OptimSettings
 
 
+def wsd_decay_start(optim: OptimSettings, total_steps: int) -> int:
+  """The first step of a warmup-stable-decay schedule's decay: the stable phase (constant
+  `lr`) ends here. A cooldown branch of a run of `total_steps` starts from a checkpoint taken
+  at or before it in a longer run of the same schedule (`jaxformer.train.branch`)."""
+  end = optim.decay_steps or total_steps
+  return end - max(int(round(optim.decay_fraction * end)), 1)
+
+
 def learning_rate_schedule(optim: OptimSettings, total_steps: int) -> optax.Schedule:
   """Linear warmup to `lr`, then cosine / linear decay to `min_lr_ratio * lr` at
-  `decay_steps` (default: total_steps), constant, or Vaswani's inverse square root."""
+  `decay_steps` (default: total_steps), constant, Vaswani's inverse square root, or
+  warmup-stable-decay (constant, then a decay over the last `decay_fraction` of the steps to
+  `decay_steps`: "1-sqrt" is Hägele et al.'s 1 - sqrt(x), x the fraction of the decay done)."""
   lr, warmup = optim.lr, optim.warmup_steps
   decay_steps = optim.decay_steps or total_steps
   final = lr * optim.min_lr_ratio
+  if optim.schedule == "wsd":
+    start = wsd_decay_start(optim, total_steps)
+    length = decay_steps - start
 
   def schedule(step):
     step = jnp.asarray(step, jnp.float32)
     warm = lr * (step + 1) / max(warmup, 1)
     frac = jnp.clip((step - warmup) / max(decay_steps - warmup, 1), 0.0, 1.0)
-    if optim.schedule == "cosine":
+    if optim.schedule == "wsd":
+      x = jnp.clip((step - start) / length, 0.0, 1.0)
+      shape = {"1-sqrt": 1 - jnp.sqrt(x), "linear": 1 - x,
+               "cosine": 0.5 * (1 + jnp.cos(math.pi * x))}[optim.decay_shape]
+      after = final + (lr - final) * shape
+    elif optim.schedule == "cosine":
       after = final + 0.5 * (lr - final) * (1 + jnp.cos(math.pi * frac))
     elif optim.schedule == "linear":
       after = lr + (final - lr) * frac

@@ -1,16 +1,19 @@
 """python -m jaxformer.train --config=configs/<name>.py[:arg] --workdir=DIR [--config.a.b=v]
-    [--plan_only [--topology=v5e:4x4 [--slices=N]]]"""
+    [--branch_from=TRUNK_WORKDIR@STEP] [--plan_only [--topology=v5e:4x4 [--slices=N]]]"""
 
 import jax
 from absl import flags
 from ml_collections import config_flags
 
 from jaxformer import cli, compilation, console, parallel
+from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.loop import train
 
 config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics); reruns resume.")
 flags.DEFINE_bool("fresh", False, "Discard the workdir's checkpoints and metrics first.")
+flags.DEFINE_string("branch_from", None, "TRUNK_WORKDIR@STEP: start --workdir as a cooldown "
+                    "branch of that run's checkpoint (optim.schedule=wsd; a rerun resumes it).")
 flags.DEFINE_bool("plan_only", False, "Compile the train step, print its per-chip memory and "
                   "estimated step time, and exit (refused if it does not fit); writes nothing.")
 flags.DEFINE_string("topology", None, "With --plan_only: compile for this TPU topology "
@@ -36,6 +39,13 @@ def main(argv):
     raise ValueError("--workdir is not set; pass --workdir=DIR (the run directory: "
                      "checkpoints, metrics; a rerun resumes)")
   parallel.initialize()      # multi-host (TPU pod, Slurm, JAXFORMER_* env); no-op otherwise
+  if f.branch_from:
+    if f.fresh:
+      raise ValueError("--fresh discards the branch --branch_from starts; drop one of them")
+    trunk, step = workdir_lib.parse_branch(f.branch_from)
+    parallel.process_zero_first(
+        lambda: workdir_lib.branch(trunk, step, f.workdir) if jax.process_index() == 0
+        else None, "branching")
   console.route_process_output(jax.process_index(), jax.process_count(), f.workdir)
   train(f.config, f.workdir, fresh=f.fresh)
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import jax
 import jax.numpy as jnp
 
-from jaxformer import models, run_settings
+from jaxformer import models, paths, run_files, run_settings
 from jaxformer.state import optim, train_state
 from jaxformer.train import profiling, tasks
 
@@ -38,6 +39,14 @@ def validate(config) -> run_settings.RunSettings:
     raise ValueError(f"train.profile_steps={t.profile_steps!r} reaches past the run's "
                      f"train.steps={t.steps}; profile steps within it, e.g. "
                      f"'{max(1, t.steps - 2)}-{t.steps}'")
+  if t.checkpoint_steps and t.checkpoint_steps[-1] > t.steps:
+    raise ValueError(f"train.checkpoint_steps={tuple(t.checkpoint_steps)} reaches past the "
+                     f"run's train.steps={t.steps}; keep steps within it")
+  if o.schedule == "wsd" and o.warmup_steps > optim.wsd_decay_start(o, t.steps):
+    raise ValueError(f"optim.warmup_steps={o.warmup_steps} runs into the decay of the wsd "
+                     f"schedule, which starts at step {optim.wsd_decay_start(o, t.steps)} "
+                     f"(the last optim.decay_fraction={o.decay_fraction} of the steps); lower "
+                     "--config.optim.warmup_steps or --config.optim.decay_fraction")
   if o.schedule != "rsqrt" and o.warmup_steps >= t.steps:
     # a warning, not an error: short smoke runs of real configs (CI's) are meant this way
     logging.warning("optim.warmup_steps=%d is not shorter than train.steps=%d: the learning "
@@ -101,7 +110,7 @@ def _with_defaults(model: dict) -> dict:
 # `train.keep_checkpoint_every` only where it keeps what the run kept.
 RESUMABLE_CHANGES = {
     "train": ("steps", "eval_every", "log_every", "checkpoint_every", "eval_batch_size",
-              "keep_checkpoints", "keep_checkpoint_every", "keep_best", "best_metric",
+              "keep_checkpoints", "keep_checkpoint_every", "checkpoint_steps", "keep_best", "best_metric",
               "max_skipped_steps", "profile_steps", "attention_maps", "sample_tokens",
               "sample_prompt", "sample_every"),
     "data": ("eval_batches", "data_dir"),
@@ -149,16 +158,24 @@ def _check_kept_checkpoints_stay(saved: dict, config, workdir: str):
                      "use --fresh to discard them")
 
 
+def steps_taken(workdir: str) -> int:
+  """The newest checkpoint's step in `workdir` (0 with none): the steps a resume continues."""
+  directory = paths.path(os.path.join(workdir, run_files.CHECKPOINTS))
+  if not directory.exists():
+    return 0
+  return max((int(p.name) for p in directory.iterdir() if p.name.isdigit()), default=0)
+
+
 def _check_schedule_unchanged(saved: dict, config, workdir: str):
-  """train.steps and optim.decay_steps may change on resume (extend or shorten a run) unless
-  that moves the learning rate of the steps both runs share (cosine/linear decay over
-  train.steps when optim.decay_steps is unset)."""
+  """train.steps and optim.decay_steps may change on resume (extend or shorten a run, or a
+  cooldown branch of a wsd run) unless that moves the learning rate of the steps already
+  taken (cosine/linear decay over train.steps when optim.decay_steps is unset)."""
   old_steps, old_optim = saved.get("train", {}).get("steps"), saved.get("optim", {})
   new_steps = config.train.steps
   if old_steps is None or (old_steps == new_steps and old_optim.get("decay_steps")
                            == config.optim.get("decay_steps")):
     return
-  shared = jnp.arange(min(old_steps, new_steps))
+  shared = jnp.arange(min(old_steps, new_steps, steps_taken(workdir)))
   old_lr = optim.learning_rate_schedule(run_settings.parse_section("optim", old_optim),
                                        old_steps)(shared)
   new_lr = optim.learning_rate_schedule(run_settings.parse_section("optim", config.optim),

@@ -106,7 +106,8 @@ def _step_loop(run: setup.Run, steps: setup.Steps, writers: setup.Writers,
         last_eval = evaluator(done, state["params"])
       preempted = stop.reached(done) or (stop_after is not None and
                                          done - run.start >= stop_after)
-      if done % t.checkpoint_every == 0 or done == t.steps or preempted:
+      if (done % t.checkpoint_every == 0 or done == t.steps or preempted
+          or done in t.checkpoint_steps):
         _check_finite(run, *previous)          # never save after the run should have stopped
         with writers.bar.paused():
           run.ckpts.save(done, state)

@@ -83,7 +83,8 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
   if is_main:
     _write_config(config, workdir)
   ckpts = checkpoint.Checkpoints(os.path.join(workdir, run_files.CHECKPOINTS),
-                                 keep=t.keep_checkpoints, keep_every=t.keep_checkpoint_every)
+                                 keep=t.keep_checkpoints, keep_every=t.keep_checkpoint_every,
+                                 keep_steps=t.checkpoint_steps)
   shutdown.callback(ckpts.close)
   best = checkpoint.BestCheckpoints(os.path.join(workdir, run_files.BEST),
                                     metric=t.best_metric, keep=t.keep_best) if t.keep_best else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import errno
 import fcntl
+import json
 import os
 import socket
 import tempfile
@@ -29,7 +30,7 @@ _TOKENIZER_FILES = (tokenizers.TOKENIZER_FILE, tokenizers.SPM_MODEL_FILE,
 # What a training run writes (all of it goes on --fresh; the lock file stays).
 RUN_FILES = (run_files.CHECKPOINTS, run_files.BEST, run_files.METRICS, run_files.SAMPLES,
              run_files.CURVES, run_files.ATTENTION, run_files.PROFILE, run_files.CONFIG,
-             *_TOKENIZER_FILES)
+             run_files.BRANCH, *_TOKENIZER_FILES)
 
 
 def check_usable(workdir: str) -> None:
@@ -166,3 +167,67 @@ def clear(workdir: str) -> list[str]:
         path.unlink()
       removed.append(name)
   return removed
+
+
+def parse_branch(value: str) -> tuple[str, int]:
+  """'TRUNK_WORKDIR@STEP' -> (workdir, step); ValueError naming --branch_from."""
+  trunk, sep, step = value.rpartition("@")
+  if not sep or not trunk or not step.isdigit() or int(step) < 1:
+    raise ValueError(f"--branch_from={value!r}: expected TRUNK_WORKDIR@STEP, e.g. "
+                     "runs/trunk@8000 (a checkpoint the trunk kept)")
+  return trunk, int(step)
+
+
+def branch(trunk: str, step: int, workdir: str) -> bool:
+  """Start `workdir` as a cooldown branch of the run in `trunk` at its checkpoint `step`.
+
+  Why: a warmup-stable-decay run (`optim.schedule="wsd"`) holds its learning rate until the
+  decay, so a checkpoint of its stable phase is also a checkpoint of every shorter run of the
+  same schedule; training a copy of it with a smaller `train.steps` decays there and gives the
+  loss of that shorter run for the cost of its decay (Hägele et al. 2024). The copy is an
+  ordinary resumable run: config.json (the trunk's, without its `checkpoint_steps`), that one
+  checkpoint, the tokenizer and the trunk's metrics up to `step`; the resume checks then refuse
+  a branch whose model, data or learning rate of the steps taken differ from the trunk's.
+  Idempotent: a workdir already branched from (trunk, step) is left as it is (False); one
+  holding another run is refused. Written on process 0 only.
+  """
+  src, dst = paths.path(trunk), paths.path(workdir)
+  marker = {"trunk": paths.absolute(trunk), "step": int(step)}
+  if (dst / run_files.CONFIG).exists():
+    if (dst / run_files.BRANCH).exists():
+      if json.loads((dst / run_files.BRANCH).read_text()) == marker:
+        return False
+    raise ValueError(f"--workdir={workdir} already holds a run that is not a branch of "
+                     f"{trunk} at step {step}; branch into a new --workdir")
+  checkpoint = src / run_files.CHECKPOINTS / str(step)
+  if not (src / run_files.CONFIG).exists() or not checkpoint.is_dir():
+    kept = sorted(int(p.name) for p in (src / run_files.CHECKPOINTS).iterdir()
+                  if p.name.isdigit()) if (src / run_files.CHECKPOINTS).exists() else []
+    raise ValueError(f"--branch_from={trunk}@{step}: the trunk has no checkpoint at step "
+                     f"{step} (kept: {kept or 'none'}); keep it with "
+                     f"--config.train.checkpoint_steps=({step},) when training the trunk")
+  check_usable(workdir)
+  with Lock(workdir):
+    clear(workdir)                          # the remains of an interrupted branch, if any
+    _copy_tree(checkpoint, dst / run_files.CHECKPOINTS / str(step))
+    for name in _TOKENIZER_FILES:
+      if (src / name).exists():
+        (src / name).copy(dst / name)
+    if (src / run_files.METRICS).exists():
+      lines = [line for line in (src / run_files.METRICS).read_text().splitlines()
+               if line.strip() and json.loads(line).get("step", 0) <= step]
+      paths.write_text(str(dst / run_files.METRICS), "".join(l + "\n" for l in lines))
+    config = json.loads((src / run_files.CONFIG).read_text())
+    config.setdefault("train", {})["checkpoint_steps"] = []
+    paths.write_text(str(dst / run_files.BRANCH), json.dumps(marker) + "\n")
+    paths.write_text(str(dst / run_files.CONFIG), json.dumps(config, indent=2))   # last: done
+  return True
+
+
+def _copy_tree(src, dst) -> None:
+  dst.mkdir(parents=True, exist_ok=True)
+  for item in src.iterdir():
+    if item.is_dir():
+      _copy_tree(item, dst / item.name)
+    else:
+      item.copy(dst / item.name)
