@@ -68,6 +68,15 @@ SCHEDULES = ("cosine", "linear", "constant", "rsqrt", "wsd")
 DECAY_SHAPES = ("1-sqrt", "linear", "cosine")
 
 
+def wsd_decay_start(steps: int, decay_fraction: float, decay_steps: int | None = None) -> int:
+  """The first step of a warmup-stable-decay schedule's decay (its stable phase ends here):
+  the last `decay_fraction` of the steps up to `decay_steps` (None: `steps`). A cooldown
+  branch of a run of `steps` steps starts from this step of a longer run of the same
+  schedule. Here, without JAX, so the scaling planners use the trainer's own rule."""
+  end = decay_steps or steps
+  return end - max(int(round(decay_fraction * end)), 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainSettings:
   """`train`: the loop. batch_size counts sequences (or images) per optimizer step."""

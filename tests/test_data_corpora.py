@@ -422,3 +422,17 @@ def test_gs_sources_and_caches_go_through_the_path_layer(gcs, tmp_path):
     np.testing.assert_array_equal(remote.train_batch(3)[key], value)
   user_error(lambda: pipeline(data_config("ftp://host/x.txt"), tmp_path),
              "data.source='ftp://host/x.txt': ftp:// is not a storage jaxformer can use")
+
+
+def test_a_cache_file_another_process_finished_meanwhile_is_replaced(tmp_path):
+  """Two runs of a sweep preparing one corpus at once both finish the same file: the second
+  rename must not fail (a sweep's run died with FileExistsError here)."""
+  from etils import epath
+  from jaxformer.data.corpus import files
+  path = epath.Path(tmp_path / "00000.train.ends")
+  for content in (b"first", b"second"):
+    tmp = files.temporary(path)
+    tmp.write_bytes(content)
+    files.finish(tmp, path)
+  assert path.read_bytes() == b"second" and sorted(p.name for p in tmp_path.iterdir()) == [
+      "00000.train.ends"]

@@ -16,7 +16,8 @@ Arguments (comma-separated key=value; `source` is required):
 
 Model family (`gpt_candidates`): the README's nanoGPT-style char GPT (learned positions,
 LayerNorm, no biases, tied embeddings, no dropout), head_dim 16, mlp 4x, widths 16..320 in
-steps of 16 with depth floor or ceil of width / 40 (aspect ratio ~20..64). N is the *total*
+steps of 16 with depth floor or ceil of width / 40 (aspect ratio ~20..64), at least
+MIN_LAYERS = 2 layers (a 1-layer model is no Transformer stack; Kaplan et al. exclude them). N is the *total*
 parameter count (embeddings included, as Hoffmann et al. 2022 count it); the budget C is
 their exact count (Appendix F: embeddings, logits and attention included,
 `flops_per_token(method="hoffmann")`), D = steps x 1024 tokens (batch 16 x context 64). For
@@ -29,6 +30,7 @@ batches (41K tokens, the same windows for every run), ~200 training-loss records
 from __future__ import annotations
 
 import functools
+import math
 import pathlib
 
 from jaxformer import scaling
@@ -42,6 +44,7 @@ MAX_EPOCHS = 2
 DEFAULTS = dict(budgets="6e11/2e12/6e12", lr="3e-3", sizes="5", spacing="2", mup_base_width="")
 WIDTHS = tuple(range(16, 321, 16))
 HEAD_DIM = 16
+MIN_LAYERS = 2
 
 
 def parse_key_values(sweep: str, arg: str | None, defaults: dict[str, str]) -> dict[str, str]:
@@ -85,7 +88,7 @@ def gpt_candidates(vocab_size: int) -> list[scaling.Candidate]:
   building the model), exact FLOPs/token by Hoffmann et al.'s Appendix F count."""
   out = []
   for d in WIDTHS:
-    for layers in sorted({max(d // 40, 1), max(-(-d // 40), 1)}):
+    for layers in sorted({max(d // 40, MIN_LAYERS), max(-(-d // 40), MIN_LAYERS)}):
       model = shakespeare_char.get_config("nanogpt_cpu").model
       model.update(vocab_size=vocab_size, **{k.split(".")[1]: v
                                              for k, v in model_fields(layers, d).items()})
@@ -110,6 +113,41 @@ def plan(source: str, budgets, *, sizes: int = 5, spacing: float = 2.0, optimum=
                               tokens_per_step=TOKENS_PER_STEP, sizes_per_budget=sizes,
                               spacing=spacing, optimum=optimum, flops="exact",
                               max_tokens=MAX_EPOCHS * train_chars)
+
+
+def ladder(vocab_size: int, spacing: float = 2.0) -> list:
+  """Candidates about `spacing` x apart in N, smallest to largest of the family: one fixed set
+  of sizes for every budget, so each size's runs at several budgets share one trunk."""
+  family = sorted({c.params: c for c in gpt_candidates(vocab_size)}.values(),
+                  key=lambda c: c.params)
+  chosen = [family[0]]
+  for candidate in family[1:]:
+    if candidate.params >= chosen[-1].params * spacing / 1.15:
+      chosen.append(candidate)
+  return chosen
+
+
+def plan_window(source: str, budgets, *, half_width: int = 3, spacing: float = 2.0,
+                min_steps: int = 100, optimum=None) -> list:
+  """Per budget, the `ladder` sizes within spacing^±half_width (x 1.2) of N* (from `optimum`,
+  default D = 20 N), keeping the runs `scaling.plan_run` accepts (>= min_steps, <= MAX_EPOCHS
+  of the corpus): at the ends of the family or of the data a budget gets fewer sizes instead
+  of an error. For studies of cooldown branches, where every budget need not be centred."""
+  vocab_size, train_chars = corpus_info(source)
+  optimum = optimum or scaling.planning.rule_of_thumb_optimum
+  reach = half_width * math.log(spacing) + math.log(1.2)
+  runs = []
+  for budget in sorted(float(b) for b in budgets):
+    for candidate in ladder(vocab_size, spacing):
+      if abs(math.log(candidate.params / optimum(budget))) > reach:
+        continue
+      try:
+        runs.append(scaling.plan_run(budget, candidate, tokens_per_step=TOKENS_PER_STEP,
+                                     flops="exact", max_tokens=MAX_EPOCHS * train_chars,
+                                     min_steps=min_steps))
+      except ValueError:
+        continue
+  return runs
 
 
 def get_sweep(arg=None):

@@ -8,6 +8,7 @@
     scaling.isoflop_optimum(...), scaling.envelope_optimum(...)   # approaches 2 and 1
     scaling.fit_kaplan_n(n, loss), fit_kaplan_joint(n, d, loss)   # Kaplan et al. 2020 (laws.py)
     scaling.plan_isoflop(budgets, candidates, tokens_per_step=...)  # planning.py
+    scaling.plan_wsd(runs), scaling.wsd_sweeps(trunks, base, ...)   # trunks + cooldown branches
     scaling.lr_optimum(rates, losses), scaling.lr_width_rule(widths, optima)  # LR sweeps
     from jaxformer.scaling import mup             # μP width tools (the coordinate check that
                                                   # trains is jaxformer.train.coord_check)
@@ -27,8 +28,8 @@ from jaxformer.scaling.chinchilla import (BESIROGLU_2024, HOFFMANN_2022, Curve, 
                                           fit_parametric, isoflop_optimum)
 from jaxformer.scaling.laws import (fit_kaplan_d, fit_kaplan_joint, fit_kaplan_n,
                                     fit_saturating, fit_zhai)
-from jaxformer.scaling.planning import (Candidate, PlannedRun, lr_optimum, lr_width_rule,
-                                        plan_isoflop, plan_run, to_sweep)
+from jaxformer.scaling.planning import (Candidate, PlannedRun, Trunk, lr_optimum, lr_width_rule,
+                                        plan_isoflop, plan_run, plan_wsd, to_sweep, wsd_sweeps)
 from jaxformer.scaling.stats import Fit
 
 _COUNTING = ("count_params", "flops_per_token", "param_shapes", "dummy_inputs",
@@ -38,7 +39,8 @@ __all__ = ["BESIROGLU_2024", "HOFFMANN_2022", "Curve", "OptimumFit", "Parametric
            "envelope_optimum",
            "fit_parametric", "isoflop_optimum", "fit_kaplan_d", "fit_kaplan_joint",
            "fit_kaplan_n", "fit_saturating", "fit_zhai", "Candidate", "PlannedRun",
-           "lr_optimum", "lr_width_rule", "plan_isoflop", "plan_run", "to_sweep", "Fit", *_COUNTING]
+           "lr_optimum", "lr_width_rule", "plan_isoflop", "plan_run", "to_sweep", "Trunk", "plan_wsd",
+           "wsd_sweeps", "Fit", *_COUNTING]
 
 
 def __getattr__(name: str):

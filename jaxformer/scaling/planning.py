@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxformer import run_settings
+
 FLOPS_CONVENTIONS = ("6N", "exact")
 
 
@@ -278,3 +280,114 @@ def lr_width_rule(widths: Sequence[int], optimal_lrs: Sequence[float],
   return {"k": float(np.exp(fit.intercept)), "slope": float(fit.slope),
           "ci": [float(fit.slope - half), float(fit.slope + half)], "level": level,
           "shift_factor": float(np.exp(y.max() - y.min()))}
+
+
+@dataclasses.dataclass(frozen=True)
+class Trunk:
+  """The planned runs of one candidate as one warmup-stable-decay run and its cooldown
+  branches (Hägele et al. 2024): `runs` sorted by steps, the last trained in full (the
+  trunk), each shorter one a branch of the trunk's checkpoint at its decay start, trained for
+  its decay only. Every run shares the trunk's `warmup_steps` and stable learning rate, so a
+  branch ends exactly where a separate wsd run of its length would."""
+  candidate: Candidate
+  runs: tuple[PlannedRun, ...]
+  warmup_steps: int
+  decay_fraction: float
+
+  @property
+  def steps(self) -> int:
+    return self.runs[-1].steps
+
+  def start(self, run: PlannedRun) -> int:
+    """The trunk step `run` branches from (its own decay start)."""
+    return run_settings.wsd_decay_start(run.steps, self.decay_fraction)
+
+  @property
+  def checkpoint_steps(self) -> tuple[int, ...]:
+    return tuple(sorted({self.start(r) for r in self.runs[:-1]}))
+
+  @property
+  def flops(self) -> float:
+    """Compute of the trunk and its branches' decays (what the plan costs)."""
+    per_step = self.runs[-1].flops / self.steps
+    return per_step * (self.steps + sum(r.steps - self.start(r) for r in self.runs[:-1]))
+
+
+def plan_wsd(runs: Sequence[PlannedRun], *, decay_fraction: float = 0.2,
+             warmup_fraction: float = 0.05, min_warmup_steps: int = 1) -> list[Trunk]:
+  """`runs` (e.g. `plan_isoflop`'s, over many budgets) grouped into one `Trunk` per
+  candidate: the longest run is trained, the others branch from it. Warmup: `warmup_fraction`
+  of the candidate's shortest run, at least `min_warmup_steps` (one warmup for all its runs).
+  Runs of equal length are one run. ValueError when the warmup would reach a branch's decay."""
+  if not 0 < decay_fraction <= 1:
+    raise ValueError(f"plan_wsd: decay_fraction={decay_fraction} must be in (0, 1]")
+  by_candidate: dict[str, dict[int, PlannedRun]] = {}
+  for run in runs:
+    by_candidate.setdefault(run.candidate.name, {}).setdefault(run.steps, run)
+  trunks = []
+  for name, by_steps in by_candidate.items():
+    ordered = tuple(by_steps[s] for s in sorted(by_steps))
+    warmup = max(int(round(warmup_fraction * ordered[0].steps)), min_warmup_steps, 1)
+    first = run_settings.wsd_decay_start(ordered[0].steps, decay_fraction)
+    if warmup > first:
+      raise ValueError(f"plan_wsd: {name}'s shortest run ({ordered[0].steps} steps) decays "
+                       f"from step {first}, inside its warmup of {warmup} steps; lower "
+                       "warmup_fraction or decay_fraction")
+    trunks.append(Trunk(ordered[0].candidate, ordered, warmup, decay_fraction))
+  return trunks
+
+
+def wsd_sweeps(trunks: Sequence[Trunk], base: str, *,
+               lr: float | Callable[[Candidate], float], name: str,
+               overrides: Mapping[str, Any] | None = None, seeds: Sequence[int] = (0,),
+               logs: int = 200) -> dict:
+  """`jaxformer.sweep` specs for `trunks` x `seeds`: {"trunks": spec, "branches": spec,
+  "links": [(branch index, trunk index, trunk step), ...]} (indices of the specs' points in
+  order; `jaxformer.sweep.run_branched` runs them). Trunks keep a checkpoint at every branch
+  start; every run has one eval at its end and about `logs` training-loss records. `lr` is
+  one peak LR or a function of the candidate; `name` the point-name template (it must use the
+  model fields, `train.steps`, `optim.lr` and `train.seed` to be unique)."""
+  if not trunks:
+    raise ValueError("wsd_sweeps: no trunks")
+  fields = sorted({key for t in trunks for key in t.candidate.overrides})
+
+  def rows(pairs):
+    zipped: dict[str, list] = {key: [] for key in fields}
+    for key in ("train.steps", "optim.warmup_steps", "optim.lr", "train.seed",
+                "train.eval_every", "train.log_every", "train.checkpoint_every"):
+      zipped[key] = []
+    for trunk, run, seed in pairs:
+      for key in fields:
+        zipped[key].append(trunk.candidate.overrides[key])
+      rate = float(lr(trunk.candidate)) if callable(lr) else float(lr)
+      if not (np.isfinite(rate) and rate > 0):
+        raise ValueError(f"wsd_sweeps: learning rate {rate} of {trunk.candidate.name} must be > 0")
+      zipped["train.steps"].append(run.steps)
+      zipped["optim.warmup_steps"].append(trunk.warmup_steps)
+      zipped["optim.lr"].append(rate)
+      zipped["train.seed"].append(int(seed))
+      zipped["train.eval_every"].append(run.steps)
+      zipped["train.log_every"].append(max(run.steps // max(logs, 1), 1))
+      zipped["train.checkpoint_every"].append(run.steps)
+    return zipped
+
+  fixed = dict(overrides or {})
+  clash = sorted(set(fixed) & {"optim.schedule", "optim.decay_fraction", "train.steps"})
+  if clash:
+    raise ValueError(f"wsd_sweeps: overrides {clash} are set by the plan; drop them")
+  fixed.update({"optim.schedule": "wsd", "optim.decay_fraction": trunks[0].decay_fraction})
+  # longest first, so the sweep's last minutes are not one long trunk alone
+  trunk_rows = sorted(((t, t.runs[-1], s) for t in trunks for s in seeds),
+                      key=lambda r: -r[0].flops)
+  branch_rows, links = [], []
+  for i, (trunk, _, seed) in enumerate(trunk_rows):
+    for run in trunk.runs[:-1]:
+      links.append((len(branch_rows), i, trunk.start(run)))
+      branch_rows.append((trunk, run, seed))
+  trunk_zip = rows(trunk_rows)
+  trunk_zip["train.checkpoint_steps"] = [t.checkpoint_steps for t, _, _ in trunk_rows]
+  specs = {"trunks": dict(base=base, zip=trunk_zip, overrides=fixed, name=name),
+           "branches": None, "links": links}
+  if branch_rows:
+    specs["branches"] = dict(base=base, zip=rows(branch_rows), overrides=fixed, name=name)
+  return specs

@@ -11,15 +11,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxformer import run_settings
 from jaxformer.run_settings import OptimSettings
 
 
 def wsd_decay_start(optim: OptimSettings, total_steps: int) -> int:
-  """The first step of a warmup-stable-decay schedule's decay: the stable phase (constant
-  `lr`) ends here. A cooldown branch of a run of `total_steps` starts from a checkpoint taken
-  at or before it in a longer run of the same schedule (`jaxformer.train.branch`)."""
-  end = optim.decay_steps or total_steps
-  return end - max(int(round(optim.decay_fraction * end)), 1)
+  """`run_settings.wsd_decay_start` of these settings: where the stable phase ends."""
+  return run_settings.wsd_decay_start(total_steps, optim.decay_fraction, optim.decay_steps)
 
 
 def learning_rate_schedule(optim: OptimSettings, total_steps: int) -> optax.Schedule:

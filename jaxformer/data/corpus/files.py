@@ -23,9 +23,11 @@ def temporary(path: epath.Path) -> epath.Path:
 
 
 def finish(tmp: epath.Path, path: epath.Path):
-  """Give the written `tmp` its final name."""
+  """Give the written `tmp` its final name. Another process may have finished the same file
+  meanwhile (two runs of a sweep preparing one corpus at once; the content is the same):
+  `os.replace` replaces it atomically, where epath's rename would refuse."""
   if tmp != path:
-    tmp.rename(path)
+    os.replace(os.fspath(tmp), os.fspath(path))
 
 
 def write_json(path: epath.Path, value):
