@@ -94,10 +94,11 @@ def trunks_of(runs: list, **kwargs) -> list:
                           **kwargs)
 
 
-def run_stage(args, name: str, trunks: list, lr, seeds=(0,)) -> list[dict]:
-  """Train `trunks` x `seeds` and their branches in workdir/name; the finished rows."""
-  specs = scaling.wsd_sweeps(trunks, isoflop.BASE, lr=lr, name=NAME, overrides=overrides(args),
-                             seeds=seeds)
+def run_stage(args, name: str, trunks: list, lrs: list, seeds=(0,)) -> list[dict]:
+  """Train `trunks` x `seeds` x `lrs` (rates or functions of the candidate) and their
+  branches in workdir/name, as one sweep (both cores stay busy); the finished rows."""
+  specs = merged([scaling.wsd_sweeps(trunks, isoflop.BASE, lr=lr, name=NAME,
+                                     overrides=overrides(args), seeds=seeds) for lr in lrs])
   trunk_rows, branch_rows = sweep_lib.run_branched(specs, os.path.join(args.workdir, name),
                                                    parallel=args.parallel)
   rows = trunk_rows + branch_rows
@@ -108,6 +109,20 @@ def run_stage(args, name: str, trunks: list, lr, seeds=(0,)) -> list[dict]:
   return rows
 
 
+def merged(parts: list[dict]) -> dict:
+  """One `wsd_sweeps` spec of several (same fields): zips concatenated, links re-indexed."""
+  out = json.loads(json.dumps(parts[0]))
+  for part in parts[1:]:
+    trunks = len(out["trunks"]["zip"]["train.steps"])
+    branches = len(out["branches"]["zip"]["train.steps"]) if out["branches"] else 0
+    for kind in ("trunks", "branches"):
+      if part[kind]:
+        for key, values in part[kind]["zip"].items():
+          out[kind]["zip"][key] = out[kind]["zip"][key] + list(values)
+    out["links"] += [(b + branches, t + trunks, step) for b, t, step in part["links"]]
+  return out
+
+
 def lr_stage(args, plan: list) -> tuple[dict, list[dict]]:
   """The width rule {k, p, ...} from LEARNING_RATES x 3 sizes at LR_BUDGET (and, through
   their branches, at every lower budget)."""
@@ -115,9 +130,7 @@ def lr_stage(args, plan: list) -> tuple[dict, list[dict]]:
               key=lambda r: r.candidate.params)
   probes = {r.candidate.name for r in (at[0], at[len(at) // 2], at[-1])}
   runs = [r for r in plan if r.candidate.name in probes and r.budget <= LR_BUDGET]
-  rows = []
-  for lr in LEARNING_RATES:
-    rows += run_stage(args, f"lr/{lr:g}", trunks_of(runs), lr)
+  rows = run_stage(args, "lr", trunks_of(runs), list(LEARNING_RATES))
   return width_rule([r for r in rows if r["overrides"]["train.steps"] in
                      {p.steps for p in runs if p.budget == LR_BUDGET}]), rows
 
@@ -181,16 +194,15 @@ def training_stages(args) -> dict:
   plan = isoflop.plan_window(args.data, BUDGETS)
   rule, lr_rows = lr_stage(args, plan)
   print(f"learning-rate rule: lr = {rule['k']:.4g} * d_model^-{rule['p']:.3f}", flush=True)
-  main_rows = run_stage(args, "main", trunks_of(plan), by_width(rule))
+  main_rows = run_stage(args, "main", trunks_of(plan), [by_width(rule)])
   seeded = seeded_sizes(plan)
   seed_rows = run_stage(args, "seeds", trunks_of([r for r in plan if r.candidate.name in seeded
                                                   and r.budget <= SEED_BUDGET]),
-                        by_width(rule), seeds=SEEDS)
+                        [by_width(rule)], seeds=SEEDS)
   top = max((r for r in plan if r.budget == max(BUDGETS)), key=lambda r: r.candidate.params)
-  check_rows = []
-  for factor in LR_CHECK_FACTORS:
-    check_rows += run_stage(args, f"lr_check/x{factor:g}", trunks_of(
-        [r for r in plan if r.candidate.name == top.candidate.name]), by_width(rule, factor))
+  check_rows = run_stage(args, "lr_check", trunks_of(
+      [r for r in plan if r.candidate.name == top.candidate.name]),
+      [by_width(rule, factor) for factor in LR_CHECK_FACTORS])
   cosine_rows = cosine_stage(args, plan, rule)
   return {"plan": plan, "rule": rule, "lr": lr_rows, "main": main_rows, "seeds": seed_rows,
           "lr_check": check_rows, "cosine": cosine_rows}

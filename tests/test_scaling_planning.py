@@ -228,3 +228,49 @@ def test_isoflop_sweep_file_argument_errors(tmp_path):
     isoflop.get_sweep(f"source={tmp_path / 'x.txt'},budgets=1e11;3e11")
   with pytest.raises(ValueError, match=r"sizes and mup_base_width ints"):
     isoflop.get_sweep(f"source={tmp_path / 'x.txt'},mup_base_width=wide")
+
+
+def test_wsd_plan_gives_each_size_one_trunk_and_branches_at_their_decay_starts():
+  """Each candidate's runs over the budgets become one trunk (its longest run) whose kept
+  checkpoints are the shorter runs' decay starts; the cost is the trunk plus the decays."""
+  family = _family()
+  runs = scaling.plan_isoflop(BUDGETS, family, tokens_per_step=TOKENS_PER_STEP, flops="exact")
+  trunks = scaling.plan_wsd(runs, decay_fraction=0.2, min_warmup_steps=20)
+  assert sorted(t.candidate.name for t in trunks) == sorted({r.candidate.name for r in runs})
+  for trunk in trunks:
+    mine = sorted(r.steps for r in runs if r.candidate.name == trunk.candidate.name)
+    assert [r.steps for r in trunk.runs] == mine and trunk.steps == mine[-1]
+    assert trunk.checkpoint_steps == tuple(s - max(round(0.2 * s), 1) for s in mine[:-1])
+    assert trunk.warmup_steps == max(round(0.05 * mine[0]), 20)
+    per_step = trunk.runs[-1].flops / trunk.steps
+    assert trunk.flops == pytest.approx(per_step * (mine[-1] + sum(round(0.2 * s)
+                                                                   for s in mine[:-1])))
+  shared = [t for t in trunks if len(t.runs) > 1]
+  assert shared                      # neighbouring budgets share sizes: their runs branch
+  shortest = min(r.steps for r in runs)
+  with pytest.raises(ValueError, match=f"inside its warmup of {shortest} steps"):
+    scaling.plan_wsd(runs, min_warmup_steps=shortest)
+
+
+def test_wsd_sweeps_link_each_branch_to_its_trunk_and_keep_its_start():
+  family = _family()
+  runs = scaling.plan_isoflop(BUDGETS, family, tokens_per_step=TOKENS_PER_STEP, flops="exact")
+  trunks = scaling.plan_wsd(runs)
+  specs = scaling.wsd_sweeps(trunks, "configs/shakespeare_char.py:tiny", lr=lambda c: 1e-3,
+                             name="m{model.size}_s{train.steps}_seed{train.seed}",
+                             seeds=(0, 1))
+  t, b = specs["trunks"]["zip"], specs["branches"]["zip"]
+  assert len(t["train.steps"]) == 2 * len(trunks)
+  assert len(b["train.steps"]) == 2 * sum(len(tr.runs) - 1 for tr in trunks)
+  costs = [next(tr.flops for tr in trunks if tr.candidate.overrides["model.size"] == size)
+           for size in t["model.size"]]
+  assert costs == sorted(costs, reverse=True)          # the longest trunks start first
+  for branch, trunk, step in specs["links"]:
+    assert b["model.size"][branch] == t["model.size"][trunk]
+    assert b["train.seed"][branch] == t["train.seed"][trunk]
+    assert b["optim.warmup_steps"][branch] == t["optim.warmup_steps"][trunk]
+    assert step == b["train.steps"][branch] - max(round(0.2 * b["train.steps"][branch]), 1)
+    assert step in t["train.checkpoint_steps"][trunk] and step < t["train.steps"][trunk]
+  assert specs["trunks"]["overrides"]["optim.schedule"] == "wsd"
+  with pytest.raises(ValueError, match=r"overrides \['optim.schedule'\] are set by the plan"):
+    scaling.wsd_sweeps(trunks, "x", lr=1e-3, name="n", overrides={"optim.schedule": "cosine"})
