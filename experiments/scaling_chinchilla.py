@@ -171,6 +171,16 @@ def seeded_sizes(plan: list) -> set[str]:
   return [r.candidate.name for r in at[max(middle - 1, 0):middle + 2]]
 
 
+def lr_check_size(plan: list) -> str:
+  """The widest size at the largest budget that has runs at >= 3 budgets (the rule's LR is
+  extrapolated furthest there, and its branches test it at several budgets)."""
+  runs_of = {}
+  for r in plan:
+    runs_of.setdefault(r.candidate.name, []).append(r)
+  top = [r for r in plan if r.budget == max(BUDGETS) and len(runs_of[r.candidate.name]) >= 3]
+  return max(top, key=lambda r: r.candidate.params).candidate.name
+
+
 def cosine_stage(args, plan: list, rule: dict) -> list[dict]:
   """Two seeded sizes at COSINE_BUDGET as separate cosine runs (to 10% of the peak), seeds
   0, 1, 2: the schedule the branches are compared with."""
@@ -199,9 +209,9 @@ def training_stages(args) -> dict:
   seed_rows = run_stage(args, "seeds", trunks_of([r for r in plan if r.candidate.name in seeded
                                                   and r.budget <= SEED_BUDGET]),
                         [by_width(rule)], seeds=SEEDS)
-  top = max((r for r in plan if r.budget == max(BUDGETS)), key=lambda r: r.candidate.params)
+  top = lr_check_size(plan)
   check_rows = run_stage(args, "lr_check", trunks_of(
-      [r for r in plan if r.candidate.name == top.candidate.name]),
+      [r for r in plan if r.candidate.name == top]),
       [by_width(rule, factor) for factor in LR_CHECK_FACTORS])
   cosine_rows = cosine_stage(args, plan, rule)
   return {"plan": plan, "rule": rule, "lr": lr_rows, "main": main_rows, "seeds": seed_rows,
