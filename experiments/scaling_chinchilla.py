@@ -44,6 +44,7 @@ import json
 import os
 import pathlib
 import sys
+import time
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -218,11 +219,441 @@ def training_stages(args) -> dict:
           "lr_check": check_rows, "cosine": cosine_rows}
 
 
+# ---------------------------------------------------------------------------------------------
+# Results: every run as a point (OUT.json), then the analysis, then the report from the JSON.
+
+def points_of(args, stages: dict, prediction_rows=()) -> list[dict]:
+  """One record per finished run of every stage: its size (N total and non-embedding), tokens,
+  exact FLOPs, budget, LR, seed, schedule, trunk (the independent run it belongs to) and final
+  eval loss."""
+  vocab_size = isoflop.corpus_info(args.data)[0]
+  family = {(c.overrides["model.num_layers"], c.overrides["model.d_model"]): c
+            for c in isoflop.gpt_candidates(vocab_size)}
+  budgets = {(r.candidate.name, r.steps): r.budget for r in stages["plan"]}
+  out = []
+  for stage in ("lr", "main", "seeds", "lr_check", "cosine", "predict"):
+    rows = prediction_rows if stage == "predict" else stages[stage]
+    for row in rows:
+      o = row["overrides"]
+      c = family[(o["model.num_layers"], o["model.d_model"])]
+      steps = o["train.steps"]
+      tokens = steps * isoflop.TOKENS_PER_STEP
+      seed = o.get("train.seed", 0)
+      out.append({
+          "stage": stage, "name": row["name"], "size": c.name, "n": c.params,
+          "n_non_embedding": row["params"], "d": tokens, "steps": steps,
+          "flops": c.flops_per_token * tokens, "flops_per_token": c.flops_per_token,
+          "budget": budgets.get((c.name, steps), c.flops_per_token * tokens),
+          "lr": o["optim.lr"], "seed": seed, "schedule": o.get("optim.schedule", "wsd"),
+          "trunk": f"{stage}/{c.name}/lr{o['optim.lr']:g}/seed{seed}",
+          "eval_loss": row["eval_loss"], "wall_time_s": row["wall_time_s"]})
+  return out
+
+
+def setup_of(args) -> dict:
+  vocab_size, train_chars = isoflop.corpus_info(args.data)
+  family = isoflop.gpt_candidates(vocab_size)
+  return {"corpus": pathlib.Path(args.data).name, "vocab": vocab_size,
+          "train_chars": train_chars, "budgets": list(BUDGETS),
+          "tokens_per_step": isoflop.TOKENS_PER_STEP, "decay_fraction": DECAY_FRACTION,
+          "learning_rates": list(LEARNING_RATES), "lr_budget": LR_BUDGET,
+          "seeds": [0, *SEEDS], "seed_budget": SEED_BUDGET, "cosine_budget": COSINE_BUDGET,
+          "prediction_factor": PREDICTION_FACTOR, "bootstrap": args.bootstrap,
+          "family": [{"size": c.name, "n": c.params, "flops_per_token": c.flops_per_token}
+                     for c in family]}
+
+
+def fit_points(points: list[dict]) -> list[dict]:
+  """The runs the laws are fitted to: every wsd run at the rule's LR (seed 0 and the seeds)."""
+  return [p for p in points if p["stage"] in ("main", "seeds")]
+
+
+def fpt_of(setup: dict):
+  family = sorted({f["n"]: f for f in setup["family"]}.values(), key=lambda f: f["n"])
+  return scaling.family_flops_per_token([f["n"] for f in family],
+                                        [f["flops_per_token"] for f in family])
+
+
+def fits_of(points: list[dict], samples: int) -> dict:
+  """Approaches 1-3 on the rule-LR runs, each bootstrapped by trunk."""
+  import numpy as np
+  fit = fit_points(points)
+  arr = {k: np.array([p[k] for p in fit], np.float64) for k in ("n", "d", "eval_loss", "budget")}
+  trunks = np.array([p["trunk"] for p in fit])
+  curves, curve_trunks = [], []
+  for trunk in sorted(set(trunks.tolist())):
+    mine = sorted((p for p in fit if p["trunk"] == trunk), key=lambda p: p["d"])
+    if len(mine) >= 2:
+      curves.append(scaling.Curve(params=mine[0]["n"], tokens=np.array([p["d"] for p in mine]),
+                                  loss=np.array([p["eval_loss"] for p in mine]),
+                                  flops_per_token=mine[0]["flops_per_token"]))
+      curve_trunks.append(trunk)
+  return {
+      "approach 1": scaling.envelope_optimum(curves, window=1, samples=samples),
+      "approach 2": scaling.isoflop_optimum(arr["n"], arr["d"], arr["eval_loss"], arr["budget"],
+                                            samples=samples, groups=trunks),
+      "approach 3": scaling.fit_parametric(arr["n"], arr["d"], arr["eval_loss"],
+                                           samples=samples, groups=trunks)}
+
+
+def seed_noise(points: list[dict]) -> dict:
+  """sigma_seed: the pooled standard deviation of the final loss over seeds of one (size,
+  tokens) run, in nats and in log loss (the approach-3 residual's space)."""
+  import numpy as np
+  groups: dict[tuple, list[float]] = {}
+  for p in fit_points(points):
+    groups.setdefault((p["size"], p["d"]), []).append(p["eval_loss"])
+  rows = [{"size": k[0], "d": k[1], "losses": v, "mean": float(np.mean(v)),
+           "sd": float(np.std(v, ddof=1))} for k, v in sorted(groups.items()) if len(v) >= 3]
+  if not rows:
+    return {"rows": [], "sigma": float("nan"), "sigma_log": float("nan"), "points": 0}
+  var = np.mean([r["sd"] ** 2 for r in rows])
+  var_log = np.mean([np.var(np.log(r["losses"]), ddof=1) for r in rows])
+  return {"rows": rows, "sigma": float(np.sqrt(var)), "sigma_log": float(np.sqrt(var_log)),
+          "points": len(rows)}
+
+
+def lr_table(points: list[dict], rule: dict) -> list[dict]:
+  """Per width and budget of the LR stage: the grid's optimum LR against the rule's."""
+  out = []
+  lr_points = [p for p in points if p["stage"] == "lr"]
+  for size, d in sorted({(p["size"], p["d"]) for p in lr_points}):
+    mine = sorted((p for p in lr_points if p["size"] == size and p["d"] == d),
+                  key=lambda p: p["lr"])
+    if len(mine) < 3:
+      continue
+    best = scaling.lr_optimum([p["lr"] for p in mine], [p["eval_loss"] for p in mine])
+    width = int(size.split("_d")[1])
+    out.append({"size": size, "budget": mine[0]["budget"], "d": d, "optimum": best["lr"],
+                "edge": best["edge"], "rule": rule_lr(rule, width),
+                "losses": {f"{p['lr']:g}": p["eval_loss"] for p in mine}})
+  return out
+
+
+def lr_check(points: list[dict]) -> list[dict]:
+  """The LR check size at 0.5x, 1x (its main runs) and 2x the rule's LR, per budget."""
+  check = [p for p in points if p["stage"] == "lr_check"]
+  if not check:
+    return []
+  size = check[0]["size"]
+  main = [p for p in points if p["stage"] == "main" and p["size"] == size]
+  out = []
+  for d in sorted({p["d"] for p in check}):
+    row = {"size": size, "d": d, "budget": next(p["budget"] for p in check if p["d"] == d)}
+    for p in main + check:
+      if p["d"] == d:
+        row[f"{p['lr']:g}"] = p["eval_loss"]
+    out.append(row)
+  return out
+
+
+def cosine_check(points: list[dict], sigma: float) -> list[dict]:
+  """Per cosine size: mean final loss of the cosine runs and of the same runs as cooldown
+  branches over the 3 seeds, their difference against 2 sigma_seed."""
+  import numpy as np
+  out = []
+  for size, d in sorted({(p["size"], p["d"]) for p in points if p["stage"] == "cosine"}):
+    cos = [p["eval_loss"] for p in points if p["stage"] == "cosine" and p["size"] == size
+           and p["d"] == d]
+    wsd = [p["eval_loss"] for p in fit_points(points) if p["size"] == size and p["d"] == d]
+    diff = float(np.mean(wsd) - np.mean(cos))
+    out.append({"size": size, "d": d, "cosine": cos, "wsd": wsd, "difference": diff,
+                "within_2_sigma": bool(abs(diff) <= 2 * sigma)})
+  return out
+
+
+def analyse(results: dict, samples: int) -> dict:
+  """The fits, optima, seed noise, LR and schedule checks and back-tests of `results`."""
+  import functools
+  points, setup = results["points"], results["setup"]
+  fits = fits_of(points, samples)
+  fpt = fpt_of(setup)
+  budgets = setup["budgets"]
+  fit3 = fits["approach 3"]
+  noise = seed_noise(points)
+  test_points = [{"n": p["n"], "d": p["d"], "loss": p["eval_loss"], "budget": p["budget"],
+                  "group": p["trunk"]} for p in fit_points(points)]
+  backtest = scaling.backtest(test_points, fit=functools.partial(
+      scaling.fit_parametric, samples=max(samples // 2, 50)))
+  optima = []
+  for c in budgets:
+    row = {"budget": c}
+    for name, fit in fits.items():
+      n, d = (fit.compute_optimal(c, flops_per_token=fpt) if name == "approach 3"
+              else fit.compute_optimal(c))
+      row[name] = [float(n), float(d)]
+    row["approach 3, C = 6ND"] = [float(v) for v in fit3.compute_optimal(c)]
+    optima.append(row)
+  exponents = {name: ({k: [v[0], list(v[1])] for k, v in
+                       fit.exponents(budgets=[min(budgets), max(budgets)],
+                                     flops_per_token=fpt).items()}
+                      if name == "approach 3" else
+                      {k: [fit.params[k], list(fit.ci(k))] for k in ("a", "b")})
+               for name, fit in fits.items()}
+  exponents["approach 3, C = 6ND"] = {k: [v[0], list(v[1])]
+                                      for k, v in fit3.exponents().items()}
+  flagged = bool(noise["sigma_log"] > fit3.rms_residual)
+  return {"fits": {k: v.as_dict() for k, v in fits.items()}, "exponents": exponents,
+          "optima": optima, "seed_noise": noise, "seed_noise_exceeds_residual": flagged,
+          "lr_table": lr_table(points, results["rule"]), "lr_check": lr_check(points),
+          "cosine_check": cosine_check(points, noise["sigma"]),
+          "backtest": backtest.as_dict(), "backtest_markdown": backtest.markdown()}
+
+
+def predict(args, results: dict, fit3) -> dict:
+  """The run at PREDICTION_FACTOR x the largest budget: the family's size with the lowest
+  approach-3 loss at that budget (exact FLOPs) and its predicted loss with a 95% predictive
+  interval. Written to prediction.json before the run trains, never recomputed."""
+  path = pathlib.Path(args.workdir) / "prediction.json"
+  if path.exists():
+    return json.loads(path.read_text())
+  budget = PREDICTION_FACTOR * max(BUDGETS)
+  vocab_size, train_chars = isoflop.corpus_info(args.data)
+  options = []
+  for candidate in isoflop.gpt_candidates(vocab_size):
+    try:
+      run = scaling.plan_run(budget, candidate, tokens_per_step=isoflop.TOKENS_PER_STEP,
+                             flops="exact", max_tokens=isoflop.MAX_EPOCHS * train_chars,
+                             min_steps=100)
+    except ValueError:
+      continue
+    options.append((float(fit3.predict(run.candidate.params, run.tokens)), run))
+  predicted, run = min(options, key=lambda o: o[0])
+  low, high = fit3.predict_interval(run.candidate.params, run.tokens)
+  mean_low, mean_high = fit3.predict_ci(run.candidate.params, run.tokens)
+  n_opt, d_opt = fit3.compute_optimal(budget, flops_per_token=fpt_of(results["setup"]))
+  out = {"budget": budget, "size": run.candidate.name, "n": run.candidate.params,
+         "d": run.tokens, "steps": run.steps, "flops": run.flops,
+         "predicted_loss": predicted, "predictive_interval": [float(low), float(high)],
+         "mean_law_interval": [float(mean_low), float(mean_high)],
+         "optimum_exact": {"n": float(n_opt), "d": float(d_opt)},
+         "predicted_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(out, indent=2) + "\n")
+  return out
+
+
+def prediction_stage(args, results: dict, prediction: dict, rule: dict) -> list[dict]:
+  plan = [r for r in isoflop.plan_window(args.data, [prediction["budget"]], half_width=6)
+          if r.candidate.name == prediction["size"]]
+  if not plan:
+    raise SystemExit(f"error: {prediction['size']} is not a ladder size at the prediction "
+                     "budget; widen plan_window")
+  return run_stage(args, "predict", trunks_of(plan), [by_width(rule)])
+
+
+CHINCHILLA = {"approach 1": (0.50, 0.50), "approach 2": (0.49, 0.51),
+              "approach 3": (0.46, 0.54), "approach 3, C = 6ND": (0.46, 0.54)}
+
+
+def _ci(value: float, ci, fmt: str = ".3f") -> str:
+  low, high = ci
+  if low is None or high is None or low != low or high != high:
+    return f"{value:{fmt}} [not identified]"
+  return f"{value:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
+
+
+def _table(header: list[str], rows: list[list], align: str | None = None) -> str:
+  align = align or "|" + "---|" * len(header)
+  return "\n".join(["| " + " | ".join(header) + " |", align,
+                    *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)])
+
+
+def render(results: dict) -> str:
+  """The report, from OUT.json alone (so `--report_only` and the report test rebuild it)."""
+  setup, rule, points = results["setup"], results["rule"], results["points"]
+  analysis, prediction = results["analysis"], results["prediction"]
+  fits, noise = analysis["fits"], analysis["seed_noise"]
+  fit3 = fits["approach 3"]
+  main = [p for p in points if p["stage"] == "main"]
+  budgets = setup["budgets"]
+  sections = [
+      "# Compute-optimal scaling of character-level GPTs on a CPU (Chinchilla approaches 1-3, "
+      "cooldown branches)",
+      f"Corpus `{setup['corpus']}` (character-level, {setup['vocab']} symbols, "
+      f"{setup['train_chars']:,} training characters). {len(budgets)} IsoFLOP budgets "
+      f"{budgets[0]:.3g} .. {budgets[-1]:.3g} FLOPs ({budgets[-1] / budgets[0]:.0f}x), "
+      f"{len({p['size'] for p in main})} sizes of >= 2 layers "
+      f"({min(p['n'] for p in main):,} .. {max(p['n'] for p in main):,} parameters), "
+      f"{len(main)} seed-0 runs. **One FLOP convention throughout**: C is the exact training "
+      "FLOPs (Hoffmann et al. appendix F: embeddings, logits and attention included) in the "
+      "budgets, the fits, the optima and the exponents; the C = 6ND closed form is shown "
+      "beside it only for comparison. N is the total parameter count (Hoffmann et al.); the "
+      "non-embedding count is in the runs table (Pearce & Song 2024 show the choice moves "
+      "the exponents at small N). Every run is warmup-stable-decay (decay over the last "
+      f"{setup['decay_fraction']:.0%}, 1-sqrt, to 0); each size's shorter runs are cooldown "
+      "branches of its longest run (trained for their decay only), so the points of one trunk "
+      "share its stable phase: every bootstrap resamples trunks, not points. Batch 16 x 64 "
+      "tokens; final eval loss on the same 40 validation batches. Reproduce: `python -m "
+      "experiments.scaling_chinchilla --data=PATH/python_docs.txt`; `--report_only` rebuilds "
+      "this file from its JSON.",
+      "## Learning rate",
+      f"One rule for every budget: lr = {rule['k']:.4g} x d_model^-{rule['p']:.3f} (95% "
+      f"t-interval on p [{rule['p_ci'][0]:.2f}, {rule['p_ci'][1]:.2f}]), fitted to the "
+      f"optimum of {len(setup['learning_rates'])} LRs for d_model "
+      f"{', '.join(map(str, rule['optima']))} at {setup['lr_budget']:.3g} FLOPs (per-width "
+      "tuning at one budget; μP would cover width but not the depth this family also "
+      "changes). That it holds across the budgets: the LR runs' cooldown branches give each "
+      "width's optimum at every smaller budget, and the LR check trains the widest "
+      "top-budget size at 0.5x and 2x the rule.",
+      _table(["size", "budget", "tokens", "optimum LR (grid)", "rule LR", "optimum / rule",
+              "losses by LR"],
+             [[r["size"], f"{r['budget']:.3g}", f"{r['d']:,}",
+               f"{r['optimum']:.3g}{' (edge)' if r['edge'] else ''}", f"{r['rule']:.3g}",
+               f"{r['optimum'] / r['rule']:.2f}",
+               ", ".join(f"{k}: {v:.4f}" for k, v in r["losses"].items())]
+              for r in analysis["lr_table"]]),
+      _lr_check_text(analysis["lr_check"]),
+      "## Exponents of the compute-optimal allocation",
+      _table(["approach", "a (N_opt ~ C^a), 95% CI", "b (D_opt ~ C^b), 95% CI",
+              "Chinchilla a / b", "bootstrap"],
+             [[name, _ci(v["a"][0], v["a"][1]), _ci(v["b"][0], v["b"][1]),
+               f"{CHINCHILLA[name][0]:.2f} / {CHINCHILLA[name][1]:.2f}",
+               fits[name.split(",")[0]]["bootstrap"]]
+              for name, v in analysis["exponents"].items()]),
+      "Approaches 1 and 2 read N_opt(C) off the runs at their exact FLOPs. Approach 3's "
+      "exponents are the slopes of its optimum, minimised at exact compute, over "
+      f"{budgets[0]:.3g} .. {budgets[-1]:.3g}; the 6ND row is the closed form of the same fit.",
+      "## Approach 3: L(N, D) = E + A / N^alpha + B / D^beta",
+      _table(["parameter", "value", "95% CI", "Hoffmann et al. 2022", "Besiroglu et al. 2024"],
+             [[k, f"{fit3['params'][k]:.4g}",
+               _ci(fit3["params"][k], fit3["ci"].get(k, [None, None]), ".4g").split(" ", 1)[1],
+               f"{scaling.HOFFMANN_2022.params[k]:g}", f"{scaling.BESIROGLU_2024.params[k]:g}"]
+              for k in ("E", "A", "B", "alpha", "beta")]),
+      f"{fit3['method']}; RMS residual {fit3['rms_residual']:.4f} in log loss over "
+      f"{fit3['n_points']} runs; bootstrap: {fit3['bootstrap']}.",
+      "## Compute-optimal N, D and tokens per parameter (exact FLOPs)",
+      _table(["budget (FLOPs)", *[f"{k}: N_opt, D_opt, D/N" for k in analysis["optima"][0]
+                                  if k != "budget"]],
+             [[f"{row['budget']:.3g}", *[f"{n:,.0f}, {d:,.0f}, {d / n:.1f}"
+                                         for k, (n, d) in row.items() if k != "budget"]]
+              for row in analysis["optima"]]),
+      "## Seed noise",
+      _seed_text(noise, fit3, analysis["seed_noise_exceeds_residual"]),
+      "## Cooldown branch vs a separate cosine run",
+      _cosine_text(analysis["cosine_check"], noise["sigma"], setup["cosine_budget"]),
+      "## Back-tests (approach 3)",
+      analysis["backtest_markdown"],
+      "## Prediction of a run not yet trained",
+      f"Budget {prediction['budget']:.3g} FLOPs ({setup['prediction_factor']:g}x the largest). "
+      f"Approach 3 (exact FLOPs; optimum N = {prediction['optimum_exact']['n']:,.0f}) picked "
+      f"{prediction['size']} (N = {prediction['n']:,}, D = {prediction['d']:,}) and predicted "
+      f"eval loss {prediction['predicted_loss']:.4f}, 95% predictive interval "
+      f"[{prediction['predictive_interval'][0]:.4f}, {prediction['predictive_interval'][1]:.4f}] "
+      f"(the mean law's alone: [{prediction['mean_law_interval'][0]:.4f}, "
+      f"{prediction['mean_law_interval'][1]:.4f}]), at {prediction['predicted_at']}, before "
+      f"training it. Measured: {prediction['measured_loss']:.4f}; error "
+      f"{prediction['error']:+.4f} nats ({prediction['relative_error']:+.2%}), "
+      f"{'inside' if prediction['inside'] else 'outside'} the predictive interval.",
+      "## Findings",
+      "\n".join(f"- {name}: {f}" for name, fit in fits.items() for f in fit["findings"])
+      or "none",
+      "## Runs",
+      _table(["stage", "run", "N (total)", "N (non-emb.)", "D tokens", "D/N", "FLOPs (exact)",
+              "6ND", "lr", "seed", "eval loss", "wall s"],
+             [[p["stage"], p["name"], f"{p['n']:,}", f"{p['n_non_embedding']:,}", f"{p['d']:,}",
+               f"{p['d'] / p['n']:.1f}", f"{p['flops']:.3g}", f"{6 * p['n'] * p['d']:.3g}",
+               f"{p['lr']:g}", p["seed"], f"{p['eval_loss']:.4f}", f"{p['wall_time_s']:.0f}"]
+              for p in sorted(points, key=lambda p: (p["stage"], p["n"], p["d"], p["seed"]))],
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"),
+      "![study](scaling_chinchilla.png)", ""]
+  return "\n\n".join(sections)
+
+
+def _lr_check_text(rows: list[dict]) -> str:
+  if not rows:
+    return "LR check: not run."
+  rates = sorted({k for r in rows for k in r if k not in ("size", "d", "budget")}, key=float)
+  return (f"LR check ({rows[0]['size']}; the middle column is the rule's LR):\n\n" +
+          _table(["budget", "tokens", *[f"lr {r}" for r in rates]],
+                 [[f"{r['budget']:.3g}", f"{r['d']:,}",
+                   *[f"{r[k]:.4f}" if k in r else "" for k in rates]] for r in rows]))
+
+
+def _seed_text(noise: dict, fit3: dict, flagged: bool) -> str:
+  if not noise["points"]:
+    return "No seed replicates."
+  return (f"{noise['points']} (size, tokens) runs trained with 3 seeds: sigma_seed = "
+          f"{noise['sigma']:.4f} nats (pooled sd), {noise['sigma_log']:.4f} in log loss, "
+          f"against approach 3's RMS residual {fit3['rms_residual']:.4f}: "
+          + ("**flagged**: the seed noise exceeds the residual, so the fit is as good as the "
+             "runs can show and its small residual is partly chance" if flagged else
+             "the residual exceeds the seed noise (the law misses by more than seed noise)")
+          + ".\n\n" + _table(["size", "tokens", "losses (seeds 0, 1, 2)", "mean", "sd"],
+                             [[r["size"], f"{r['d']:,}",
+                               ", ".join(f"{v:.4f}" for v in r["losses"]),
+                               f"{r['mean']:.4f}", f"{r['sd']:.4f}"] for r in noise["rows"]]))
+
+
+def _cosine_text(rows: list[dict], sigma: float, budget: float) -> str:
+  if not rows:
+    return "Not run."
+  return (f"At {budget:.3g} FLOPs, 3 seeds each: the mean final loss of the cooldown branch "
+          "minus that of a separate cosine run (warmup 5%, cosine to 10%) of the same length, "
+          f"against 2 sigma_seed = {2 * sigma:.4f}.\n\n" +
+          _table(["size", "tokens", "cosine (seeds)", "wsd branch (seeds)", "branch - cosine",
+                  "within 2 sigma_seed"],
+                 [[r["size"], f"{r['d']:,}", ", ".join(f"{v:.4f}" for v in r["cosine"]),
+                   ", ".join(f"{v:.4f}" for v in r["wsd"]), f"{r['difference']:+.4f}",
+                   "yes" if r["within_2_sigma"] else "**no**"] for r in rows]))
+
+
+def refit(results: dict) -> dict:
+  """The fits' point estimates recomputed from the JSON's runs (no bootstrap): what the
+  report test compares with the stored analysis."""
+  return {name: fit.params for name, fit in fits_of(results["points"], 0).items()}
+
+
+def plot(path: pathlib.Path, results: dict) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+  points, analysis = results["points"], results["analysis"]
+  fit = fit_points(points)
+  fig, axes = plt.subplots(1, 3, figsize=(17, 5))
+  ax = axes[0]
+  for budget in results["setup"]["budgets"]:
+    mine = sorted((p for p in fit if p["budget"] == budget), key=lambda p: p["n"])
+    if mine:
+      ax.plot([p["n"] for p in mine], [p["eval_loss"] for p in mine], "o-", ms=3,
+              label=f"{budget:.2g}")
+  pred = results["prediction"]
+  ax.plot([pred["n"]], [pred["measured_loss"]], "r*", ms=12, label="prediction run")
+  ax.errorbar([pred["n"]], [pred["predicted_loss"]],
+              yerr=[[pred["predicted_loss"] - pred["predictive_interval"][0]],
+                    [pred["predictive_interval"][1] - pred["predicted_loss"]]],
+              fmt="rs", mfc="none", label="predicted (95% predictive)")
+  ax.set(xscale="log", xlabel="N (total parameters)", ylabel="final eval loss",
+         title="IsoFLOP curves (exact FLOPs)")
+  ax.legend(fontsize=6, ncol=2)
+  ax = axes[1]
+  c = np.array([row["budget"] for row in analysis["optima"]])
+  for name in ("approach 1", "approach 2", "approach 3", "approach 3, C = 6ND"):
+    ax.plot(c, [row[name][0] for row in analysis["optima"]], "o-" if "6ND" not in name else
+            "--", ms=3, label=name)
+  ax.set(xscale="log", yscale="log", xlabel="C (FLOPs)", ylabel="N_opt", title="optimal N")
+  ax.legend(fontsize=7)
+  ax = axes[2]
+  law = analysis["fits"]["approach 3"]["params"]
+  measured = np.array([p["eval_loss"] for p in fit])
+  predicted = np.array([law["E"] + law["A"] / p["n"] ** law["alpha"] +
+                        law["B"] / p["d"] ** law["beta"] for p in fit])
+  ax.plot(measured, predicted, "o", ms=3, label="runs")
+  lims = [measured.min() - 0.05, measured.max() + 0.05]
+  ax.plot(lims, lims, "k--", lw=0.8)
+  ax.set(xlabel="measured eval loss", ylabel="approach 3 L(N, D)", title="fit vs measured")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
+  out = pathlib.Path(args.out)
   if args.report_only:
-    results = json.loads(pathlib.Path(args.out).with_suffix(".json").read_text())
-    write_report(args, results)
+    write_report(out, json.loads(out.with_suffix(".json").read_text()))
     return 0
   if args.threads_per_run:
     sweep_lib.limit_xla_threads(args.threads_per_run)
@@ -230,11 +661,30 @@ def main(argv=None) -> int:
   if args.until == "runs":
     print("every run before the prediction is trained (--until=runs)")
     return 0
-  raise SystemExit("the analysis stage is not written yet")
+  results = {"setup": setup_of(args), "rule": stages["rule"],
+             "points": points_of(args, stages)}
+  fit3 = fits_of(results["points"], args.bootstrap)["approach 3"]
+  prediction = predict(args, results, fit3)
+  rows = prediction_stage(args, results, prediction, stages["rule"])
+  results["points"] = points_of(args, stages, rows)
+  measured = next(p for p in results["points"] if p["stage"] == "predict")
+  low, high = prediction["predictive_interval"]
+  results["prediction"] = {**prediction, "measured_loss": measured["eval_loss"],
+                           "error": measured["eval_loss"] - prediction["predicted_loss"],
+                           "relative_error": measured["eval_loss"] / prediction["predicted_loss"] - 1,
+                           "inside": bool(low <= measured["eval_loss"] <= high)}
+  results["analysis"] = analyse(results, args.bootstrap)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.with_suffix(".json").write_text(json.dumps(results, indent=2, default=float) + "\n")
+  write_report(out, results)
+  return 0
 
 
-def write_report(args, results: dict) -> None:
-  raise SystemExit("the analysis stage is not written yet")
+def write_report(out: pathlib.Path, results: dict) -> None:
+  text = render(results)
+  out.with_suffix(".md").write_text(text)
+  plot(out.with_suffix(".png"), results)
+  print(text)
 
 
 if __name__ == "__main__":
