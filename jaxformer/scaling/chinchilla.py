@@ -261,7 +261,8 @@ def _distinct(thetas: np.ndarray, count: int) -> np.ndarray:
 def fit_parametric(n: Any, d: Any, loss: Any, *, huber_delta: float = 1e-3,
                    samples: int = DEFAULT_SAMPLES, seed: int = 0,
                    starts: np.ndarray | None = None,
-                   bootstrap_starts: int = 8, drop_highest: int = 0) -> ParametricFit:
+                   bootstrap_starts: int = 8, drop_highest: int = 0, groups: Any = None,
+                   max_failure: float = stats.MAX_FAILURE) -> ParametricFit:
   """Chinchilla approach 3: L(N, D) = E + A / N^alpha + B / D^beta fitted as Hoffmann et al.
   (appendix D.2) do: minimise sum_i Huber_delta(LSE(a - alpha log N_i, b - beta log D_i, e)
   - log L_i) over (a, b, e, alpha, beta) by L-BFGS from each point of `starts` (default the
@@ -284,9 +285,14 @@ def fit_parametric(n: Any, d: Any, loss: Any, *, huber_delta: float = 1e-3,
   `drop_highest=k` leaves out the k runs with the highest loss before fitting, as Besiroglu et
   al. 2024 did with the paper's points (the smallest, least converged runs); off by default,
   and stated in the fit's `method` and findings when used.
+
+  `groups`: one run id per point, to resample whole runs where points share one (WSD
+  cooldown branches of one trunk, several evaluations of a run); `max_failure`: the share of
+  resamples that may fail before it is a `stats.BootstrapError` (default 0.1).
   """
   what = "fit_parametric"
   n, d, loss = stats.as_points(what, 6, ("n", "d", "loss"), n=n, d=d, loss=loss)
+  groups = stats.as_groups(what, groups, n.size)
   dropped = None
   if drop_highest:
     if not isinstance(drop_highest, int) or not 0 < drop_highest <= n.size - 6:
@@ -295,6 +301,7 @@ def fit_parametric(n: Any, d: Any, loss: Any, *, huber_delta: float = 1e-3,
     keep = np.sort(np.argsort(loss, kind="stable")[:n.size - drop_highest])
     dropped = np.sort(loss)[n.size - drop_highest:]
     n, d, loss = n[keep], d[keep], loss[keep]
+    groups = None if groups is None else groups[keep]
   if not (np.isfinite(huber_delta) and huber_delta > 0):
     raise ValueError(f"fit_parametric: huber_delta={huber_delta} must be > 0 (the paper "
                      "uses 1e-3)")
@@ -323,7 +330,8 @@ def fit_parametric(n: Any, d: Any, loss: Any, *, huber_delta: float = 1e-3,
                       huber_delta)
     return _theta_to_params(th[0])
 
-  boot = stats.bootstrap(fit_once, (n, d, loss), samples=samples, seed=seed)
+  boot = stats.bootstrap(fit_once, (n, d, loss), samples=samples, seed=seed, groups=groups,
+                         max_failure=max_failure, what=what)
   findings, unidentified = _parametric_findings(params, boot.draws, n, d)
   if dropped is not None:
     findings = [f"the {drop_highest} highest-loss runs were left out (losses "
@@ -332,14 +340,15 @@ def fit_parametric(n: Any, d: Any, loss: Any, *, huber_delta: float = 1e-3,
   with np.errstate(over="ignore"):
     resid = np.log(_parametric(params, n, d)) - log_l
   return ParametricFit(
-      law="L = E + A / N^alpha + B / D^beta", params=params, samples=boot.draws,
+      law="L = E + A / N^alpha + B / D^beta", params=params,
       n_points=n.size, rms_residual=float(np.sqrt(np.mean(resid ** 2))),
       method=f"Huber (delta={huber_delta:g}) on log L, log-sum-exp form, L-BFGS from "
              f"{len(starts)} starts (bootstrap: {len(local)} starts)"
-             + (f"; the {drop_highest} highest-loss runs left out" if drop_highest else ""),
+             + (f"; the {drop_highest} highest-loss runs left out" if drop_highest else "")
+             + boot.method(),
       findings=(*findings, *boot.findings()), predict_fn=_parametric,
       extra={"objective": float(objective[0])}, unidentified=tuple(unidentified),
-      bootstrap_failed=boot.failed)
+      **boot.fields())
 
 
 def _parametric_findings(params: dict, draws: dict, n: np.ndarray,
@@ -443,16 +452,25 @@ def _budget_optima(n, d, loss, budget) -> tuple[np.ndarray, ...]:
 
 
 def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
-                    samples: int = 1000, seed: int = 0) -> OptimumFit:
+                    samples: int = 1000, seed: int = 0, groups: Any = None,
+                    max_failure: float = stats.MAX_FAILURE) -> OptimumFit:
   """Chinchilla approach 2. `budget[i]` is the FLOP budget run i belongs to (its IsoFLOP
   curve). Per budget: least-squares parabolas of loss in log N and in log D; their vertices
   are N_opt(C) and D_opt(C) (D from its own parabola, so no FLOP convention is assumed).
   Then log N_opt and log D_opt are fitted as lines in log C. Intervals: runs resampled
   within their budget. Needs >= 2 budgets with >= 3 distinct sizes (and token counts) each
   and a loss that varies within each budget; >= 5 sizes advised (3 are a finding: the
-  parabola passes through them, and resamples repeat sizes)."""
+  parabola passes through them, and resamples repeat sizes).
+
+  `groups` (one run id per point) resamples whole runs: within each budget when every run
+  lies in one budget (replicate evaluations or seeds of a size), so each budget keeps its
+  number of runs; across budgets when a run has points at several (cooldown branches of one
+  WSD trunk, one per budget): a resample then draws whole trunks, and one that misses a
+  budget's runs is a failed resample. The `method` says which. `max_failure`: the share of
+  resamples that may fail (`stats.BootstrapError`)."""
   n, d, loss, budget = stats.as_points("isoflop_optimum", 6, ("n", "d", "loss", "budget"),
                                        n=n, d=d, loss=loss, budget=budget)
+  groups = stats.as_groups("isoflop_optimum", groups, n.size)
   if np.unique(budget).size < 2:
     raise ValueError("isoflop_optimum needs runs at >= 2 FLOP budgets to fit how the "
                      f"optimum moves with compute; got one budget ({budget[0]:.3g}): add "
@@ -460,11 +478,19 @@ def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
   c, n_opt, d_opt, loss_min = _budget_optima(n, d, loss, budget)
   params = _optimum_power(c, n_opt, d_opt)
 
+  budgets = np.unique(budget)
+
   def fit_once(n, d, loss, budget):
+    missing = np.setdiff1d(budgets, budget)
+    if missing.size:
+      raise ValueError(f"isoflop_optimum: the resample drew no run at budget {missing[0]:.3g}")
     return _optimum_power(*_budget_optima(n, d, loss, budget)[:3])
 
+  across = groups is not None and any(np.unique(budget[groups == g]).size > 1
+                                      for g in np.unique(groups))
   boot = stats.bootstrap(fit_once, (n, d, loss, budget), samples=samples, seed=seed,
-                         groups=budget)
+                         groups=groups, strata=None if across else budget,
+                         max_failure=max_failure, what="isoflop_optimum")
   findings = []
   exact = [f"{ci:.3g}" for ci in c if np.unique(n[budget == ci]).size == 3]
   if exact:
@@ -485,11 +511,13 @@ def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
         "look comparable (data, LR, schedule?), so how the optimum moves with C is suspect")
   findings += boot.findings()
   return OptimumFit(
-      law="N_opt = k_N C^a, D_opt = k_D C^b", params=params, samples=boot.draws,
-      n_points=n.size, bootstrap_failed=boot.failed,
+      law="N_opt = k_N C^a, D_opt = k_D C^b", params=params,
+      n_points=n.size, **boot.fields(),
       rms_residual=float(np.sqrt(np.mean((np.log(_optimum_law(params, c)) -
                                           np.log(n_opt)) ** 2))),
-      method="approach 2: parabola in log N (and log D) per budget, lines in log C",
+      method="approach 2: parabola in log N (and log D) per budget, lines in log C"
+             + boot.method() + ((", runs across budgets" if across else ", within budgets")
+                                if samples else ""),
       findings=tuple(findings), predict_fn=_optimum_law,
       extra={"points": {"flops": c.tolist(), "n_opt": n_opt.tolist(),
                         "d_opt": d_opt.tolist(), "loss_min": loss_min.tolist()}})
@@ -539,7 +567,8 @@ def _envelope(curves: Sequence[Curve], grid_points: int, window: int):
 
 
 def envelope_optimum(curves: Sequence[Curve | Mapping[str, Any]], *, grid_points: int = 1500,
-                     window: int = 5, samples: int = 1000, seed: int = 0) -> OptimumFit:
+                     window: int = 5, samples: int = 1000, seed: int = 0, groups: Any = None,
+                     max_failure: float = stats.MAX_FAILURE) -> OptimumFit:
   """Chinchilla approach 1: the lower envelope of (smoothed, `window`-record moving average)
   loss vs compute over every run's curve, at `grid_points` log-spaced compute values between
   the smallest and the largest final compute of the runs; the run on the envelope at C gives
@@ -548,7 +577,11 @@ def envelope_optimum(curves: Sequence[Curve | Mapping[str, Any]], *, grid_points
   Caveat (Hoffmann et al. vary the cosine length for this reason): a point in the middle of a
   run is not trained with a schedule that ends there, so it overstates the loss of a run of
   that length; with one cosine length per run the envelope favours runs that finish near C.
-  Needs >= 3 runs whose envelope holds >= 2 distinct sizes."""
+  Needs >= 3 runs whose envelope holds >= 2 distinct sizes.
+
+  The bootstrap resamples curves, each a run already; `groups` (one id per curve) resamples
+  curves that share a run together (the cooldown branches of one WSD trunk). `max_failure`:
+  the share of resamples that may fail (`stats.BootstrapError`)."""
   curves = [c if isinstance(c, Curve) else Curve(**c) for c in curves]
   if len(curves) < 3:
     raise ValueError(f"envelope_optimum needs >= 3 runs' loss curves; got {len(curves)}")
@@ -559,6 +592,7 @@ def envelope_optimum(curves: Sequence[Curve | Mapping[str, Any]], *, grid_points
       raise ValueError(f"envelope_optimum: curve {i} needs params > 0 and increasing tokens")
   if grid_points < 10:
     raise ValueError(f"envelope_optimum: grid_points={grid_points} must be >= 10")
+  groups = stats.as_groups("envelope_optimum", groups, len(curves))
   stats.require_varying("envelope_optimum", "loss", np.concatenate(
       [np.asarray(c.loss, np.float64) for c in curves]), "compute")
   owner_sizes = np.array([c.params for c in curves])
@@ -573,16 +607,17 @@ def envelope_optimum(curves: Sequence[Curve | Mapping[str, Any]], *, grid_points
 
   index = np.arange(len(curves), dtype=np.float64)
   params = fit_once(index)
-  boot = stats.bootstrap(fit_once, (index,), samples=samples, seed=seed)
+  boot = stats.bootstrap(fit_once, (index,), samples=samples, seed=seed, groups=groups,
+                         max_failure=max_failure, what="envelope_optimum")
   c, n_opt, d_opt, best = _envelope(curves, grid_points, window)
   held = sorted(set(n_opt.tolist()))
   return OptimumFit(
-      law="N_opt = k_N C^a, D_opt = k_D C^b", params=params, samples=boot.draws,
-      n_points=len(curves), bootstrap_failed=boot.failed,
+      law="N_opt = k_N C^a, D_opt = k_D C^b", params=params,
+      n_points=len(curves), **boot.fields(),
       rms_residual=float(np.sqrt(np.mean((np.log(_optimum_law(params, c)) -
                                           np.log(n_opt)) ** 2))),
       method=f"approach 1: envelope of {window}-point smoothed loss curves at {grid_points} "
-             "compute values, lines in log C",
+             "compute values, lines in log C" + boot.method(),
       findings=(f"{len(held)} of {np.unique(owner_sizes).size} model sizes hold the "
                 "envelope", *boot.findings()), predict_fn=_optimum_law,
       extra={"points": {"flops": c.tolist(), "n_opt": n_opt.tolist(),
