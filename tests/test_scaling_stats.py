@@ -146,3 +146,66 @@ def test_isoflop_and_envelope_resample_runs():
   env = scaling.envelope_optimum(curves, samples=10, groups=np.arange(8) // 2,
                                  max_failure=0.5)
   assert env.method.endswith("by run (4 runs)") and env.bootstrap_by_run
+
+
+# ---------------------------------------------------------------------- predictive intervals
+
+def test_predict_interval_covers_new_runs_at_the_nominal_rate():
+  """L(N) with 1% log-normal run noise, 12 runs fitted, 20 repeats x 20 new runs at sizes
+  across (and 2x beyond) the fitted range: the 95% predictive interval (law draws + the
+  dof-corrected residual) covers 85-99% of them; the mean law's interval far fewer."""
+  fitted = np.geomspace(1e6, 1e9, 12)
+  covered = mean_covered = total = 0
+  for seed in range(20):
+    rng = np.random.default_rng(seed)
+    fit = scaling.fit_kaplan_n(fitted, (8.8e13 / fitted) ** 0.076 *
+                               np.exp(0.01 * rng.standard_normal(12)), samples=200, seed=seed)
+    new = np.exp(rng.uniform(np.log(1e6), np.log(2e9), 20))
+    loss = (8.8e13 / new) ** 0.076 * np.exp(0.01 * rng.standard_normal(20))
+    low, high = fit.predict_interval(new)
+    covered += np.sum((low <= loss) & (loss <= high))
+    mean_low, mean_high = fit.predict_ci(new)
+    mean_covered += np.sum((mean_low <= loss) & (loss <= mean_high))
+    total += new.size
+  assert 0.85 <= covered / total <= 0.99, covered / total
+  assert mean_covered / total < 0.6
+  again = fit.predict_interval(new)                      # seeded: deterministic
+  np.testing.assert_array_equal(again[0], low)
+  assert fit.residual_space == "log" and fit.residual_sigma() > fit.rms_residual
+
+
+def test_predict_interval_in_loss_units_and_with_seed_noise():
+  """fit_saturating is fitted in loss units: additive noise of 0.01 is covered at ~95%.
+  seed_sigma adds in quadrature: in log space as seed_sigma / L, so with negligible law
+  uncertainty the interval's half-width in log is 1.96 sqrt(noise^2 + (seed_sigma / L)^2)."""
+  x = np.geomspace(1e5, 1e9, 16)
+  truth = lambda v: 1.7 + (2e4 / v) ** 0.3  # noqa: E731
+  covered = total = 0
+  for seed in range(4):
+    rng = np.random.default_rng(seed)
+    fit = scaling.fit_saturating(x, truth(x) + 0.01 * rng.standard_normal(x.size),
+                                 samples=20, seed=seed)
+    assert fit.residual_space == "linear"
+    new = np.exp(rng.uniform(np.log(1e5), np.log(1e9), 75))
+    low, high = fit.predict_interval(new)
+    measured = truth(new) + 0.01 * rng.standard_normal(new.size)
+    covered += np.sum((low <= measured) & (measured <= high))
+    total += new.size
+  assert 0.85 <= covered / total <= 0.99, covered / total
+  # Many points: the law is pinned down, the width is the noise.
+  big = np.geomspace(1e6, 1e9, 400)
+  rng = np.random.default_rng(0)
+  fit = scaling.fit_kaplan_n(big, (8.8e13 / big) ** 0.076 * np.exp(0.01 * rng.standard_normal(
+      big.size)), samples=50)
+  at = np.array([1e7, 1e8])
+  pred = fit.predict(at)
+  for noise, seed_sigma in ((0.01, 0.0), (0.01, 0.05), (0.0, 0.05)):
+    low, high = fit.predict_interval(at, noise=noise, seed_sigma=seed_sigma)
+    expected = 1.96 * np.sqrt(noise ** 2 + (seed_sigma / pred) ** 2)
+    np.testing.assert_allclose(np.log(high / low) / 2, expected, rtol=0.1)
+  with pytest.raises(ValueError, match="seed_sigma=-1 must be >= 0"):
+    fit.predict_interval(at, seed_sigma=-1)
+  with pytest.raises(ValueError, match=r"noise=-0.1 must be a standard deviation >= 0 \(in "
+                                       "log space\\)"):
+    fit.predict_interval(at, noise=-0.1)
+  assert np.isnan(scaling.HOFFMANN_2022.predict_interval(1e9, 1e10)[0])   # no draws

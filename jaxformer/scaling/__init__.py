@@ -5,6 +5,7 @@
     scaling.flops_per_token(config.model, 1024)   # Kaplan 6N + attention, or method="hoffmann"
     fit = scaling.fit_parametric(n, d, loss)      # Chinchilla approach 3 (chinchilla.py)
     fit.params, fit.ci("alpha"), fit.predict(n, d), fit.compute_optimal(1e21)
+    fit.predict_interval(n, d)                    # a new run's loss: law + residual scatter
     scaling.fit_parametric(n, d, loss, groups=run_ids)   # resample runs, not points
     scaling.isoflop_optimum(...), scaling.envelope_optimum(...)   # approaches 2 and 1
     scaling.fit_kaplan_n(n, loss), fit_kaplan_joint(n, d, loss)   # Kaplan et al. 2020 (laws.py)

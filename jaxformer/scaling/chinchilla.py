@@ -520,7 +520,8 @@ def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
                                 if samples else ""),
       findings=tuple(findings), predict_fn=_optimum_law,
       extra={"points": {"flops": c.tolist(), "n_opt": n_opt.tolist(),
-                        "d_opt": d_opt.tolist(), "loss_min": loss_min.tolist()}})
+                        "d_opt": d_opt.tolist(), "loss_min": loss_min.tolist()},
+             "residual_points": c.size, "residual_parameters": 2})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -621,4 +622,5 @@ def envelope_optimum(curves: Sequence[Curve | Mapping[str, Any]], *, grid_points
       findings=(f"{len(held)} of {np.unique(owner_sizes).size} model sizes hold the "
                 "envelope", *boot.findings()), predict_fn=_optimum_law,
       extra={"points": {"flops": c.tolist(), "n_opt": n_opt.tolist(),
-                        "d_opt": d_opt.tolist(), "loss": best.tolist()}})
+                        "d_opt": d_opt.tolist(), "loss": best.tolist()},
+             "residual_points": c.size, "residual_parameters": 2})

@@ -172,7 +172,8 @@ def fit_saturating(x: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
                    max_failure: float = stats.MAX_FAILURE) -> stats.Fit:
   """L(X) = E + (X_c / X)^alpha with 0 <= E <= min L: Kaplan's law with an irreducible loss
   (Hoffmann et al. 2022 eq. 2 at fixed D). Least squares on L over a grid of E starts.
-  Needs >= 4 distinct X (3 parameters + 1 degree of freedom).
+  Needs >= 4 distinct X (3 parameters + 1 degree of freedom). The residual (and so
+  `predict_interval`'s scatter) is in loss units.
   `groups`: one run id per point, to resample whole runs (`stats.bootstrap`) where points
   share a run; `max_failure`: the share of resamples that may fail (`stats.BootstrapError`)."""
   x, loss = stats.as_points("fit_saturating", 4, ("x", "loss"), x=x, loss=loss)
@@ -224,7 +225,8 @@ def fit_saturating(x: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
                        (_saturating(params, x) - loss) ** 2))),
                    method="bounded least squares on L, grid of E starts" + boot.method(),
                    findings=(*findings, *boot.findings()), predict_fn=_saturating,
-                   unidentified=tuple(unidentified), **boot.fields())
+                   unidentified=tuple(unidentified), residual_space="linear",
+                   **boot.fields())
 
 
 def _kaplan_joint(params: dict, n: np.ndarray, d: np.ndarray) -> np.ndarray:

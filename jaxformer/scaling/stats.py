@@ -6,11 +6,12 @@ log space, optima of parabolas), so covariance-based errors are unreliable and o
 undefined at a bound; refitting on resampled points gives an interval for any parameter or
 derived number (an exponent ratio, a compute-optimal size, a predicted loss) the same way.
 
-Two rules the scaling studies broke (issue #30): a bootstrap reports how many resamples it
+Three rules the scaling studies broke (issue #30): a bootstrap reports how many resamples it
 attempted and how many fitted, and refuses (`BootstrapError`) when more than `max_failure`
-fail, as the rest are a selected subset; and points that share a run (evaluations along one run,
+fail, as the rest are a selected subset; points that share a run (evaluations along one run,
 cooldown branches of one trunk) are resampled by run (`groups=`), as drawing them one by one
-understates the interval.
+understates the interval; and the interval for a new run's loss is `Fit.predict_interval`
+(law + scatter), not the mean law's `predict_ci`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 
 LEVEL = 0.95                 # confidence level of every interval
 MAX_FAILURE = 0.1            # share of bootstrap resamples that may fail before it is an error
+PREDICTIVE_DRAWS = 4000      # Monte Carlo values per point behind `Fit.predict_interval`
 _NUMBER = re.compile(r"\d[\d.eE+-]*")
 
 
@@ -41,7 +43,9 @@ class Fit:
   `bootstrap_attempted` counts the resamples tried and `bootstrap_failed` those that could
   not be fit (dropped; a finding says why, and more than the fit's `max_failure` share is a
   `BootstrapError`): the intervals come from attempted - failed. `bootstrap_by_run`: whole
-  runs (`groups=`) were resampled rather than points. `predict(*x)` evaluates the law.
+  runs (`groups=`) were resampled rather than points. `residual_space` says where
+  `rms_residual` was measured ('log': log loss; 'linear': loss units), which
+  `predict_interval` needs to add the scatter. `predict(*x)` evaluates the law.
   """
   law: str
   params: dict[str, float]
@@ -59,6 +63,7 @@ class Fit:
   bootstrap_failed: int = 0
   bootstrap_attempted: int = 0
   bootstrap_by_run: bool = False
+  residual_space: str = "log"
 
   def predict(self, *x: Any) -> np.ndarray:
     if self.predict_fn is None:
@@ -87,6 +92,68 @@ class Fit:
                        for p in draws])
     return _percentiles(values, self.level)
 
+  def residual_sigma(self) -> float:
+    """The scatter of a new point about the law, in `residual_space`: the RMS residual times
+    sqrt(n / (n - k)) for n points and k fitted parameters (the RMS of the fitted points is
+    biased low: the law was chosen to pass near them). NaN for a published law."""
+    n = int(self.extra.get("residual_points", self.n_points))
+    k = int(self.extra.get("residual_parameters", len(self.params)))
+    if not n > k:
+      return float("nan")
+    return float(self.rms_residual * np.sqrt(n / (n - k)))
+
+  def predict_interval(self, *x: Any, noise: float | None = None, seed_sigma: float = 0.0,
+                       level: float | None = None, seed: int = 0,
+                       draws: int = PREDICTIVE_DRAWS) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) central `level` interval for a new run's measured value at x (not the mean
+    law's, `predict_ci`): the law's bootstrap uncertainty plus the scatter of runs about it.
+
+    The scatter is `noise` (a standard deviation in `residual_space`: log loss for the laws
+    fitted in log, loss units for `fit_saturating`), by default `residual_sigma()`, plus
+    `seed_sigma` (loss units: seed-to-seed noise the fitted points did not show, e.g. a law
+    fitted to seed means), added in quadrature; in log space seed_sigma / prediction (its
+    first-order size there), so the combined sd at x is sqrt(noise^2 + (seed_sigma / L)^2).
+
+    Deterministic Monte Carlo: each bootstrap draw's prediction is combined with
+    ceil(`draws` / resamples) normal deviates of the scatter (NumPy generator seeded with
+    `seed`), and the interval is the central percentiles of the pooled values. NaN without
+    bootstrap samples (a published law, or samples=0): there is no law uncertainty to add."""
+    level = self.level if level is None else float(level)
+    if not 0 < level < 1:
+      raise ValueError(f"predict_interval: level={level} must be in (0, 1), e.g. 0.95")
+    if noise is not None and not (np.isfinite(noise) and noise >= 0):
+      raise ValueError(f"predict_interval: noise={noise} must be a standard deviation >= 0 "
+                       f"(in {self.residual_space} space) or None for the fit's residual")
+    if not (np.isfinite(seed_sigma) and seed_sigma >= 0):
+      raise ValueError(f"predict_interval: seed_sigma={seed_sigma} must be >= 0 (loss units)")
+    xs = [np.asarray(v, np.float64) for v in x]
+    shape = np.broadcast(*xs).shape
+    params = self.draws()
+    if not params:
+      nan = np.full(shape, np.nan)
+      return nan, nan
+    sigma = self.residual_sigma() if noise is None else float(noise)
+    if not np.isfinite(sigma):
+      raise ValueError(f"predict_interval: the fit of {self.law!r} has no residual scatter "
+                       f"({self.n_points} points for {len(self.params)} parameters); pass "
+                       "noise= (a standard deviation)")
+    mu = np.stack([np.broadcast_to(self.predict_fn(p, *xs), shape).ravel() for p in params])
+    per = -(-int(draws) // len(params))
+    rng = np.random.default_rng(seed)
+    low, high = np.empty(mu.shape[1]), np.empty(mu.shape[1])
+    for start in range(0, mu.shape[1], 1024):
+      m = mu[:, start:start + 1024][:, None, :]                    # [B, 1, S]
+      z = rng.standard_normal((mu.shape[0], per, m.shape[2]))
+      if self.residual_space == "log":
+        with np.errstate(divide="ignore", invalid="ignore"):
+          sd = np.sqrt(sigma ** 2 + (seed_sigma / m) ** 2)
+        values = m * np.exp(sd * z)
+      else:
+        values = m + np.sqrt(sigma ** 2 + seed_sigma ** 2) * z
+      lo, hi = _percentiles(values.reshape(-1, m.shape[2]), level)
+      low[start:start + 1024], high[start:start + 1024] = lo, hi
+    return low.reshape(shape), high.reshape(shape)
+
   def draws(self) -> list[dict[str, float]]:
     """The bootstrap resamples' parameter dicts."""
     count = min((len(v) for v in self.samples.values()), default=0)
@@ -105,7 +172,7 @@ class Fit:
             "bootstrap": (f"{fitted} of {self.bootstrap_attempted} resamples fitted"
                           if self.bootstrap_attempted else "none"),
             "n_points": self.n_points, "rms_residual": self.rms_residual,
-            "method": self.method,
+            "residual_space": self.residual_space, "method": self.method,
             "findings": list(self.findings), "unidentified": list(self.unidentified)}
 
 
