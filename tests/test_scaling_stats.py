@@ -209,3 +209,120 @@ def test_predict_interval_in_loss_units_and_with_seed_noise():
                                        "log space\\)"):
     fit.predict_interval(at, noise=-0.1)
   assert np.isnan(scaling.HOFFMANN_2022.predict_interval(1e9, 1e10)[0])   # no draws
+
+
+# ---------------------------------------------------------------------- FLOPs per token
+
+FAMILY_N = np.geomspace(7e3, 1e10, 25)
+
+
+def _exact_fpt(n):
+  """Exact training FLOPs per token of a synthetic family: 1.59 x 6N at 7K parameters,
+  ~1.07 x at 10M, -> 6N for large models (vocabulary and attention terms, as Hoffmann et
+  al.'s appendix F counts them)."""
+  return 6 * n * (1 + 0.59 * (n / 7e3) ** -0.3)
+
+
+FAMILY = scaling.family_flops_per_token(FAMILY_N, _exact_fpt(FAMILY_N))
+
+
+def _brute_force(law, flops, fpt, centre):
+  """argmin over a grid of log N 1e-5 apart, +-2 e-folds around `centre`."""
+  log_n = np.log(centre) + np.arange(-2.0, 2.0, 1e-5)
+  n = np.exp(log_n)
+  return float(n[np.argmin(law.predict(n, flops / fpt(n)))])
+
+
+@pytest.mark.parametrize("params", [CHINCHILLA, OTHER], ids=["hoffmann", "other"])
+def test_compute_optimal_under_exact_flops_matches_brute_force(params):
+  """With fpt(N) > 6N the optimum moves (at 1e10 FLOPs, N_opt ~ 2e4 where fpt ~ 1.4 x 6N:
+  D_opt by > 10%, N_opt by 0.5% for Chinchilla's law and 16% for the other): the numeric
+  minimiser agrees with a dense grid (1e-5 in log N) to 1e-4 relative, for scalar and array
+  budgets, and spends the budget exactly (C = fpt(N_opt) D_opt)."""
+  law = _law(params)
+  budgets = np.array([1e10, 1e13, 1e16, 1e20])
+  n_opt, d_opt = law.compute_optimal(budgets, flops_per_token=FAMILY)
+  assert n_opt.shape == d_opt.shape == (4,)
+  for c, n, d in zip(budgets, n_opt, d_opt):
+    assert n == pytest.approx(_brute_force(law, c, FAMILY, n), rel=1e-4)
+    assert FAMILY(n) * d == pytest.approx(c, rel=1e-12)
+    assert law.compute_optimal(c, FAMILY) == pytest.approx((n, d), rel=1e-12)
+  closed = law.compute_optimal(budgets[0])
+  assert abs(np.log(d_opt[0] / closed[1])) > 0.1        # the convention matters here
+  assert abs(np.log(n_opt[0] / closed[0])) > 0.004
+  grid = law.compute_optimal(np.array([[1e12, 1e14], [1e16, 1e18]]), FAMILY)
+  assert grid[0].shape == (2, 2)
+
+
+@pytest.mark.parametrize("params", [CHINCHILLA, OTHER], ids=["hoffmann", "other"])
+def test_six_n_flops_per_token_reproduces_the_closed_form(params):
+  law = _law(params)
+  budgets = np.geomspace(1e15, 1e25, 6)
+  numeric = law.compute_optimal(budgets, flops_per_token=lambda n: 6 * n)
+  np.testing.assert_allclose(numeric, law.compute_optimal(budgets), rtol=1e-6)
+  exps = law.exponents(budgets=(1e15, 1e25), flops_per_token=lambda n: 6 * n)
+  closed = law.exponents()
+  for key in "ab":
+    assert exps[key][0] == pytest.approx(closed[key][0], abs=1e-6)
+  # At Chinchilla's scale fpt ~ 6N (1.005 x at 70B here): the published laws' optima barely
+  # move, so their tests (tests/test_scaling_fits.py, Table 3) hold under exact FLOPs too.
+  for published in (scaling.HOFFMANN_2022, scaling.BESIROGLU_2024):
+    exact = published.compute_optimal(5.76e23, FAMILY)
+    np.testing.assert_allclose(exact, published.compute_optimal(5.76e23), rtol=0.01)
+  # No fpt: the slope over a range is the closed form's exponent.
+  assert law.exponents(budgets=[1e18, 1e20])["a"][0] == pytest.approx(closed["a"][0], abs=1e-9)
+
+
+def test_exponents_under_exact_flops_over_a_budget_range():
+  """Under exact FLOPs N_opt(C) is not a power law: `exponents(budgets, flops_per_token)` is
+  the slope of log N_opt (and log D_opt) over the budgets, with bootstrap intervals from
+  the fit's draws; a + b = 1 + gamma a != 1 where fpt / N ~ N^-gamma (here a + b = 1.026
+  over 1e10..1e14 FLOPs; a moves by only 0.001 for Chinchilla's law: D_opt absorbs it)."""
+  rng = np.random.default_rng(0)
+  draws = {k: v * (1 + 0.02 * rng.standard_normal(50)) for k, v in CHINCHILLA.items()}
+  fit = dataclasses.replace(_law(CHINCHILLA), samples=draws)
+  budgets = np.geomspace(1e10, 1e14, 9)
+  exps = fit.exponents(budgets=(1e10, 1e14), flops_per_token=FAMILY)
+  n_opt, d_opt = fit.compute_optimal(budgets, FAMILY)
+  a = np.polyfit(np.log(budgets), np.log(n_opt), 1)[0]
+  b = np.polyfit(np.log(budgets), np.log(d_opt), 1)[0]
+  assert exps["a"][0] == pytest.approx(a, rel=1e-9)
+  assert exps["b"][0] == pytest.approx(b, rel=1e-9)
+  assert abs(a - 0.28 / 0.62) > 5e-4 and a + b - 1 > 0.02
+  for key in "ab":
+    low, high = exps[key][1]
+    assert low < exps[key][0] < high and high - low < 0.1
+  with pytest.raises(ValueError, match="with flops_per_token, pass budgets="):
+    fit.exponents(flops_per_token=FAMILY)
+  with pytest.raises(ValueError, match="budgets must be >= 2 distinct"):
+    fit.exponents(budgets=[1e18], flops_per_token=FAMILY)
+
+
+def test_family_flops_per_token():
+  """Interpolates log(fpt / N) in log N (exact at the members), extrapolates linearly in
+  log-log beyond them, and refuses input it cannot interpolate."""
+  sizes = np.array([1e4, 1e5, 1e6])
+  exact = np.array([1.5, 1.2, 1.05]) * 6 * sizes
+  fpt = scaling.family_flops_per_token(sizes, exact)
+  np.testing.assert_allclose(fpt(sizes), exact, rtol=1e-12)
+  mid = np.sqrt(1e4 * 1e5)                                  # halfway in log N
+  assert fpt(mid) / (6 * mid) == pytest.approx(np.sqrt(1.5 * 1.2), rel=1e-12)
+  assert fpt(1e3) / 6e3 == pytest.approx(1.5 ** 2 / 1.2, rel=1e-12)   # one decade below
+  assert fpt(1e7) / 6e7 == pytest.approx(1.05 ** 2 / 1.2, rel=1e-12)
+  assert fpt(np.array([1e3, 1e7])).shape == (2,)
+  for params, flops, match in (
+      ([1e5, 1e4, 1e6], exact, r"strictly increasing; params\[1\] = 10000 follows "
+                               r"params\[0\] = 100000: sort the family by size"),
+      ([1e4, 1e4, 1e6], exact, r"params\[1\] = 10000 follows params\[0\] = 10000.*drop "
+                               "repeated sizes"),
+      ([0.0, 1e5, 1e6], exact, r"params\[0\] = 0 must be > 0"),
+      (sizes, [1.0, -1.0, 1.0], r"flops_per_token\[1\] = -1 must be > 0"),
+      ([1e4], [9e4], r"needs at least 2 points; got 1"),
+      (sizes, exact[:2], r"flops_per_token has 2 values but params has 3")):
+    with pytest.raises(ValueError, match=match):
+      scaling.family_flops_per_token(params, flops)
+  with pytest.raises(ValueError, match="N must be > 0"):
+    fpt(0.0)
+  with pytest.raises(ValueError, match=r"flops_per_token\(N\) must return one finite value > "
+                                       "0 per N"):
+    scaling.HOFFMANN_2022.compute_optimal(1e20, lambda n: -n)
