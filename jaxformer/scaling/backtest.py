@@ -135,6 +135,9 @@ def _baseline(budgets: np.ndarray, best: np.ndarray, held: float) -> float:
 
 
 def _label(value: Any) -> Any:
+  """A run id as JSON has it: NumPy scalars as Python ones, anything else not a str, int or
+  float as its str."""
+  value = value.item() if isinstance(value, np.generic) else value
   return value if isinstance(value, (str, int, float)) else str(value)
 
 

@@ -104,7 +104,8 @@ class Fit:
 
   def predict_interval(self, *x: Any, noise: float | None = None, seed_sigma: float = 0.0,
                        level: float | None = None, seed: int = 0,
-                       draws: int = PREDICTIVE_DRAWS) -> tuple[np.ndarray, np.ndarray]:
+                       values_per_point: int = PREDICTIVE_DRAWS
+                       ) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) central `level` interval for a new run's measured value at x (not the mean
     law's, `predict_ci`): the law's bootstrap uncertainty plus the scatter of runs about it.
 
@@ -115,7 +116,7 @@ class Fit:
     first-order size there), so the combined sd at x is sqrt(noise^2 + (seed_sigma / L)^2).
 
     Deterministic Monte Carlo: each bootstrap draw's prediction is combined with
-    ceil(`draws` / resamples) normal deviates of the scatter (NumPy generator seeded with
+    ceil(`values_per_point` / resamples) normal deviates of the scatter (NumPy generator seeded with
     `seed`), and the interval is the central percentiles of the pooled values. NaN without
     bootstrap samples (a published law, or samples=0): there is no law uncertainty to add."""
     level = self.level if level is None else float(level)
@@ -138,7 +139,7 @@ class Fit:
                        f"({self.n_points} points for {len(self.params)} parameters); pass "
                        "noise= (a standard deviation)")
     mu = np.stack([np.broadcast_to(self.predict_fn(p, *xs), shape).ravel() for p in params])
-    per = -(-int(draws) // len(params))
+    per = -(-int(values_per_point) // len(params))
     rng = np.random.default_rng(seed)
     low, high = np.empty(mu.shape[1]), np.empty(mu.shape[1])
     for start in range(0, mu.shape[1], 1024):
@@ -414,7 +415,7 @@ def bootstrap(fit_once: Callable[..., Mapping[str, float]], arrays: Sequence[np.
   `.summary()`); more than `max_failure` of them failing is a `BootstrapError` naming `what`,
   the counts, the commonest reason and the fix."""
   if samples == 0:
-    return Resamples({}, 0, by_run=groups is not None)
+    return Resamples({}, 0)
   if samples < 2:
     raise ValueError(f"samples={samples} must be 0 (no intervals) or >= 2")
   if not 0 <= max_failure < 1:
