@@ -40,6 +40,7 @@ Processes: --parallel=2 trains two runs at once on one XLA:CPU thread each.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -374,7 +375,7 @@ def analyse(results: dict, samples: int) -> dict:
   test_points = [{"n": p["n"], "d": p["d"], "loss": p["eval_loss"], "budget": p["budget"],
                   "group": p["trunk"]} for p in fit_points(points)]
   backtest = scaling.backtest(test_points, fit=functools.partial(
-      scaling.fit_parametric, samples=max(samples // 2, 50)))
+      scaling.fit_parametric, samples=samples))
   optima = []
   for c in budgets:
     row = {"budget": c}
@@ -611,7 +612,8 @@ def plot(path: pathlib.Path, results: dict) -> None:
   import numpy as np
   points, analysis = results["points"], results["analysis"]
   fit = fit_points(points)
-  fig, axes = plt.subplots(1, 3, figsize=(17, 5))
+  from jaxformer.scaling import plots
+  fig, axes = plt.subplots(1, 4, figsize=(22, 5))
   ax = axes[0]
   for budget in results["setup"]["budgets"]:
     mine = sorted((p for p in fit if p["budget"] == budget), key=lambda p: p["n"])
@@ -644,6 +646,11 @@ def plot(path: pathlib.Path, results: dict) -> None:
   ax.plot(lims, lims, "k--", lw=0.8)
   ax.set(xlabel="measured eval loss", ylabel="approach 3 L(N, D)", title="fit vs measured")
   ax.legend(fontsize=8)
+  fit3 = dataclasses.replace(scaling.HOFFMANN_2022, params=law)     # the fitted law's values
+  n = np.array([p["n"] for p in fit], np.float64)
+  plots.loss_contours(axes[3], fit3, (c.min() / 2, pred["budget"] * 2), (n.min() / 3, n.max() * 3),
+                      runs=(np.array([p["flops"] for p in fit]), n),
+                      flops_per_token=fpt_of(results["setup"]))
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)

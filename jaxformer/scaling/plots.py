@@ -98,18 +98,24 @@ def _with_params(fit, params: Mapping[str, float]):
 
 def loss_contours(ax, fit: chinchilla.ParametricFit, flops_range: tuple[float, float],
                   n_range: tuple[float, float], runs: tuple[np.ndarray, np.ndarray] | None = None,
-                  levels: int = 12):
-  """Contours of the fitted L(N, D) over (C = 6 N D, N), the efficient frontier N_opt(C)
-  and, if given, the runs as (flops, n) points."""
+                  levels: int = 12, flops_per_token=None):
+  """Contours of the fitted L(N, D) over (C, N), the efficient frontier N_opt(C) and, if
+  given, the runs as (flops, n) points. C = fpt(N) D with `flops_per_token` (a callable N ->
+  FLOPs per token, e.g. `scaling.family_flops_per_token`: the runs' own exact count), else
+  C = 6 N D; give the runs' FLOPs in the same convention."""
+  fpt = flops_per_token or (lambda n: 6.0 * n)
   c = np.geomspace(*flops_range, 200)
   n = np.geomspace(*n_range, 200)
   cc, nn = np.meshgrid(c, n)
-  loss = fit.predict(nn, cc / (6.0 * nn))
+  loss = fit.predict(nn, cc / fpt(nn))
   cs = ax.contour(cc, nn, loss, levels=levels, cmap="viridis", linewidths=0.8)
   ax.clabel(cs, fontsize=6, fmt="%.2f")
-  ax.plot(c, fit.compute_optimal(c)[0], "C3-", lw=2, label="efficient frontier (approach 3)")
+  frontier = (fit.compute_optimal(c, flops_per_token=flops_per_token) if flops_per_token
+              else fit.compute_optimal(c))[0]
+  ax.plot(c, frontier, "C3-", lw=2, label="efficient frontier (approach 3)")
   if runs is not None:
     ax.plot(runs[0], runs[1], "k.", ms=6, label="runs")
-  ax.set(xscale="log", yscale="log", xlabel="FLOPs (C = 6ND)", ylabel="parameters N",
+  unit = "exact" if flops_per_token else "C = 6ND"
+  ax.set(xscale="log", yscale="log", xlabel=f"FLOPs ({unit})", ylabel="parameters N",
          xlim=flops_range, ylim=n_range, title="fitted L(N, D) contours")
   ax.legend(fontsize=8)
