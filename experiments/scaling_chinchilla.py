@@ -522,12 +522,12 @@ def render(results: dict) -> str:
                f"{scaling.HOFFMANN_2022.params[k]:g}", f"{scaling.BESIROGLU_2024.params[k]:g}"]
               for k in ("E", "A", "B", "alpha", "beta")]),
       f"{fit3['method']}; RMS residual {fit3['rms_residual']:.4f} in log loss over "
-      f"{fit3['n_points']} runs; bootstrap: {fit3['bootstrap']}.",
+      f"{fit3['n_points']} runs.",
       "## Compute-optimal N, D and tokens per parameter (exact FLOPs)",
       _table(["budget (FLOPs)", *[f"{k}: N_opt, D_opt, D/N" for k in analysis["optima"][0]
                                   if k != "budget"]],
-             [[f"{row['budget']:.3g}", *[f"{n:,.0f}, {d:,.0f}, {d / n:.1f}"
-                                         for k, (n, d) in row.items() if k != "budget"]]
+             [[f"{row['budget']:.3g}", *[f"{v[0]:,.0f}, {v[1]:,.0f}, {v[1] / v[0]:.1f}"
+                                         for k, v in row.items() if k != "budget"]]
               for row in analysis["optima"]]),
       "## Seed noise",
       _seed_text(noise, fit3, analysis["seed_noise_exceeds_residual"]),

@@ -621,8 +621,10 @@ def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
   `groups` (one run id per point) resamples whole runs: within each budget when every run
   lies in one budget (replicate evaluations or seeds of a size), so each budget keeps its
   number of runs; across budgets when a run has points at several (cooldown branches of one
-  WSD trunk, one per budget): a resample then draws whole trunks, and one that misses a
-  budget's runs is a failed resample. The `method` says which. `max_failure`: the share of
+  WSD trunk, one per budget): a resample then draws whole trunks, and a budget it leaves with
+  fewer than 3 sizes drops out of that resample's lines (>= 3 budgets must remain, else the
+  resample fails: an estimator that uses the budgets it can, which widens the interval rather
+  than select resamples). The `method` says which. `max_failure`: the share of
   resamples that may fail (`stats.BootstrapError`)."""
   n, d, loss, budget = stats.as_points("isoflop_optimum", 6, ("n", "d", "loss", "budget"),
                                        n=n, d=d, loss=loss, budget=budget)
@@ -635,15 +637,22 @@ def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
   params = _optimum_power(c, n_opt, d_opt)
 
   budgets = np.unique(budget)
-
-  def fit_once(n, d, loss, budget):
-    missing = np.setdiff1d(budgets, budget)
-    if missing.size:
-      raise ValueError(f"isoflop_optimum: the resample drew no run at budget {missing[0]:.3g}")
-    return _optimum_power(*_budget_optima(n, d, loss, budget)[:3])
-
   across = groups is not None and any(np.unique(budget[groups == g]).size > 1
                                       for g in np.unique(groups))
+
+  def fit_once(n, d, loss, budget):
+    if across:      # whole trunks: a budget left with < 3 sizes drops out of this resample
+      usable = [c for c in budgets if np.unique(n[budget == c]).size >= 3
+                and np.unique(d[budget == c]).size >= 3]
+      if len(usable) < min(3, budgets.size):
+        raise ValueError(f"isoflop_optimum: the resample leaves {len(usable)} budgets with "
+                         ">= 3 sizes")
+      keep = np.isin(budget, usable)
+      n, d, loss, budget = n[keep], d[keep], loss[keep], budget[keep]
+    missing = np.setdiff1d(budgets, budget)
+    if missing.size and not across:
+      raise ValueError(f"isoflop_optimum: the resample drew no run at budget {missing[0]:.3g}")
+    return _optimum_power(*_budget_optima(n, d, loss, budget)[:3])
   boot = stats.bootstrap(fit_once, (n, d, loss, budget), samples=samples, seed=seed,
                          groups=groups, strata=None if across else budget,
                          max_failure=max_failure, what="isoflop_optimum")
@@ -672,7 +681,8 @@ def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
       rms_residual=float(np.sqrt(np.mean((np.log(_optimum_law(params, c)) -
                                           np.log(n_opt)) ** 2))),
       method="approach 2: parabola in log N (and log D) per budget, lines in log C"
-             + boot.method() + ((", runs across budgets" if across else ", within budgets")
+             + boot.method() + ((", runs across budgets (a budget left with < 3 sizes drops out of a resample)"
+                                 if across else ", within budgets")
                                 if samples else ""),
       findings=tuple(findings), predict_fn=_optimum_law,
       extra={"points": {"flops": c.tolist(), "n_opt": n_opt.tolist(),
