@@ -275,26 +275,44 @@ def fpt_of(setup: dict):
                                         [f["flops_per_token"] for f in family])
 
 
-def fits_of(points: list[dict], samples: int) -> dict:
-  """Approaches 1-3 on the rule-LR runs, each bootstrapped by trunk."""
+def _fit_arrays(points: list[dict]):
   import numpy as np
   fit = fit_points(points)
   arr = {k: np.array([p[k] for p in fit], np.float64) for k in ("n", "d", "eval_loss", "budget")}
-  trunks = np.array([p["trunk"] for p in fit])
-  curves, curve_trunks = [], []
+  return fit, arr, np.array([p["trunk"] for p in fit])
+
+
+def approach_3(points: list[dict], samples: int):
+  _, arr, trunks = _fit_arrays(points)
+  return scaling.fit_parametric(arr["n"], arr["d"], arr["eval_loss"], samples=samples,
+                                groups=trunks)
+
+
+def fits_of(points: list[dict], samples: int) -> tuple[dict, dict]:
+  """Approaches 1-3 on the rule-LR runs, each bootstrapped by trunk, and the bootstrap
+  errors: a fit whose resamples fail too often (`scaling.BootstrapError`) is reported with
+  no interval and the reason, never with intervals from the resamples that happened to fit."""
+  import numpy as np
+  fit, arr, trunks = _fit_arrays(points)
+  curves = []
   for trunk in sorted(set(trunks.tolist())):
     mine = sorted((p for p in fit if p["trunk"] == trunk), key=lambda p: p["d"])
     if len(mine) >= 2:
       curves.append(scaling.Curve(params=mine[0]["n"], tokens=np.array([p["d"] for p in mine]),
                                   loss=np.array([p["eval_loss"] for p in mine]),
                                   flops_per_token=mine[0]["flops_per_token"]))
-      curve_trunks.append(trunk)
-  return {
-      "approach 1": scaling.envelope_optimum(curves, window=1, samples=samples),
-      "approach 2": scaling.isoflop_optimum(arr["n"], arr["d"], arr["eval_loss"], arr["budget"],
-                                            samples=samples, groups=trunks),
-      "approach 3": scaling.fit_parametric(arr["n"], arr["d"], arr["eval_loss"],
-                                           samples=samples, groups=trunks)}
+  makers = {
+      "approach 1": lambda k: scaling.envelope_optimum(curves, window=1, samples=k),
+      "approach 2": lambda k: scaling.isoflop_optimum(arr["n"], arr["d"], arr["eval_loss"],
+                                                      arr["budget"], samples=k, groups=trunks),
+      "approach 3": lambda k: approach_3(points, k)}
+  fits, errors = {}, {}
+  for name, make in makers.items():
+    try:
+      fits[name] = make(samples)
+    except scaling.BootstrapError as e:
+      fits[name], errors[name] = make(0), str(e)
+  return fits, errors
 
 
 def seed_noise(points: list[dict]) -> dict:
@@ -367,15 +385,20 @@ def analyse(results: dict, samples: int) -> dict:
   """The fits, optima, seed noise, LR and schedule checks and back-tests of `results`."""
   import functools
   points, setup = results["points"], results["setup"]
-  fits = fits_of(points, samples)
+  fits, bootstrap_errors = fits_of(points, samples)
   fpt = fpt_of(setup)
   budgets = setup["budgets"]
   fit3 = fits["approach 3"]
   noise = seed_noise(points)
   test_points = [{"n": p["n"], "d": p["d"], "loss": p["eval_loss"], "budget": p["budget"],
                   "group": p["trunk"]} for p in fit_points(points)]
-  backtest = scaling.backtest(test_points, fit=functools.partial(
-      scaling.fit_parametric, samples=samples))
+  try:
+    backtest = scaling.backtest(test_points, fit=functools.partial(
+        scaling.fit_parametric, samples=samples))
+  except scaling.BootstrapError as e:            # errors without coverage, and say why
+    bootstrap_errors["back-test"] = str(e)
+    backtest = scaling.backtest(test_points, fit=functools.partial(
+        scaling.fit_parametric, samples=0))
   optima = []
   for c in budgets:
     row = {"budget": c}
@@ -395,6 +418,7 @@ def analyse(results: dict, samples: int) -> dict:
                                       for k, v in fit3.exponents().items()}
   flagged = bool(noise["sigma_log"] > fit3.rms_residual)
   return {"fits": {k: v.as_dict() for k, v in fits.items()}, "exponents": exponents,
+          "bootstrap_errors": bootstrap_errors,
           "optima": optima, "seed_noise": noise, "seed_noise_exceeds_residual": flagged,
           "lr_table": lr_table(points, results["rule"]), "lr_check": lr_check(points),
           "cosine_check": cosine_check(points, noise["sigma"]),
@@ -434,13 +458,14 @@ def predict(args, results: dict, fit3) -> dict:
   return out
 
 
-def prediction_stage(args, results: dict, prediction: dict, rule: dict) -> list[dict]:
-  plan = [r for r in isoflop.plan_window(args.data, [prediction["budget"]], half_width=6)
-          if r.candidate.name == prediction["size"]]
-  if not plan:
-    raise SystemExit(f"error: {prediction['size']} is not a ladder size at the prediction "
-                     "budget; widen plan_window")
-  return run_stage(args, "predict", trunks_of(plan), [by_width(rule)])
+def prediction_stage(args, prediction: dict, rule: dict) -> list[dict]:
+  """Train the predicted run (a wsd run of its own length at the rule's LR)."""
+  vocab_size, train_chars = isoflop.corpus_info(args.data)
+  (candidate,) = [c for c in isoflop.gpt_candidates(vocab_size) if c.name == prediction["size"]]
+  run = scaling.plan_run(prediction["budget"], candidate, tokens_per_step=isoflop.TOKENS_PER_STEP,
+                         flops="exact", max_tokens=isoflop.MAX_EPOCHS * train_chars,
+                         min_steps=100)
+  return run_stage(args, "predict", trunks_of([run]), [by_width(rule)])
 
 
 CHINCHILLA = {"approach 1": (0.50, 0.50), "approach 2": (0.49, 0.51),
@@ -450,7 +475,7 @@ CHINCHILLA = {"approach 1": (0.50, 0.50), "approach 2": (0.49, 0.51),
 def _ci(value: float, ci, fmt: str = ".3f") -> str:
   low, high = ci
   if low is None or high is None or low != low or high != high:
-    return f"{value:{fmt}} [not identified]"
+    return f"{value:{fmt}} [no interval]"
   return f"{value:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
 
 
@@ -510,7 +535,7 @@ def render(results: dict) -> str:
               "Chinchilla a / b", "bootstrap"],
              [[name, _ci(v["a"][0], v["a"][1]), _ci(v["b"][0], v["b"][1]),
                f"{CHINCHILLA[name][0]:.2f} / {CHINCHILLA[name][1]:.2f}",
-               fits[name.split(",")[0]]["bootstrap"]]
+               _bootstrap_cell(analysis, name.split(",")[0])]
               for name, v in analysis["exponents"].items()]),
       "Approaches 1 and 2 read N_opt(C) off the runs at their exact FLOPs. Approach 3's "
       "exponents are the slopes of its optimum, minimised at exact compute, over "
@@ -534,7 +559,9 @@ def render(results: dict) -> str:
       "## Cooldown branch vs a separate cosine run",
       _cosine_text(analysis["cosine_check"], noise["sigma"], setup["cosine_budget"]),
       "## Back-tests (approach 3)",
-      analysis["backtest_markdown"],
+      analysis["backtest_markdown"] + (
+          "\n\nNo coverage: " + analysis["bootstrap_errors"]["back-test"]
+          if "back-test" in analysis.get("bootstrap_errors", {}) else ""),
       "## Prediction of a run not yet trained",
       f"Budget {prediction['budget']:.3g} FLOPs ({setup['prediction_factor']:g}x the largest). "
       f"Approach 3 (exact FLOPs; optimum N = {prediction['optimum_exact']['n']:,.0f}) picked "
@@ -559,6 +586,13 @@ def render(results: dict) -> str:
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"),
       "![study](scaling_chinchilla.png)", ""]
   return "\n\n".join(sections)
+
+
+def _bootstrap_cell(analysis: dict, name: str) -> str:
+  error = analysis.get("bootstrap_errors", {}).get(name)
+  if error:
+    return "**no interval**: " + error.split(";")[0]
+  return analysis["fits"][name]["bootstrap"]
 
 
 def _lr_check_text(rows: list[dict]) -> str:
@@ -602,7 +636,7 @@ def _cosine_text(rows: list[dict], sigma: float, budget: float) -> str:
 def refit(results: dict) -> dict:
   """The fits' point estimates recomputed from the JSON's runs (no bootstrap): what the
   report test compares with the stored analysis."""
-  return {name: fit.params for name, fit in fits_of(results["points"], 0).items()}
+  return {name: fit.params for name, fit in fits_of(results["points"], 0)[0].items()}
 
 
 def plot(path: pathlib.Path, results: dict) -> None:
@@ -670,9 +704,8 @@ def main(argv=None) -> int:
     return 0
   results = {"setup": setup_of(args), "rule": stages["rule"],
              "points": points_of(args, stages)}
-  fit3 = fits_of(results["points"], args.bootstrap)["approach 3"]
-  prediction = predict(args, results, fit3)
-  rows = prediction_stage(args, results, prediction, stages["rule"])
+  prediction = predict(args, results, approach_3(results["points"], args.bootstrap))
+  rows = prediction_stage(args, prediction, stages["rule"])
   results["points"] = points_of(args, stages, rows)
   measured = next(p for p in results["points"] if p["stage"] == "predict")
   low, high = prediction["predictive_interval"]
