@@ -210,7 +210,7 @@ def estimate(chains: list[dict], lengths: list[int], parallel: int, eval_tokens:
     out[label] = {"lengths": count, "steps": steps,
                   "tokens": steps * isoflop.TOKENS_PER_STEP, "flops": flops,
                   "hours_at_gflops": [flops / (g * 1e9) / parallel / 3600 for g in GFLOPS],
-                  "runs": count * len(chains),
+                  "runs": count * len(chains), "startup_s": STARTUP_S,
                   "hours_measured": (measured + count * len(chains) * STARTUP_S)
                   / parallel / 3600}
   return out
@@ -223,7 +223,8 @@ def estimate_text(est: dict, parallel: int) -> str:
     lines.append(f"{label}: {e['lengths']} lengths per chain, {e['steps']:,} steps "
                  f"({e['tokens']:.3g} tokens), {e['flops']:.3g} FLOPs: {lo:.1f}-{hi:.1f} h at "
                  f"{GFLOPS[1]:g}-{GFLOPS[0]:g} GFLOP/s per run, {e['hours_measured']:.1f} h at "
-                 f"the cosine study's measured tokens/s and {STARTUP_S} s start-up for each of "
+                 f"the cosine study's measured tokens/s and {e['startup_s']} s start-up for each "
+                 f"of "
                  f"{e['runs']} runs ({parallel} run(s) at a time)")
   return "; ".join(lines)
 
@@ -284,8 +285,10 @@ def run_study(args, values: dict, lengths: list[int]) -> tuple[list[tuple], list
     new = [r for r in decision["runs"] if r not in planned]
     for size, d in decision["sizes"].items():
       h = d["history"][-1] if d["history"] else None
-      print(f"[scaling_gpt] {size}: {d['state']} at length {d['index']}"
-            + (f" (loss {h['loss']:.4f}, delta {h['delta']})" if h else ""), flush=True)
+      delta = "" if not h or h["delta"] is None else f", last doubling {h['delta']:+.4f}"
+      sigma = "" if not h or h["sigma"] is None else f", sigma_seed {h['sigma']:.4f}"
+      print(f"[scaling_gpt] {size}: {d['state']} at x{2 ** d['index']}"
+            + (f" (loss {h['loss']:.4f}{delta}{sigma})" if h else ""), flush=True)
     if not new:
       return planned, rows, decision
     planned += new
@@ -590,7 +593,7 @@ def render(results: dict) -> str:
       sizes_table(results), alpha_text(results), sigma_text(results),
       "Doubling history (Δ = the previous length's loss minus this one's):",
       history_table(results), fits_table(results), findings_text(results),
-      compute_text(results), "![loss vs N and eval curves](scaling_gpt.png)", ""])
+      compute_text(results), f"![loss vs N and eval curves]({results['png']})", ""])
 
 
 def plot(results: dict, path: str):
@@ -671,6 +674,7 @@ def main(argv=None) -> int:
   results = collect(args, values, lengths, planned, rows, decision, corpus, est,
                     time.time() - start)
   results["settings"]["parallel"] = args.parallel
+  results["png"] = pathlib.Path(args.out).name + ".png"
   text = report_check.write(args.out, results, render, plot)
   print(text)
   print(f"wrote {args.out}.md, {args.out}.json, {args.out}.png")
