@@ -6,6 +6,7 @@ fails with an error naming the argument and the fix. NumPy/SciPy only: no JAX he
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import subprocess
 import sys
@@ -333,8 +334,12 @@ def test_isoflop_optimum_recovers_law_exponents():
   assert noisy.findings == ("1 of 100 bootstrap resamples could not be fit and were dropped "
                             "(all of them: isoflop_optimum (budget 1e+18) needs at least 3 "
                             "distinct values of n; got 2: vary n across runs (distinct values: "
-                            "[4.564e+07, 1.826e+08])); the intervals come from the other 99, a "
-                            "selected subset, so they may be too narrow",)
+                            "[4.564e+07, 1.826e+08])); 99 of 100 resamples fitted: the "
+                            "intervals come from those, a selected subset, so they may be too "
+                            "narrow",)
+  assert noisy.method.endswith("; bootstrap: 99 of 100 resamples fitted, by point, within "
+                               "budgets")
+  assert noisy.bootstrap_attempted == 100 and not noisy.bootstrap_by_run
   # Another law (a = 0.25), sizes centred 1.4x off its optimum (as a plan from a previous
   # fit would place them): the exponent follows the law, not the placement of the sizes.
   other = {"E": 1.0, "A": 200.0, "B": 2e3, "alpha": 0.6, "beta": 0.2}
@@ -600,30 +605,34 @@ def _unmeasured(fit, keys):
 def test_a_parameter_at_a_bound_is_a_finding_with_no_interval():
   """A parameter driven to a bound of its search range (or, for approach 3's unbounded
   parameters, drifting: E -> 0, a term too small to matter) is a finding, and its bootstrap
-  interval, a pile-up at the bound, is not reported. Few resamples: only the flags matter."""
-  steep = scaling.fit_saturating(X8, 2 + (1e6 / X8) ** 12, samples=4)
+  interval, a pile-up at the bound, is not reported. Few resamples: only the flags matter
+  (so up to half may fail: on a 3 x 3 grid a resample often draws 2 token counts)."""
+  steep = scaling.fit_saturating(X8, 2 + (1e6 / X8) ** 12, samples=4, max_failure=0.5)
   assert any(f.startswith("alpha = 10 is at its upper bound (10)") for f in steep.findings)
   _unmeasured(steep, {"alpha", "X_c"})
-  pure = scaling.fit_saturating(X8, (8.8e13 / X8) ** 0.076, samples=4)
+  pure = scaling.fit_saturating(X8, (8.8e13 / X8) ** 0.076, samples=4, max_failure=0.5)
   assert pure.findings[0].startswith("E = ") and "lower bound" in pure.findings[0]
   _unmeasured(pure, {"E"})
   c = np.geomspace(1e15, 1e21, 8)
-  zhai = scaling.fit_zhai(c, 0.1 + (1e16 / c) ** 15, samples=4)
+  zhai = scaling.fit_zhai(c, 0.1 + (1e16 / c) ** 15, samples=4, max_failure=0.5)
   assert any(f.startswith("b = 10 is at its upper bound") for f in zhai.findings)
   assert "a" in zhai.unidentified and "b" in zhai.unidentified
   assert np.isnan(zhai.ci("b")).all() and len(zhai.draws()) >= 2
-  flat_n = scaling.fit_kaplan_joint(GRID_N, GRID_D, (1.8e13 / GRID_D) ** 0.103, samples=4)
+  flat_n = scaling.fit_kaplan_joint(GRID_N, GRID_D, (1.8e13 / GRID_D) ** 0.103, samples=4,
+                                    max_failure=0.5)
   assert flat_n.findings[0].startswith("the term (N_c / N)^(alpha_N / alpha_D) is below 1e-4 "
                                        "of the bracket at every n")
   _unmeasured(flat_n, {"alpha_N", "N_c"})
   # Approach 3 put alpha = 48 on a loss flat in N, and E = 1e-10 on a pure power law.
   n, d = (v.ravel() for v in np.meshgrid(N6[::2], D6[::2]))
   starts = _small_grid()
-  fit = scaling.fit_parametric(n, d, 1.69 + 410.7 / d ** 0.28, samples=4, starts=starts)
+  fit = scaling.fit_parametric(n, d, 1.69 + 410.7 / d ** 0.28, samples=4, starts=starts,
+                               max_failure=0.5)
   assert fit.findings[0].startswith("A / N^alpha is below 1e-4 of the loss at every N")
   _unmeasured(fit, {"A", "alpha"})
   assert np.isnan(fit.exponents()["a"][1]).all()         # a = beta / (alpha + beta): no CI
-  fit = scaling.fit_parametric(n, d, _chinchilla(n, d) - 1.69, samples=4, starts=starts)
+  fit = scaling.fit_parametric(n, d, _chinchilla(n, d) - 1.69, samples=4, starts=starts,
+                               max_failure=0.5)
   assert fit.findings[0] == (f"E = {fit.params['E']:.3g} is at its lower bound 0: no "
                              "irreducible loss is visible over these runs (the law reduces to "
                              "power laws in N and D), so E is not measured")
@@ -644,9 +653,11 @@ def test_isoflop_degenerate_results_are_findings():
   assert scaling.isoflop_optimum(ISO_N, ISO_D, ISO_L, ISO_C, samples=0).findings == ()
 
 
-def test_bootstrap_counts_and_reports_resamples_it_cannot_fit():
-  """Dropped resamples bias the intervals towards the resamples that fit: they are counted,
-  their commonest reason given, and a fit reports them (a finding, `bootstrap_failed`)."""
+def test_bootstrap_counts_resamples_and_refuses_too_many_failures():
+  """Dropped resamples bias the intervals towards the resamples that fit (a study reported
+  "200 resamples" when 67 had failed): every bootstrap counts attempted and failed resamples
+  and says "N of M resamples fitted"; above `max_failure` (10%) failing it is a
+  BootstrapError naming the fit, the counts, the commonest reason and the fix."""
   from jaxformer.scaling import stats
   x = np.arange(20.0)
 
@@ -655,25 +666,47 @@ def test_bootstrap_counts_and_reports_resamples_it_cannot_fit():
       raise ValueError(f"the largest value drawn is {v.max():g}")
     return {"mean": v.mean(), "inv": 1 / (1 + v.min()) if v.min() < 2 else np.inf}
 
-  boot = stats.bootstrap(fit_once, (x,), samples=40, seed=0)
-  assert boot.requested == 40 and boot.failed == len(boot.errors) > 0
-  assert len(boot.draws["mean"]) == 40 - boot.failed
+  with pytest.raises(stats.BootstrapError, match=r"^toy: 14 of 40 bootstrap resamples could "
+                     r"not be fit, more than max_failure=0.1 of them \(12 of them: the largest "
+                     r"value drawn is 1\d\); intervals from the other 26 would come from a "
+                     r"selected subset: add points \(runs\), or fit a law with fewer "
+                     r"parameters"):
+    stats.bootstrap(fit_once, (x,), samples=40, seed=0, what="toy")
+  assert issubclass(stats.BootstrapError, ValueError)
+  boot = stats.bootstrap(fit_once, (x,), samples=40, seed=0, max_failure=0.5)
+  assert boot.requested == 40 and boot.failed == len(boot.errors) == 14
+  assert boot.fitted == 26 == len(boot.draws["mean"])
   assert any(e.startswith("non-finite inv = inf") for e in boot.errors)
+  assert boot.summary() == "26 of 40 resamples fitted, by point"
   [finding] = boot.findings()
-  assert finding.startswith(f"{boot.failed} of 40 bootstrap resamples could not be fit and "
-                            "were dropped (")
-  assert finding.endswith(f"the intervals come from the other {40 - boot.failed}, a selected "
-                          "subset, so they may be too narrow")
+  assert finding.startswith("14 of 40 bootstrap resamples could not be fit and were dropped (")
+  assert finding.endswith("26 of 40 resamples fitted: the intervals come from those, a "
+                          "selected subset, so they may be too narrow")
   assert stats.bootstrap(lambda v: {"mean": v.mean()}, (x,), samples=5).findings() == ()
-  with pytest.raises(ValueError, match=r"only \d+ of 20 bootstrap resamples could be fit "
-                                       r"\(\d+ of them: the largest value drawn is 1\d\)"):
-    stats.bootstrap(lambda v: fit_once(v[:8]), (x,), samples=20)
-  # Through a fit: 4 sizes, and a resample that draws 2 of them cannot fit L(N).
-  fit = scaling.fit_kaplan_n(X8[:4], (8.8e13 / X8[:4]) ** 0.076, samples=50)
-  assert fit.bootstrap_failed == 23 and len(fit.draws()) == 27
-  assert fit.as_dict()["bootstrap_failed"] == 23
-  assert fit.findings == (f"23 of 50 bootstrap resamples could not be fit and were dropped "
+  with pytest.raises(ValueError, match=r"max_failure=1.5 must be in \[0, 1\)"):
+    stats.bootstrap(fit_once, (x,), samples=5, max_failure=1.5)
+  # Through a fit: 4 sizes, and a resample that draws 2 of them cannot fit L(N) (23 of 50).
+  n, loss = X8[:4], (8.8e13 / X8[:4]) ** 0.076
+  with pytest.raises(scaling.BootstrapError, match=r"^fit_kaplan_n: 23 of 50 bootstrap "
+                     r"resamples could not be fit, .*\(all of them: fit_kaplan_n needs at "
+                     r"least 3 distinct values of N; got 2"):
+    scaling.fit_kaplan_n(n, loss, samples=50)
+  fit = scaling.fit_kaplan_n(n, loss, samples=50, max_failure=0.5)
+  assert fit.bootstrap_failed == 23 and fit.bootstrap_attempted == 50
+  assert len(fit.draws()) == 27
+  summary = fit.as_dict()
+  assert (summary["bootstrap_failed"], summary["bootstrap_attempted"],
+          summary["bootstrap_samples"]) == (23, 50, 27)
+  assert summary["bootstrap"] == "27 of 50 resamples fitted" and not summary["bootstrap_by_run"]
+  assert fit.method == ("least squares on log L (a line in log-log); bootstrap: 27 of 50 "
+                        "resamples fitted, by point")
+  assert fit.findings == ("23 of 50 bootstrap resamples could not be fit and were dropped "
                           "(all of them: fit_kaplan_n needs at least 3 distinct values of N; "
                           "got 2: vary N across runs (distinct values: [1e+06, 2.683e+06])); "
-                          "the intervals come from the other 27, a selected subset, so they may "
-                          "be too narrow",)
+                          "27 of 50 resamples fitted: the intervals come from those, a "
+                          "selected subset, so they may be too narrow",)
+  # Every public fit takes max_failure (threaded to its bootstrap).
+  for fn in (scaling.fit_kaplan_n, scaling.fit_kaplan_d, scaling.fit_kaplan_joint,
+             scaling.fit_saturating, scaling.fit_zhai, scaling.fit_parametric,
+             scaling.isoflop_optimum, scaling.envelope_optimum):
+    assert {"max_failure", "groups"} <= set(inspect.signature(fn).parameters), fn.__name__

@@ -18,13 +18,18 @@ Published values: Chinchilla's a/b = 0.50/0.50 (approach 1), 0.49/0.51 (2), 0.46
 and approach 3's E = 1.69, A = 406.4, B = 410.7, alpha = 0.34, beta = 0.28 (`HOFFMANN_2022`).
 The replication `BESIROGLU_2024` refits approach 3 to the paper's points (reconstructed from
 its figure); the two laws disagree on the compute-optimal ratio (see `BESIROGLU_2024`).
+
+FLOPs: the closed forms assume C = 6 N D; a study whose budgets are exact FLOPs (Hoffmann et
+al. appendix F count, larger than 6N per token for small models) passes the family's FLOPs
+per token (`family_flops_per_token`) to `compute_optimal` and `exponents`, which then
+minimise L(N, C / fpt(N)) numerically.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,24 +52,74 @@ _ORDER = ("a", "b", "e", "alpha", "beta")
 class ParametricFit(stats.Fit):
   """L(N, D) = E + A / N^alpha + B / D^beta with `params` E, A, B, alpha, beta."""
 
-  def compute_optimal(self, flops: Any) -> tuple[Any, Any]:
-    """(N_opt, D_opt) minimising L at C = 6 N D FLOPs (Hoffmann et al. eq. 4):
-    N_opt = G (C / 6)^a, D_opt = G^-1 (C / 6)^b, G = (alpha A / (beta B))^(1 / (alpha + beta)),
-    a = beta / (alpha + beta), b = alpha / (alpha + beta)."""
-    return _compute_optimal(self.params, flops)
+  def compute_optimal(self, flops: Any,
+                      flops_per_token: Callable[[np.ndarray], np.ndarray] | None = None
+                      ) -> tuple[Any, Any]:
+    """(N_opt, D_opt) minimising L(N, D) at a budget of `flops` (scalar or array).
 
-  def exponents(self) -> dict[str, tuple[float, tuple[float, float]]]:
+    flops_per_token=None: the closed form for C = 6 N D (Hoffmann et al. eq. 4):
+    N_opt = G (C / 6)^a, D_opt = G^-1 (C / 6)^b, G = (alpha A / (beta B))^(1 / (alpha + beta)),
+    a = beta / (alpha + beta), b = alpha / (alpha + beta).
+
+    flops_per_token: a callable N -> training FLOPs per token (vectorised over N, e.g.
+    `family_flops_per_token`), for budgets counted in exact FLOPs as the studies count them
+    (Hoffmann et al. appendix F: 1.59 x 6N at 7K parameters, 1.04 x at 10M): then C =
+    fpt(N) D, and N_opt minimises L(N, C / fpt(N)), found numerically in log N (a grid of
+    0.1 e-folds over +-15 around the closed form's N, then golden-section search in the best
+    cell to 1e-12 in log N); D_opt = C / fpt(N_opt)."""
+    if flops_per_token is None:
+      return _compute_optimal(self.params, flops)
+    return _numeric_optimum(self.params, flops, flops_per_token)
+
+  def exponents(self, budgets: Any = None,
+                flops_per_token: Callable[[np.ndarray], np.ndarray] | None = None
+                ) -> dict[str, tuple[float, tuple[float, float]]]:
     """{'a': (value, ci), 'b': (value, ci)} of N_opt ~ C^a and D_opt ~ C^b; no interval
-    (nan, nan) when alpha or beta is not identified."""
+    (nan, nan) when alpha or beta is not identified; intervals from the bootstrap draws.
+
+    Without `budgets`: the closed form's exponents under C = 6 N D, a = beta / (alpha + beta),
+    b = alpha / (alpha + beta). With `budgets` (FLOPs; a pair is a range, sampled at 9
+    log-spaced budgets): the least-squares slopes of log N_opt and log D_opt against log C
+    over them, with `flops_per_token` as in `compute_optimal`: under exact compute N_opt(C)
+    is not a power law (fpt / N falls with N), so the slope depends on the range and a + b
+    need not be 1."""
     draws = [] if {"alpha", "beta"} & set(self.unidentified) else self.draws()
-    out = {}
-    for key, fn in (("a", lambda p: p["beta"] / (p["alpha"] + p["beta"])),
-                    ("b", lambda p: p["alpha"] / (p["alpha"] + p["beta"]))):
-      out[key] = (fn(self.params), stats.interval([fn(p) for p in draws], self.level))
-    return out
+    if budgets is None:
+      if flops_per_token is not None:
+        raise ValueError("exponents: with flops_per_token, pass budgets= (the FLOP range to "
+                         "fit the slopes over): under exact compute N_opt(C) is not a power "
+                         "law, so its slope depends on the range")
+      out = {}
+      for key, fn in (("a", lambda p: p["beta"] / (p["alpha"] + p["beta"])),
+                      ("b", lambda p: p["alpha"] / (p["alpha"] + p["beta"]))):
+        out[key] = (fn(self.params), stats.interval([fn(p) for p in draws], self.level))
+      return out
+    c = np.asarray(budgets, np.float64).ravel()
+    if c.size == 2:
+      c = np.geomspace(c[0], c[1], 9) if np.all(c > 0) else c
+    if np.any(~np.isfinite(c)) or np.any(c <= 0) or np.unique(c).size < 2:
+      raise ValueError(f"exponents: budgets must be >= 2 distinct finite FLOP counts > 0 (a "
+                       f"pair is a range); got {budgets}")
+
+    def slopes(p):
+      n_opt, d_opt = (_compute_optimal(p, c) if flops_per_token is None else
+                      _numeric_optimum(p, c, flops_per_token))
+      return (float(np.polyfit(np.log(c), np.log(n_opt), 1)[0]),
+              float(np.polyfit(np.log(c), np.log(d_opt), 1)[0]))
+
+    value = slopes(self.params)
+    sampled = []
+    for p in draws:
+      try:
+        sampled.append(slopes(p))
+      except ValueError:                 # a draw with no interior optimum: no slope
+        sampled.append((np.nan, np.nan))
+    sampled = np.array(sampled).reshape(-1, 2)
+    return {key: (value[i], stats.interval(sampled[:, i], self.level))
+            for i, key in enumerate("ab")}
 
   def optimal_tokens(self, n_params: Any) -> Any:
-    """The D for which N is compute-optimal (N = N_opt(6 N D)):
+    """The D for which N is compute-optimal (N = N_opt(6 N D), the C = 6 N D closed form):
     D = (N / G)^((alpha + beta) / beta) / N."""
     p = self.params
     g = (p["alpha"] * p["A"] / (p["beta"] * p["B"])) ** (1.0 / (p["alpha"] + p["beta"]))
@@ -78,10 +133,15 @@ def _parametric(params: Mapping[str, float], n: np.ndarray, d: np.ndarray) -> np
   return params["E"] + params["A"] / n ** params["alpha"] + params["B"] / d ** params["beta"]
 
 
-def _compute_optimal(params: Mapping[str, float], flops: Any) -> tuple[Any, Any]:
+def _budgets(flops: Any) -> np.ndarray:
   c = np.asarray(flops, np.float64)
   if np.any(~np.isfinite(c)) or np.any(c <= 0):
     raise ValueError(f"compute_optimal: flops must be finite and > 0; got {flops}")
+  return c
+
+
+def _compute_optimal(params: Mapping[str, float], flops: Any) -> tuple[Any, Any]:
+  c = _budgets(flops)
   alpha, beta = params["alpha"], params["beta"]
   g = (alpha * params["A"] / (beta * params["B"])) ** (1.0 / (alpha + beta))
   n_opt = g * (c / 6.0) ** (beta / (alpha + beta))
@@ -89,6 +149,102 @@ def _compute_optimal(params: Mapping[str, float], flops: Any) -> tuple[Any, Any]
   if n_opt.ndim == 0:
     return float(n_opt), float(d_opt)
   return n_opt, d_opt
+
+
+def _per_token(flops_per_token: Callable, n: np.ndarray) -> np.ndarray:
+  """flops_per_token(n) checked: finite, > 0, one value per N."""
+  fpt = np.asarray(flops_per_token(n), np.float64)
+  if fpt.shape != n.shape or np.any(~np.isfinite(fpt)) or np.any(fpt <= 0):
+    bad = fpt if fpt.shape != n.shape else fpt[~(np.isfinite(fpt) & (fpt > 0))][:3]
+    raise ValueError(f"compute_optimal: flops_per_token(N) must return one finite value > 0 "
+                     f"per N (vectorised over N, shape {n.shape}); got {bad!r}: build it "
+                     "with family_flops_per_token(params, flops_per_token)")
+  return fpt
+
+
+_GOLDEN = (np.sqrt(5.0) - 1) / 2
+_SPAN, _STEP = 15.0, 0.1         # the numeric optimum's grid: +-15 e-folds, 0.1 apart
+
+
+def _numeric_optimum(params: Mapping[str, float], flops: Any,
+                     flops_per_token: Callable) -> tuple[Any, Any]:
+  """N_opt minimising L(N, C / fpt(N)) per budget (see `ParametricFit.compute_optimal`):
+  a grid in log N around the C = 6 N D closed form, then golden-section search, vectorised
+  over budgets (a bounded 1-D search, robust to a loss that is not unimodal on the grid)."""
+  c = _budgets(flops)
+  if not (params["alpha"] > 0 and params["beta"] > 0):
+    raise ValueError(f"compute_optimal: alpha = {params['alpha']:.3g} and beta = "
+                     f"{params['beta']:.3g} must be > 0 for an optimum to exist")
+  flat = c.ravel()
+  log_c = np.log(flat)[:, None]
+  centre = np.log(np.atleast_1d(_compute_optimal(params, flat)[0]))[:, None]
+  e, a, b, alpha, beta = (params[k] for k in ("E", "A", "B", "alpha", "beta"))
+
+  def loss(u):                                   # u = log N, [K, m]
+    n = np.exp(u)
+    log_d = log_c - np.log(_per_token(flops_per_token, n))
+    return e + a * np.exp(-alpha * u) + b * np.exp(-beta * log_d)
+
+  offsets = np.arange(-_SPAN, _SPAN + _STEP / 2, _STEP)
+  grid = centre + offsets[None]
+  best = np.argmin(loss(grid), axis=1)
+  edge = (best == 0) | (best == offsets.size - 1)
+  if np.any(edge):
+    raise ValueError(f"compute_optimal: the loss along the budget {flat[edge][0]:.3g} keeps "
+                     f"falling {_SPAN:g} e-folds from the C = 6 N D optimum: flops_per_token "
+                     "makes the optimum run off; check that it returns FLOPs per token "
+                     "(about 6 N), not per step or per sequence")
+  rows = np.arange(flat.size)
+  lo, hi = grid[rows, best - 1][:, None], grid[rows, best + 1][:, None]
+  x1, x2 = hi - _GOLDEN * (hi - lo), lo + _GOLDEN * (hi - lo)
+  f1, f2 = loss(x1), loss(x2)
+  for _ in range(70):                            # 0.2 * 0.618^70 < 1e-15
+    left = f1 <= f2                              # the minimum is in [lo, x2]
+    hi, lo = np.where(left, x2, hi), np.where(left, lo, x1)
+    new = np.where(left, hi - _GOLDEN * (hi - lo), lo + _GOLDEN * (hi - lo))
+    f_new = loss(new)
+    x1, x2, f1, f2 = (np.where(left, new, x2), np.where(left, x1, new),
+                      np.where(left, f_new, f2), np.where(left, f1, f_new))
+  u = np.where(f1 <= f2, x1, x2)[:, 0]
+  n_opt = np.exp(u)
+  d_opt = flat / _per_token(flops_per_token, n_opt)
+  if c.ndim == 0:
+    return float(n_opt[0]), float(d_opt[0])
+  return n_opt.reshape(c.shape), d_opt.reshape(c.shape)
+
+
+def family_flops_per_token(params: Any, flops_per_token: Any
+                           ) -> Callable[[np.ndarray], np.ndarray]:
+  """N -> training FLOPs per token for a model family, from its members' (N, exact FLOPs per
+  token) pairs (e.g. `scaling.flops_per_token(model, seq, method="hoffmann")` of each size):
+  log(fpt / N) interpolated linearly in log N, and extrapolated linearly beyond the smallest
+  and largest member (the ratio to 6N falls smoothly with size: vocabulary and attention
+  terms). For `ParametricFit.compute_optimal(C, flops_per_token=...)` and `exponents`.
+  `params` must be sorted, increasing, > 0; at least 2 members."""
+  what = "family_flops_per_token"
+  n, fpt = stats.as_points(what, 2, ("params", "flops_per_token"), params=params,
+                           flops_per_token=flops_per_token)
+  step = np.diff(n)
+  if np.any(step <= 0):
+    i = int(np.flatnonzero(step <= 0)[0]) + 1
+    raise ValueError(f"{what}: params must be strictly increasing; params[{i}] = {n[i]:.6g} "
+                     f"follows params[{i - 1}] = {n[i - 1]:.6g}: sort the family by size and "
+                     "drop repeated sizes")
+  log_n, log_r = np.log(n), np.log(fpt / n)
+  low = (log_r[1] - log_r[0]) / (log_n[1] - log_n[0])
+  high = (log_r[-1] - log_r[-2]) / (log_n[-1] - log_n[-2])
+
+  def per_token(size: Any) -> np.ndarray:
+    size = np.asarray(size, np.float64)
+    if np.any(~(size > 0)):
+      raise ValueError(f"flops_per_token: N must be > 0; got {size}")
+    x = np.log(size)
+    r = np.interp(x, log_n, log_r)
+    r = np.where(x < log_n[0], log_r[0] + low * (x - log_n[0]), r)
+    r = np.where(x > log_n[-1], log_r[-1] + high * (x - log_n[-1]), r)
+    return size * np.exp(r)
+
+  return per_token
 
 
 HOFFMANN_2022 = ParametricFit(
@@ -261,7 +417,8 @@ def _distinct(thetas: np.ndarray, count: int) -> np.ndarray:
 def fit_parametric(n: Any, d: Any, loss: Any, *, huber_delta: float = 1e-3,
                    samples: int = DEFAULT_SAMPLES, seed: int = 0,
                    starts: np.ndarray | None = None,
-                   bootstrap_starts: int = 8, drop_highest: int = 0) -> ParametricFit:
+                   bootstrap_starts: int = 8, drop_highest: int = 0, groups: Any = None,
+                   max_failure: float = stats.MAX_FAILURE) -> ParametricFit:
   """Chinchilla approach 3: L(N, D) = E + A / N^alpha + B / D^beta fitted as Hoffmann et al.
   (appendix D.2) do: minimise sum_i Huber_delta(LSE(a - alpha log N_i, b - beta log D_i, e)
   - log L_i) over (a, b, e, alpha, beta) by L-BFGS from each point of `starts` (default the
@@ -284,9 +441,14 @@ def fit_parametric(n: Any, d: Any, loss: Any, *, huber_delta: float = 1e-3,
   `drop_highest=k` leaves out the k runs with the highest loss before fitting, as Besiroglu et
   al. 2024 did with the paper's points (the smallest, least converged runs); off by default,
   and stated in the fit's `method` and findings when used.
+
+  `groups`: one run id per point, to resample whole runs where points share one (WSD
+  cooldown branches of one trunk, several evaluations of a run); `max_failure`: the share of
+  resamples that may fail before it is a `stats.BootstrapError` (default 0.1).
   """
   what = "fit_parametric"
   n, d, loss = stats.as_points(what, 6, ("n", "d", "loss"), n=n, d=d, loss=loss)
+  groups = stats.as_groups(what, groups, n.size)
   dropped = None
   if drop_highest:
     if not isinstance(drop_highest, int) or not 0 < drop_highest <= n.size - 6:
@@ -295,6 +457,7 @@ def fit_parametric(n: Any, d: Any, loss: Any, *, huber_delta: float = 1e-3,
     keep = np.sort(np.argsort(loss, kind="stable")[:n.size - drop_highest])
     dropped = np.sort(loss)[n.size - drop_highest:]
     n, d, loss = n[keep], d[keep], loss[keep]
+    groups = None if groups is None else groups[keep]
   if not (np.isfinite(huber_delta) and huber_delta > 0):
     raise ValueError(f"fit_parametric: huber_delta={huber_delta} must be > 0 (the paper "
                      "uses 1e-3)")
@@ -323,7 +486,8 @@ def fit_parametric(n: Any, d: Any, loss: Any, *, huber_delta: float = 1e-3,
                       huber_delta)
     return _theta_to_params(th[0])
 
-  boot = stats.bootstrap(fit_once, (n, d, loss), samples=samples, seed=seed)
+  boot = stats.bootstrap(fit_once, (n, d, loss), samples=samples, seed=seed, groups=groups,
+                         max_failure=max_failure, what=what)
   findings, unidentified = _parametric_findings(params, boot.draws, n, d)
   if dropped is not None:
     findings = [f"the {drop_highest} highest-loss runs were left out (losses "
@@ -332,14 +496,15 @@ def fit_parametric(n: Any, d: Any, loss: Any, *, huber_delta: float = 1e-3,
   with np.errstate(over="ignore"):
     resid = np.log(_parametric(params, n, d)) - log_l
   return ParametricFit(
-      law="L = E + A / N^alpha + B / D^beta", params=params, samples=boot.draws,
+      law="L = E + A / N^alpha + B / D^beta", params=params,
       n_points=n.size, rms_residual=float(np.sqrt(np.mean(resid ** 2))),
       method=f"Huber (delta={huber_delta:g}) on log L, log-sum-exp form, L-BFGS from "
              f"{len(starts)} starts (bootstrap: {len(local)} starts)"
-             + (f"; the {drop_highest} highest-loss runs left out" if drop_highest else ""),
+             + (f"; the {drop_highest} highest-loss runs left out" if drop_highest else "")
+             + boot.method(),
       findings=(*findings, *boot.findings()), predict_fn=_parametric,
       extra={"objective": float(objective[0])}, unidentified=tuple(unidentified),
-      bootstrap_failed=boot.failed)
+      **boot.fields())
 
 
 def _parametric_findings(params: dict, draws: dict, n: np.ndarray,
@@ -443,16 +608,25 @@ def _budget_optima(n, d, loss, budget) -> tuple[np.ndarray, ...]:
 
 
 def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
-                    samples: int = 1000, seed: int = 0) -> OptimumFit:
+                    samples: int = 1000, seed: int = 0, groups: Any = None,
+                    max_failure: float = stats.MAX_FAILURE) -> OptimumFit:
   """Chinchilla approach 2. `budget[i]` is the FLOP budget run i belongs to (its IsoFLOP
   curve). Per budget: least-squares parabolas of loss in log N and in log D; their vertices
   are N_opt(C) and D_opt(C) (D from its own parabola, so no FLOP convention is assumed).
   Then log N_opt and log D_opt are fitted as lines in log C. Intervals: runs resampled
   within their budget. Needs >= 2 budgets with >= 3 distinct sizes (and token counts) each
   and a loss that varies within each budget; >= 5 sizes advised (3 are a finding: the
-  parabola passes through them, and resamples repeat sizes)."""
+  parabola passes through them, and resamples repeat sizes).
+
+  `groups` (one run id per point) resamples whole runs: within each budget when every run
+  lies in one budget (replicate evaluations or seeds of a size), so each budget keeps its
+  number of runs; across budgets when a run has points at several (cooldown branches of one
+  WSD trunk, one per budget): a resample then draws whole trunks, and one that misses a
+  budget's runs is a failed resample. The `method` says which. `max_failure`: the share of
+  resamples that may fail (`stats.BootstrapError`)."""
   n, d, loss, budget = stats.as_points("isoflop_optimum", 6, ("n", "d", "loss", "budget"),
                                        n=n, d=d, loss=loss, budget=budget)
+  groups = stats.as_groups("isoflop_optimum", groups, n.size)
   if np.unique(budget).size < 2:
     raise ValueError("isoflop_optimum needs runs at >= 2 FLOP budgets to fit how the "
                      f"optimum moves with compute; got one budget ({budget[0]:.3g}): add "
@@ -460,11 +634,19 @@ def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
   c, n_opt, d_opt, loss_min = _budget_optima(n, d, loss, budget)
   params = _optimum_power(c, n_opt, d_opt)
 
+  budgets = np.unique(budget)
+
   def fit_once(n, d, loss, budget):
+    missing = np.setdiff1d(budgets, budget)
+    if missing.size:
+      raise ValueError(f"isoflop_optimum: the resample drew no run at budget {missing[0]:.3g}")
     return _optimum_power(*_budget_optima(n, d, loss, budget)[:3])
 
+  across = groups is not None and any(np.unique(budget[groups == g]).size > 1
+                                      for g in np.unique(groups))
   boot = stats.bootstrap(fit_once, (n, d, loss, budget), samples=samples, seed=seed,
-                         groups=budget)
+                         groups=groups, strata=None if across else budget,
+                         max_failure=max_failure, what="isoflop_optimum")
   findings = []
   exact = [f"{ci:.3g}" for ci in c if np.unique(n[budget == ci]).size == 3]
   if exact:
@@ -485,14 +667,17 @@ def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
         "look comparable (data, LR, schedule?), so how the optimum moves with C is suspect")
   findings += boot.findings()
   return OptimumFit(
-      law="N_opt = k_N C^a, D_opt = k_D C^b", params=params, samples=boot.draws,
-      n_points=n.size, bootstrap_failed=boot.failed,
+      law="N_opt = k_N C^a, D_opt = k_D C^b", params=params,
+      n_points=n.size, **boot.fields(),
       rms_residual=float(np.sqrt(np.mean((np.log(_optimum_law(params, c)) -
                                           np.log(n_opt)) ** 2))),
-      method="approach 2: parabola in log N (and log D) per budget, lines in log C",
+      method="approach 2: parabola in log N (and log D) per budget, lines in log C"
+             + boot.method() + ((", runs across budgets" if across else ", within budgets")
+                                if samples else ""),
       findings=tuple(findings), predict_fn=_optimum_law,
       extra={"points": {"flops": c.tolist(), "n_opt": n_opt.tolist(),
-                        "d_opt": d_opt.tolist(), "loss_min": loss_min.tolist()}})
+                        "d_opt": d_opt.tolist(), "loss_min": loss_min.tolist()},
+             "residual_points": c.size, "residual_parameters": 2})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -539,7 +724,8 @@ def _envelope(curves: Sequence[Curve], grid_points: int, window: int):
 
 
 def envelope_optimum(curves: Sequence[Curve | Mapping[str, Any]], *, grid_points: int = 1500,
-                     window: int = 5, samples: int = 1000, seed: int = 0) -> OptimumFit:
+                     window: int = 5, samples: int = 1000, seed: int = 0, groups: Any = None,
+                     max_failure: float = stats.MAX_FAILURE) -> OptimumFit:
   """Chinchilla approach 1: the lower envelope of (smoothed, `window`-record moving average)
   loss vs compute over every run's curve, at `grid_points` log-spaced compute values between
   the smallest and the largest final compute of the runs; the run on the envelope at C gives
@@ -548,7 +734,11 @@ def envelope_optimum(curves: Sequence[Curve | Mapping[str, Any]], *, grid_points
   Caveat (Hoffmann et al. vary the cosine length for this reason): a point in the middle of a
   run is not trained with a schedule that ends there, so it overstates the loss of a run of
   that length; with one cosine length per run the envelope favours runs that finish near C.
-  Needs >= 3 runs whose envelope holds >= 2 distinct sizes."""
+  Needs >= 3 runs whose envelope holds >= 2 distinct sizes.
+
+  The bootstrap resamples curves, each a run already; `groups` (one id per curve) resamples
+  curves that share a run together (the cooldown branches of one WSD trunk). `max_failure`:
+  the share of resamples that may fail (`stats.BootstrapError`)."""
   curves = [c if isinstance(c, Curve) else Curve(**c) for c in curves]
   if len(curves) < 3:
     raise ValueError(f"envelope_optimum needs >= 3 runs' loss curves; got {len(curves)}")
@@ -559,6 +749,7 @@ def envelope_optimum(curves: Sequence[Curve | Mapping[str, Any]], *, grid_points
       raise ValueError(f"envelope_optimum: curve {i} needs params > 0 and increasing tokens")
   if grid_points < 10:
     raise ValueError(f"envelope_optimum: grid_points={grid_points} must be >= 10")
+  groups = stats.as_groups("envelope_optimum", groups, len(curves))
   stats.require_varying("envelope_optimum", "loss", np.concatenate(
       [np.asarray(c.loss, np.float64) for c in curves]), "compute")
   owner_sizes = np.array([c.params for c in curves])
@@ -573,17 +764,19 @@ def envelope_optimum(curves: Sequence[Curve | Mapping[str, Any]], *, grid_points
 
   index = np.arange(len(curves), dtype=np.float64)
   params = fit_once(index)
-  boot = stats.bootstrap(fit_once, (index,), samples=samples, seed=seed)
+  boot = stats.bootstrap(fit_once, (index,), samples=samples, seed=seed, groups=groups,
+                         max_failure=max_failure, what="envelope_optimum")
   c, n_opt, d_opt, best = _envelope(curves, grid_points, window)
   held = sorted(set(n_opt.tolist()))
   return OptimumFit(
-      law="N_opt = k_N C^a, D_opt = k_D C^b", params=params, samples=boot.draws,
-      n_points=len(curves), bootstrap_failed=boot.failed,
+      law="N_opt = k_N C^a, D_opt = k_D C^b", params=params,
+      n_points=len(curves), **boot.fields(),
       rms_residual=float(np.sqrt(np.mean((np.log(_optimum_law(params, c)) -
                                           np.log(n_opt)) ** 2))),
       method=f"approach 1: envelope of {window}-point smoothed loss curves at {grid_points} "
-             "compute values, lines in log C",
+             "compute values, lines in log C" + boot.method(),
       findings=(f"{len(held)} of {np.unique(owner_sizes).size} model sizes hold the "
                 "envelope", *boot.findings()), predict_fn=_optimum_law,
       extra={"points": {"flops": c.tolist(), "n_opt": n_opt.tolist(),
-                        "d_opt": d_opt.tolist(), "loss": best.tolist()}})
+                        "d_opt": d_opt.tolist(), "loss": best.tolist()},
+             "residual_points": c.size, "residual_parameters": 2})

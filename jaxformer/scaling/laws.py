@@ -46,12 +46,14 @@ def _fit_power(x: np.ndarray, loss: np.ndarray, name: str) -> dict[str, float]:
   return {f"alpha_{name}": float(alpha), f"{name}_c": float(x_c)}
 
 
-def _power_fit(x: Any, loss: Any, name: str, samples: int, seed: int) -> stats.Fit:
+def _power_fit(x: Any, loss: Any, name: str, samples: int, seed: int, groups: Any,
+               max_failure: float) -> stats.Fit:
   what = f"fit_kaplan_{name.lower()}"
   x, loss = stats.as_points(what, 3, (name, "loss"), **{name: x, "loss": loss})
+  groups = stats.as_groups(what, groups, x.size)
   params = _fit_power(x, loss, name)
   boot = stats.bootstrap(lambda a, b: _fit_power(a, b, name), (x, loss), samples=samples,
-                         seed=seed)
+                         seed=seed, groups=groups, max_failure=max_failure, what=what)
   findings, unidentified = [], []
   if not 0 < params[f"{name}_c"] < np.inf:
     findings.append(f"{name}_c = {params[f'{name}_c']:.3g}: alpha_{name} = "
@@ -60,11 +62,10 @@ def _power_fit(x: Any, loss: Any, name: str, samples: int, seed: int) -> stats.F
     unidentified.append(f"{name}_c")
   predict = lambda p, v: _power(p, v, name)  # noqa: E731
   return stats.Fit(law=f"L = ({name}_c / {name})^alpha_{name}", params=params,
-                   samples=boot.draws, n_points=x.size,
-                   rms_residual=_rms_log(predict(params, x), loss),
-                   method="least squares on log L (a line in log-log)",
+                   n_points=x.size, rms_residual=_rms_log(predict(params, x), loss),
+                   method="least squares on log L (a line in log-log)" + boot.method(),
                    findings=(*findings, *boot.findings()), predict_fn=predict,
-                   unidentified=tuple(unidentified), bootstrap_failed=boot.failed)
+                   unidentified=tuple(unidentified), **boot.fields())
 
 
 def _rms_log(pred: np.ndarray, loss: np.ndarray) -> float:
@@ -72,18 +73,24 @@ def _rms_log(pred: np.ndarray, loss: np.ndarray) -> float:
 
 
 def fit_kaplan_n(n: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
-                 seed: int = 0) -> stats.Fit:
+                 seed: int = 0, groups: Any = None,
+                 max_failure: float = stats.MAX_FAILURE) -> stats.Fit:
   """L(N) = (N_c / N)^alpha_N (Kaplan et al. 2020 eq. 1.1; they find alpha_N = 0.076,
   N_c = 8.8e13 with N the non-embedding parameters of models trained to convergence).
-  Needs >= 3 distinct N."""
-  return _power_fit(n, loss, "N", samples, seed)
+  Needs >= 3 distinct N.
+  `groups`: one run id per point, to resample whole runs (`stats.bootstrap`) where points
+  share a run; `max_failure`: the share of resamples that may fail (`stats.BootstrapError`)."""
+  return _power_fit(n, loss, "N", samples, seed, groups, max_failure)
 
 
 def fit_kaplan_d(d: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
-                 seed: int = 0) -> stats.Fit:
+                 seed: int = 0, groups: Any = None,
+                 max_failure: float = stats.MAX_FAILURE) -> stats.Fit:
   """L(D) = (D_c / D)^alpha_D (Kaplan et al. 2020 eq. 1.2: alpha_D = 0.095, D_c = 5.4e13
-  tokens, large models early-stopped). Needs >= 3 distinct D."""
-  return _power_fit(d, loss, "D", samples, seed)
+  tokens, large models early-stopped). Needs >= 3 distinct D.
+  `groups`: one run id per point, to resample whole runs (`stats.bootstrap`) where points
+  share a run; `max_failure`: the share of resamples that may fail (`stats.BootstrapError`)."""
+  return _power_fit(d, loss, "D", samples, seed, groups, max_failure)
 
 
 def _least_squares(residual: Callable[[np.ndarray], np.ndarray], starts: Sequence[Sequence],
@@ -161,12 +168,17 @@ def _saturating(params: dict, x: np.ndarray) -> np.ndarray:
 
 
 def fit_saturating(x: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
-                   seed: int = 0) -> stats.Fit:
+                   seed: int = 0, groups: Any = None,
+                   max_failure: float = stats.MAX_FAILURE) -> stats.Fit:
   """L(X) = E + (X_c / X)^alpha with 0 <= E <= min L: Kaplan's law with an irreducible loss
   (Hoffmann et al. 2022 eq. 2 at fixed D). Least squares on L over a grid of E starts.
-  Needs >= 4 distinct X (3 parameters + 1 degree of freedom)."""
+  Needs >= 4 distinct X (3 parameters + 1 degree of freedom). The residual (and so
+  `predict_interval`'s scatter) is in loss units.
+  `groups`: one run id per point, to resample whole runs (`stats.bootstrap`) where points
+  share a run; `max_failure`: the share of resamples that may fail (`stats.BootstrapError`)."""
   x, loss = stats.as_points("fit_saturating", 4, ("x", "loss"), x=x, loss=loss)
   stats.require_falling("fit_saturating", "x", "loss", x, loss, 4)
+  groups = stats.as_groups("fit_saturating", groups, x.size)
   e_max = float(loss.min())
 
   def fit_once(x, loss):
@@ -190,7 +202,8 @@ def fit_saturating(x: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
     return {"E": float(e), "alpha": float(alpha), "X_c": float(np.exp(log_c))}
 
   params = fit_once(x, loss)
-  boot = stats.bootstrap(fit_once, (x, loss), samples=samples, seed=seed)
+  boot = stats.bootstrap(fit_once, (x, loss), samples=samples, seed=seed, groups=groups,
+                         max_failure=max_failure, what="fit_saturating")
   bounds = {"E": (0.0, e_max), "alpha": (1e-6, 10.0)}
   findings = [*_bound_findings(params, bounds, draws=boot.draws, reasons={"E": {
       "lower": "no saturation is visible over these points, so the law reduces to Kaplan's "
@@ -207,12 +220,13 @@ def fit_saturating(x: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
                                                ("alpha", "X_c"))}, _saturating(params, x), "L")
   findings += more
   unidentified += [k for k in keys if k not in unidentified]
-  return stats.Fit(law="L = E + (X_c / X)^alpha", params=params, samples=boot.draws,
+  return stats.Fit(law="L = E + (X_c / X)^alpha", params=params,
                    n_points=x.size, rms_residual=float(np.sqrt(np.mean(
                        (_saturating(params, x) - loss) ** 2))),
-                   method="bounded least squares on L, grid of E starts",
+                   method="bounded least squares on L, grid of E starts" + boot.method(),
                    findings=(*findings, *boot.findings()), predict_fn=_saturating,
-                   unidentified=tuple(unidentified), bootstrap_failed=boot.failed)
+                   unidentified=tuple(unidentified), residual_space="linear",
+                   **boot.fields())
 
 
 def _kaplan_joint(params: dict, n: np.ndarray, d: np.ndarray) -> np.ndarray:
@@ -221,14 +235,18 @@ def _kaplan_joint(params: dict, n: np.ndarray, d: np.ndarray) -> np.ndarray:
 
 
 def fit_kaplan_joint(n: Any, d: Any, loss: Any, *, samples: int = DEFAULT_SAMPLES,
-                     seed: int = 0) -> stats.Fit:
+                     seed: int = 0, groups: Any = None,
+                     max_failure: float = stats.MAX_FAILURE) -> stats.Fit:
   """L(N, D) = [(N_c / N)^(alpha_N / alpha_D) + D_c / D]^alpha_D (Kaplan et al. 2020 eq. 1.5:
   alpha_N = 0.076, alpha_D = 0.103, N_c = 6.4e13, D_c = 1.8e13, fitted to early-stopped
   losses of models of several sizes on datasets of several sizes). Least squares on log L
   over a grid of exponent starts. Needs >= 5 distinct (N, D) pairs (4 parameters + 1) with
-  >= 2 distinct N and D, not all on one line in (log N, log D)."""
+  >= 2 distinct N and D, not all on one line in (log N, log D).
+  `groups`: one run id per point, to resample whole runs (`stats.bootstrap`) where points
+  share a run; `max_failure`: the share of resamples that may fail (`stats.BootstrapError`)."""
   what = "fit_kaplan_joint"
   n, d, loss = stats.as_points(what, 5, ("n", "d", "loss"), n=n, d=d, loss=loss)
+  groups = stats.as_groups(what, groups, n.size)
 
   def check(n, d):
     stats.require_distinct(what, "n", n, 2)
@@ -255,7 +273,8 @@ def fit_kaplan_joint(n: Any, d: Any, loss: Any, *, samples: int = DEFAULT_SAMPLE
             "N_c": float(np.exp(log_nc)), "D_c": float(np.exp(log_dc))}
 
   params = fit_once(n, d, loss)
-  boot = stats.bootstrap(fit_once, (n, d, loss), samples=samples, seed=seed)
+  boot = stats.bootstrap(fit_once, (n, d, loss), samples=samples, seed=seed, groups=groups,
+                         max_failure=max_failure, what=what)
   bounds = {"alpha_N": (1e-4, 5.0), "alpha_D": (1e-4, 5.0)}
   reasons = {f"alpha_{x}": {
       "lower": f"the loss does not fall with {x} over these points",
@@ -275,11 +294,11 @@ def fit_kaplan_joint(n: Any, d: Any, loss: Any, *, samples: int = DEFAULT_SAMPLE
   findings += more
   unidentified += [k for k in keys if k not in unidentified]
   return stats.Fit(law="L = [(N_c / N)^(alpha_N / alpha_D) + D_c / D]^alpha_D",
-                   params=params, samples=boot.draws, n_points=n.size,
+                   params=params, n_points=n.size,
                    rms_residual=_rms_log(_kaplan_joint(params, n, d), loss),
-                   method="least squares on log L, grid of exponent starts",
+                   method="least squares on log L, grid of exponent starts" + boot.method(),
                    findings=(*findings, *boot.findings()), predict_fn=_kaplan_joint,
-                   unidentified=tuple(unidentified), bootstrap_failed=boot.failed)
+                   unidentified=tuple(unidentified), **boot.fields())
 
 
 def _zhai(params: dict, c: np.ndarray) -> np.ndarray:
@@ -287,13 +306,18 @@ def _zhai(params: dict, c: np.ndarray) -> np.ndarray:
 
 
 def fit_zhai(compute: Any, error: Any, *, samples: int = DEFAULT_SAMPLES,
-             seed: int = 0) -> stats.Fit:
+             seed: int = 0, groups: Any = None,
+             max_failure: float = stats.MAX_FAILURE) -> stats.Fit:
   """E(C) = a (C + d)^(-b) + c (Zhai et al. 2022 eq. 1): a power law in compute that
   saturates at small compute (d: the compute below which more does not help) and at large
   compute (c: the irreducible error, 0 <= c <= min E). Least squares on log E (errors span
-  decades) over a grid of (b, d) starts. Needs >= 5 distinct compute values."""
+  decades) over a grid of (b, d) starts. Needs >= 5 distinct compute values.
+  `groups`: one run id per point, to resample whole runs (`stats.bootstrap`) where points
+  share a run (a ViT run's evaluations along training); `max_failure`: the share of
+  resamples that may fail (`stats.BootstrapError`)."""
   c, err = stats.as_points("fit_zhai", 5, ("compute", "error"), compute=compute, error=error)
   stats.require_falling("fit_zhai", "compute", "error", c, err, 5)
+  groups = stats.as_groups("fit_zhai", groups, c.size)
   scale = float(np.median(c))            # fit in units of the median compute: well scaled
   err_min = float(err.min())
 
@@ -314,7 +338,8 @@ def fit_zhai(compute: Any, error: Any, *, samples: int = DEFAULT_SAMPLES,
             "d": float(np.exp(log_d) * scale)}
 
   params = fit_once(c, err)
-  boot = stats.bootstrap(fit_once, (c, err), samples=samples, seed=seed)
+  boot = stats.bootstrap(fit_once, (c, err), samples=samples, seed=seed, groups=groups,
+                         max_failure=max_failure, what="fit_zhai")
   bounds = {"c": (0.0, err_min), "b": (1e-4, 10.0)}
   findings = list(_bound_findings(params, bounds, draws=boot.draws, reasons={"c": {
       "lower": "no error floor is visible over this compute range (c is not measured)",
@@ -337,8 +362,9 @@ def fit_zhai(compute: Any, error: Any, *, samples: int = DEFAULT_SAMPLES,
     findings.append(f"d = {params['d']:.3g} is at its upper bound: the points all lie in the "
                     "flat low-compute part; train longer or larger models")
     unidentified += [k for k in ("a", "b", "d") if k not in unidentified]
-  return stats.Fit(law="E = a (C + d)^(-b) + c", params=params, samples=boot.draws,
+  return stats.Fit(law="E = a (C + d)^(-b) + c", params=params,
                    n_points=c.size, rms_residual=_rms_log(_zhai(params, c), err),
-                   method="bounded least squares on log E, grid of (b, c, d) starts",
+                   method="bounded least squares on log E, grid of (b, c, d) starts"
+                          + boot.method(),
                    findings=(*findings, *boot.findings()), predict_fn=_zhai,
-                   unidentified=tuple(unidentified), bootstrap_failed=boot.failed)
+                   unidentified=tuple(unidentified), **boot.fields())

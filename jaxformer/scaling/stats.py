@@ -5,6 +5,13 @@ Why the bootstrap: the fits here are non-linear (power laws with an offset, a Hu
 log space, optima of parabolas), so covariance-based errors are unreliable and often
 undefined at a bound; refitting on resampled points gives an interval for any parameter or
 derived number (an exponent ratio, a compute-optimal size, a predicted loss) the same way.
+
+Three rules the scaling studies broke (issue #30): a bootstrap reports how many resamples it
+attempted and how many fitted, and refuses (`BootstrapError`) when more than `max_failure`
+fail, as the rest are a selected subset; points that share a run (evaluations along one run,
+cooldown branches of one trunk) are resampled by run (`groups=`), as drawing them one by one
+understates the interval; and the interval for a new run's loss is `Fit.predict_interval`
+(law + scatter), not the mean law's `predict_ci`.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from typing import Any
 import numpy as np
 
 LEVEL = 0.95                 # confidence level of every interval
+MAX_FAILURE = 0.1            # share of bootstrap resamples that may fail before it is an error
+PREDICTIVE_DRAWS = 4000      # Monte Carlo values per point behind `Fit.predict_interval`
 _NUMBER = re.compile(r"\d[\d.eE+-]*")
 
 
@@ -31,8 +40,12 @@ class Fit:
   the numbers, e.g. a parameter that ended at its bound. `unidentified` names the parameters
   the points do not determine (a finding says why): their `ci` is (nan, nan), as a bootstrap
   of a parameter pinned to a bound or free to drift is not a confidence interval.
-  `bootstrap_failed` counts resamples that could not be fit (dropped; a finding says why).
-  `predict(*x)` evaluates the law.
+  `bootstrap_attempted` counts the resamples tried and `bootstrap_failed` those that could
+  not be fit (dropped; a finding says why, and more than the fit's `max_failure` share is a
+  `BootstrapError`): the intervals come from attempted - failed. `bootstrap_by_run`: whole
+  runs (`groups=`) were resampled rather than points. `residual_space` says where
+  `rms_residual` was measured ('log': log loss; 'linear': loss units), which
+  `predict_interval` needs to add the scatter. `predict(*x)` evaluates the law.
   """
   law: str
   params: dict[str, float]
@@ -48,6 +61,9 @@ class Fit:
                                                compare=False)
   unidentified: tuple[str, ...] = ()
   bootstrap_failed: int = 0
+  bootstrap_attempted: int = 0
+  bootstrap_by_run: bool = False
+  residual_space: str = "log"
 
   def predict(self, *x: Any) -> np.ndarray:
     if self.predict_fn is None:
@@ -76,18 +92,88 @@ class Fit:
                        for p in draws])
     return _percentiles(values, self.level)
 
+  def residual_sigma(self) -> float:
+    """The scatter of a new point about the law, in `residual_space`: the RMS residual times
+    sqrt(n / (n - k)) for n points and k fitted parameters (the RMS of the fitted points is
+    biased low: the law was chosen to pass near them). NaN for a published law."""
+    n = int(self.extra.get("residual_points", self.n_points))
+    k = int(self.extra.get("residual_parameters", len(self.params)))
+    if not n > k:
+      return float("nan")
+    return float(self.rms_residual * np.sqrt(n / (n - k)))
+
+  def predict_interval(self, *x: Any, noise: float | None = None, seed_sigma: float = 0.0,
+                       level: float | None = None, seed: int = 0,
+                       values_per_point: int = PREDICTIVE_DRAWS
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) central `level` interval for a new run's measured value at x (not the mean
+    law's, `predict_ci`): the law's bootstrap uncertainty plus the scatter of runs about it.
+
+    The scatter is `noise` (a standard deviation in `residual_space`: log loss for the laws
+    fitted in log, loss units for `fit_saturating`), by default `residual_sigma()`, plus
+    `seed_sigma` (loss units: seed-to-seed noise the fitted points did not show, e.g. a law
+    fitted to seed means), added in quadrature; in log space seed_sigma / prediction (its
+    first-order size there), so the combined sd at x is sqrt(noise^2 + (seed_sigma / L)^2).
+
+    Deterministic Monte Carlo: each bootstrap draw's prediction is combined with
+    ceil(`values_per_point` / resamples) normal deviates of the scatter (NumPy generator seeded with
+    `seed`), and the interval is the central percentiles of the pooled values. NaN without
+    bootstrap samples (a published law, or samples=0): there is no law uncertainty to add."""
+    level = self.level if level is None else float(level)
+    if not 0 < level < 1:
+      raise ValueError(f"predict_interval: level={level} must be in (0, 1), e.g. 0.95")
+    if noise is not None and not (np.isfinite(noise) and noise >= 0):
+      raise ValueError(f"predict_interval: noise={noise} must be a standard deviation >= 0 "
+                       f"(in {self.residual_space} space) or None for the fit's residual")
+    if not (np.isfinite(seed_sigma) and seed_sigma >= 0):
+      raise ValueError(f"predict_interval: seed_sigma={seed_sigma} must be >= 0 (loss units)")
+    xs = [np.asarray(v, np.float64) for v in x]
+    shape = np.broadcast(*xs).shape
+    params = self.draws()
+    if not params:
+      nan = np.full(shape, np.nan)
+      return nan, nan
+    sigma = self.residual_sigma() if noise is None else float(noise)
+    if not np.isfinite(sigma):
+      raise ValueError(f"predict_interval: the fit of {self.law!r} has no residual scatter "
+                       f"({self.n_points} points for {len(self.params)} parameters); pass "
+                       "noise= (a standard deviation)")
+    mu = np.stack([np.broadcast_to(self.predict_fn(p, *xs), shape).ravel() for p in params])
+    per = -(-int(values_per_point) // len(params))
+    rng = np.random.default_rng(seed)
+    low, high = np.empty(mu.shape[1]), np.empty(mu.shape[1])
+    for start in range(0, mu.shape[1], 1024):
+      m = mu[:, start:start + 1024][:, None, :]                    # [B, 1, S]
+      z = rng.standard_normal((mu.shape[0], per, m.shape[2]))
+      if self.residual_space == "log":
+        with np.errstate(divide="ignore", invalid="ignore"):
+          sd = np.sqrt(sigma ** 2 + (seed_sigma / m) ** 2)
+        values = m * np.exp(sd * z)
+      else:
+        values = m + np.sqrt(sigma ** 2 + seed_sigma ** 2) * z
+      lo, hi = _percentiles(values.reshape(-1, m.shape[2]), level)
+      low[start:start + 1024], high[start:start + 1024] = lo, hi
+    return low.reshape(shape), high.reshape(shape)
+
   def draws(self) -> list[dict[str, float]]:
     """The bootstrap resamples' parameter dicts."""
     count = min((len(v) for v in self.samples.values()), default=0)
     return [{k: float(v[i]) for k, v in self.samples.items()} for i in range(count)]
 
   def as_dict(self) -> dict[str, Any]:
-    """JSON-ready: law, params, intervals, method, findings, residual, points."""
+    """JSON-ready: law, params, intervals, method, findings, residual, points, and the
+    bootstrap's accounting (resamples attempted, fitted, failed; by run or by point)."""
+    fitted = len(self.draws())
     return {"law": self.law, "params": self.params,
             "ci": {k: list(v) for k, v in self.intervals().items()},
-            "level": self.level, "bootstrap_samples": len(self.draws()),
-            "bootstrap_failed": self.bootstrap_failed, "n_points": self.n_points,
-            "rms_residual": self.rms_residual, "method": self.method,
+            "level": self.level, "bootstrap_samples": fitted,
+            "bootstrap_attempted": self.bootstrap_attempted,
+            "bootstrap_failed": self.bootstrap_failed,
+            "bootstrap_by_run": self.bootstrap_by_run,
+            "bootstrap": (f"{fitted} of {self.bootstrap_attempted} resamples fitted"
+                          if self.bootstrap_attempted else "none"),
+            "n_points": self.n_points, "rms_residual": self.rms_residual,
+            "residual_space": self.residual_space, "method": self.method,
             "findings": list(self.findings), "unidentified": list(self.unidentified)}
 
 
@@ -226,17 +312,54 @@ def visible_at(term: np.ndarray, total: np.ndarray, x: np.ndarray,
   return int(np.unique(x[term >= rel * total]).size)
 
 
+class BootstrapError(ValueError):
+  """More than `max_failure` of a fit's bootstrap resamples could not be fit: intervals from
+  the rest would come from a selected subset (the resamples that happen to fit), so the fit
+  refuses them. A ValueError, so callers that fall back to samples=0 on one still do."""
+
+
+def _plain(value: Any) -> Any:
+  return value.item() if isinstance(value, np.generic) else value
+
+
+def as_groups(what: str, groups: Any, size: int) -> np.ndarray | None:
+  """`groups` (one hashable run id per point, or None) as integer codes 0..k-1, or a
+  ValueError naming the argument: a wrong length, an unhashable id, or one run only."""
+  if groups is None:
+    return None
+  values = list(groups.ravel()) if isinstance(groups, np.ndarray) else list(groups)
+  if len(values) != size:
+    raise ValueError(f"{what}: groups has {len(values)} values but there are {size} points; "
+                     "give one run id per point")
+  codes: dict[Any, int] = {}
+  try:
+    out = np.array([codes.setdefault(v, len(codes)) for v in values], np.int64)
+  except TypeError as e:
+    raise ValueError(f"{what}: groups must be hashable run ids (str, int); {e}") from e
+  if len(codes) < 2:
+    raise ValueError(f"{what}: groups names one run ({values[0]!r}), and resampling runs "
+                     "needs >= 2: pass groups=None to resample points, or add runs")
+  return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Resamples:
   """What `bootstrap` returns: `draws` {param: values over the resamples that were fit},
-  `requested` resamples, and `errors`: why each of the others could not be fit."""
+  `requested` resamples (all attempted), `errors`: why each of the others could not be fit,
+  and what was resampled: `units` runs when `by_run` (`groups=`), else points."""
   draws: dict[str, np.ndarray]
   requested: int
   errors: tuple[str, ...] = ()
+  by_run: bool = False
+  units: int = 0
 
   @property
   def failed(self) -> int:
     return len(self.errors)
+
+  @property
+  def fitted(self) -> int:
+    return self.requested - self.failed
 
   def reason(self) -> str:
     """The most common failure, 'k of them: message' (messages that differ only in their
@@ -246,37 +369,80 @@ class Resamples:
     example = next(e for e in self.errors if _NUMBER.sub("#", e) == key)
     return f"{'all' if count == len(self.errors) else count} of them: {example}"
 
+  def summary(self) -> str:
+    """'N of M resamples fitted, by run (k runs)' (or 'by point'); 'no bootstrap' for none."""
+    if not self.requested:
+      return "no bootstrap"
+    unit = f"by run ({self.units} runs)" if self.by_run else "by point"
+    return f"{self.fitted} of {self.requested} resamples fitted, {unit}"
+
+  def method(self) -> str:
+    """The suffix for a fit's `method`: '; bootstrap: N of M resamples fitted, by ...'."""
+    return f"; bootstrap: {self.summary()}" if self.requested else ""
+
+  def fields(self) -> dict[str, Any]:
+    """The `Fit` fields this bootstrap fills: samples and its accounting."""
+    return {"samples": self.draws, "bootstrap_attempted": self.requested,
+            "bootstrap_failed": self.failed, "bootstrap_by_run": self.by_run}
+
   def findings(self) -> tuple[str, ...]:
     """A finding when resamples were dropped: the intervals come only from the resamples
     that could be fit, a selected subset, so they may be too narrow."""
     if not self.errors:
       return ()
     return (f"{self.failed} of {self.requested} bootstrap resamples could not be fit and "
-            f"were dropped ({self.reason()}); the intervals come from the other "
-            f"{self.requested - self.failed}, a selected subset, so they may be too narrow",)
+            f"were dropped ({self.reason()}); {self.fitted} of {self.requested} resamples "
+            "fitted: the intervals come from those, a selected subset, so they may be too "
+            "narrow",)
 
 
 def bootstrap(fit_once: Callable[..., Mapping[str, float]], arrays: Sequence[np.ndarray], *,
-              samples: int, seed: int = 0,
-              groups: np.ndarray | None = None) -> Resamples:
-  """Refit `fit_once(*arrays_resampled) -> {param: value}` on `samples` resamples of the
-  points with replacement (within each group when `groups` is given: e.g. runs resampled
-  within their FLOP budget, so every budget keeps its points). Resamples that cannot be fit
-  (ValueError/RuntimeError, e.g. too few distinct sizes drawn, or non-finite parameters) are
-  dropped and counted with their reasons (`Resamples.findings`); fewer than half fitting is
-  a ValueError."""
+              samples: int, seed: int = 0, groups: np.ndarray | None = None,
+              strata: np.ndarray | None = None, max_failure: float = MAX_FAILURE,
+              what: str = "the fit") -> Resamples:
+  """Refit `fit_once(*arrays_resampled) -> {param: value}` on `samples` resamples with
+  replacement.
+
+  What is resampled: points, or with `groups` (one run id per point, e.g. `as_groups`) whole
+  runs: a resample draws runs with replacement and takes every point of each (a ViT run
+  evaluated 32 times, the cooldown branches of one WSD trunk: their points share the run's
+  luck, so drawing them independently understates the interval). With `strata` (one label
+  per point, e.g. the FLOP budget) the draw is made within each stratum, so every stratum
+  keeps its number of points (of runs, with `groups`; each run must then lie in one stratum).
+
+  Resamples that cannot be fit (ValueError/RuntimeError, e.g. too few distinct sizes drawn,
+  or non-finite parameters) are dropped and counted with their reasons (`Resamples.findings`,
+  `.summary()`); more than `max_failure` of them failing is a `BootstrapError` naming `what`,
+  the counts, the commonest reason and the fix."""
   if samples == 0:
     return Resamples({}, 0)
   if samples < 2:
     raise ValueError(f"samples={samples} must be 0 (no intervals) or >= 2")
+  if not 0 <= max_failure < 1:
+    raise ValueError(f"{what}: max_failure={max_failure} must be in [0, 1): the share of "
+                     "bootstrap resamples that may fail (0.1 by default)")
   rng = np.random.default_rng(seed)
   size = arrays[0].size
-  members = ([np.arange(size)] if groups is None
-             else [np.flatnonzero(groups == g) for g in np.unique(groups)])
+  unit = np.arange(size) if groups is None else np.asarray(groups)
+  ids = np.unique(unit)
+  members = None if groups is None else [np.flatnonzero(unit == u) for u in ids]
+  if strata is None:
+    pools = [np.arange(ids.size)]
+  else:
+    strata = np.asarray(strata)
+    first = {}
+    for u, s in zip(np.searchsorted(ids, unit), strata):
+      if first.setdefault(u, s) != s:
+        raise ValueError(f"{what}: run {_plain(ids[u])!r} has points in more than one "
+                         f"stratum ({_plain(first[u])!r} and {_plain(s)!r}); resample runs "
+                         "across strata instead")
+    label = np.array([first[u] for u in range(ids.size)])
+    pools = [np.flatnonzero(label == s) for s in np.unique(label)]
   values: dict[str, list[float]] = {}
   errors = []
   for _ in range(samples):
-    idx = np.concatenate([rng.choice(m, m.size) for m in members])
+    chosen = np.concatenate([rng.choice(m, m.size) for m in pools])
+    idx = chosen if members is None else np.concatenate([members[u] for u in chosen])
     try:
       result = {k: float(v) for k, v in fit_once(*(a[idx] for a in arrays)).items()}
     except (ValueError, RuntimeError, FloatingPointError, np.linalg.LinAlgError) as e:
@@ -288,12 +454,15 @@ def bootstrap(fit_once: Callable[..., Mapping[str, float]], arrays: Sequence[np.
       continue
     for key, value in result.items():
       values.setdefault(key, []).append(value)
-  out = Resamples({key: np.asarray(v) for key, v in values.items()}, samples, tuple(errors))
-  fitted = samples - out.failed
-  if fitted < samples / 2:
-    raise ValueError(f"only {fitted} of {samples} bootstrap resamples could be fit "
-                     f"({out.reason()}); the points do not pin the law down: add runs (more "
-                     "sizes or budgets)")
+  out = Resamples({key: np.asarray(v) for key, v in values.items()}, samples, tuple(errors),
+                  by_run=groups is not None, units=int(ids.size))
+  if out.failed > max_failure * samples or out.fitted < 2:
+    unit_name = "runs per group (budget)" if strata is not None else "points (runs)"
+    raise BootstrapError(
+        f"{what}: {out.failed} of {samples} bootstrap resamples could not be fit, more than "
+        f"max_failure={max_failure:g} of them ({out.reason()}); intervals from the other "
+        f"{out.fitted} would come from a selected subset: add {unit_name}, or fit a law with "
+        "fewer parameters (or pass samples=0 for no intervals)")
   return out
 
 
