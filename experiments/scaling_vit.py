@@ -6,6 +6,8 @@ compute-efficient frontier.
         [--workdir=runs/scaling_vit] [--steps=3000] [--evals=10] [--parallel=2]
         [--threads_per_run=1] [--bootstrap=1000] [--bootstrap_seconds=180]
         [--out=experiments/results/scaling_vit]
+    python -m experiments.scaling_vit --refit [--out=...]        # refit to OUT.json's evals
+    python -m experiments.scaling_vit --report_only [--out=...]  # OUT.md/.png from OUT.json
 
 Why: accuracy at one step count per size (this script before) says little about scaling;
 Zhai et al. read error against compute over every model and training length, and fit the
@@ -14,9 +16,11 @@ lower envelope. Here 5 sizes of `configs/vit_tiny.py:mnist` (7x7 patches, head_d
 images with the config's recipe (AdamW 2e-3, cosine, shift augmentation) and evaluate on the
 10K test images --evals times. Every eval is a point (compute, test error = 1 -
 eval_accuracy); the Pareto frontier over all points of all sizes is what `fit_zhai` fits,
-with 95% bootstrap intervals over the frontier points. Intermediate evals are taken before the
-cosine schedule has annealed, so they overstate the error a run of that length would reach:
-the frontier is conservative between the run ends.
+with 95% bootstrap intervals resampling whole runs (`groups=`: a run's frontier points share
+its luck; resampling the points independently gave b in [0.72, 0.92], resampling runs gives
+[0.71, 1.73]). Intermediate evals are taken before the cosine schedule has annealed, so they
+overstate the error a run of that length would reach: the frontier is conservative between
+the run ends.
 
 Compute: C = flops_per_token(model, T) x T x images seen, T = 16 patches + [CLS] = 17 tokens
 per image, i.e. `scaling.flops_per_token` (Kaplan: 6 N + 6 n_layer n_ctx d_attn per token,
@@ -29,8 +33,10 @@ points are skipped, so a re-run only refits and redraws. Time (estimated, not me
 end): 6-10 min wall at --steps=3000 on the 2-core CPU, from the GPT sweep's measured
 single-thread 12-20 GFLOP/s (3 x 64: 11 MFLOPs per image, ~1,100 images/s, ~6 min alone; the
 others ~2,000-6,000 images/s). 3 x 96 (71x) would take ~13 min alone: over the 12 min budget.
-Writes OUT.md, OUT.json (every eval point, the frontier, the fit) and OUT.png (error vs
-compute, log-log: each size's curve, the frontier and the fitted law).
+Writes OUT.json (every eval point, the frontier, the fit and its band), OUT.md =
+`render(OUT.json)` and OUT.png = `plot(OUT.json)` (error vs compute, log-log: each size's
+curve, the frontier and the fitted law); `refit(OUT.json)` recomputes the fit's point
+estimate (tests/test_reports.py).
 """
 
 from __future__ import annotations
@@ -250,13 +256,15 @@ def fit_text(fit: dict | None, notes: list[str]) -> str:
     interval = "—" if low is None else f"[{low:.4g}, {high:.4g}]"
     lines.append(f"| {key} | {value:.4g} | {interval} |")
   p = fit["params"]
-  unit = ("of the runs (every frontier point of a drawn run together: a run's evals share "
-          "its luck)" if fit.get("bootstrap_by_run") else "of the frontier points")
+  if fit.get("bootstrap_by_run"):
+    unit = ("95% percentile intervals, the bootstrap resampling whole runs: every frontier "
+            "point of a drawn run together, as a run's evals share its luck")
+  else:
+    unit = f"intervals from {fit['bootstrap_samples']} bootstrap resamples of the frontier points"
   findings = [*fit["findings"], *notes]
   return "\n\n".join([
       f"Fit of `{fit['law']}` to the {fit['n_points']} frontier points ({fit['method']}; RMS "
-      f"residual {fit['rms_residual']:.4f} in log error; intervals from "
-      f"{fit['bootstrap_samples']} bootstrap resamples {unit}): error falls as "
+      f"residual {fit['rms_residual']:.4f} in log error; {unit}): error falls as "
       f"compute^-{p['b']:.3f} above d = {p['d']:.3g} FLOPs towards a floor c = {p['c']:.2%}.",
       "\n".join(lines),
       "Findings:\n" + "\n".join(f"- {f}" for f in findings) if findings else
