@@ -10,7 +10,8 @@ provides
   plot(results: dict, path: str)    optional: the figure, from the JSON alone
 and a `--report_only` flag that calls `report_only(OUT, render, plot)`.
 
-The stored estimates `refit` is compared with are `stored_estimates(results)`: every
+The stored estimates `refit` is compared with are the module's `stored(results)` when it has
+one (same shape as refit's), else `stored_estimates(results)`: every
 results["fits"][key]["fit"]["params"] (None for a fit that failed), or results["fit"]["params"]
 as key "fit". tests/test_reports.py runs `check(name)` for every committed report.
 """
@@ -123,6 +124,6 @@ def check(name: str, results_dir=RESULTS) -> list[str]:
   if module.render(results) != md_path.read_text():
     problems.append(f"{md_path.name} differs from render({name}.json): regenerate it with "
                     f"`python -m experiments.{name} --report_only`")
-  problems += [f"{name}.json {p}" for p in compare_estimates(module.refit(results),
-                                                              stored_estimates(results))]
+  stored = getattr(module, "stored", stored_estimates)(results)
+  problems += [f"{name}.json {p}" for p in compare_estimates(module.refit(results), stored)]
   return problems

@@ -14,7 +14,7 @@ from experiments import report_check
 # Each study script with render/refit whose report is committed. scaling_gpt's committed report
 # is the cosine study before issue #30's rerun (another format): it is checked once the rerun
 # has replaced it.
-REPORTS = ("scaling_vit", "scaling_gpt")
+REPORTS = ("scaling_vit", "mup_transfer", "scaling_gpt")
 
 
 @pytest.mark.parametrize("name", REPORTS)
