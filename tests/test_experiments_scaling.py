@@ -231,3 +231,57 @@ def test_mup_transfer_analysis_prediction_and_report(tmp_path):
   text = (tmp_path / "report.md").read_text()
   assert "exactly (all 7 equal)" in text and "diverged" in text
   assert (tmp_path / "report.png").stat().st_size > 0
+
+
+def test_gpt_results_render_and_refit_from_the_json_alone(gpt, tmp_path, monkeypatch):
+  """A finished study's results (made-up losses L = 5 N^-0.1 + 0.5 / doubling index, seeds
+  +-0.005): OUT.md is render(OUT.json), refit(OUT.json) gives the stored estimates, and the
+  report shows alpha_N with its interval next to 0.076, sigma_seed and every doubling."""
+  from configs.sweeps import scaling_gpt as sweep
+  from experiments import report_check
+
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("def f(x):\n  return x + 1\n" * 500)
+  args = gpt.parse_args([f"--data={corpus}", f"--workdir={tmp_path}", "--bootstrap=50",
+                         f"--out={tmp_path / 'out' / 'scaling_gpt'}"])
+  values = gpt.sweep_values(args)
+  lengths = [1200, 2400, 4800]
+  seeds = sweep.seeds_of(3)
+  params = {"L3_d80": 231040, "L2_d64": 98688, "L2_d48": 55584, "L2_d32": 24768,
+            "L2_d24": 13968, "L2_d16": 6240}
+
+  def loss(size, seed, j):
+    return 5 * params[size] ** -0.1 + (0.02 if size == "L3_d80" else 0.004) * 2.0 ** -j \
+        + 0.005 * (seed - 1) * (len(seeds[size]) > 1)
+
+  planned = [(s, seed, j) for s in seeds for seed in seeds[s] for j in range(3)]
+  rows = [{"name": f"{s}_seed{seed}_x{j}", "eval_loss": loss(s, seed, j), "status": "done",
+           "params": params[s], "params_total": params[s] + 5000, "wall_time_s": 10.0}
+          for s, seed, j in planned]
+  decision = gpt.plan(gpt.finals_of(rows, planned), seeds, 2)
+
+  def fake_record(name, size, seed, index, row, workdir, lengths):
+    tokens = lengths[index] * 1024
+    return {"name": name, "size": size, "seed": seed, "index": index,
+            "steps": lengths[index], "tokens": tokens, "branched_at": None,
+            "final_loss": row["eval_loss"], "best_loss": row["eval_loss"],
+            "best_step": lengths[index], "wall_time_s": 10.0,
+            "curve": [{"step": lengths[index], "tokens": tokens, "eval_loss": row["eval_loss"]}]}
+
+  monkeypatch.setattr(gpt, "run_record", fake_record)
+  corpus_info = {"name": "corpus.txt", "vocab": 20, "chars": 13000, "train_chars": 11700,
+                 "eval_tokens": 81920}
+  est = gpt.estimate([{"size": "a", "flops_per_token": 1e5, "tokens_per_s": 1e4}], lengths,
+                     1, 81920)
+  results = gpt.collect(args, values, lengths, planned, rows, decision, corpus_info, est, 5.0)
+  results.update(png="scaling_gpt.png")
+  results["settings"]["parallel"] = 1
+  text = report_check.write(args.out, results, gpt.render, gpt.plot)
+  assert report_check.check("scaling_gpt", tmp_path / "out") == []
+  assert results["fit_points"]["by_run"] and len(results["fit_points"]["params"]) == 12
+  assert results["fits"]["kaplan"]["fit"]["params"]["alpha_N"] == pytest.approx(0.1, abs=0.01)
+  assert "next to Kaplan et al. 2020" in text and "0.076" in text and "σ_seed" in text
+  assert "| L3_d80 | x4 | 4,800 |" in text and "no: epoch cap" in text   # still falling
+  assert text.count("yes (Δ < σ)") == 2 * 5                   # the other sizes, both doublings
+  with pytest.raises(ValueError, match="older study's JSON"):
+    gpt.render({"points": []})
