@@ -100,25 +100,31 @@ def sweep_values(args) -> dict:
 # ---- planning: pure functions of the final eval losses --------------------------------------
 
 
-def seed_sigma(finals: dict) -> dict:
+SIGMA_LENGTHS = 2     # sigma_seed pools the seeds' scatter over a size's last 2 lengths
+
+
+def seed_sigma(finals: dict, last: int = SIGMA_LENGTHS) -> dict:
   """sigma_seed from `finals` {size: {length index: {seed: final eval loss}}}: the sample
   standard deviation over seeds of the final loss at one length, its variance pooled (weighted
-  by degrees of freedom) over the lengths of a size (`per_size`; None with < 2 seeds) and over
-  every size (`pooled`), also in log loss (`pooled_log`, comparable with a log-space fit's
-  RMS residual); `dof` counts the pooled degrees of freedom."""
+  by degrees of freedom) over the `last` longest lengths of a size with >= 2 seeds finished
+  (`per_size`; None with fewer) and over every size (`pooled`), also in log loss
+  (`pooled_log`, comparable with a log-space fit's RMS residual); `dof` counts the pooled
+  degrees of freedom. Only the last lengths: the noise that matters is that of the losses a
+  doubling compares, and the first lengths, still falling fast, scatter more."""
   per_size, total, total_log, dof = {}, 0.0, 0.0, 0
   for size, by_length in finals.items():
     ss, k = 0.0, 0
-    for losses in by_length.values():
-      values = np.array(list(losses.values()), np.float64)
-      if values.size >= 2:
-        ss += float(np.sum((values - values.mean()) ** 2))
-        total_log += float(np.sum((np.log(values) - np.log(values).mean()) ** 2))
-        k += values.size - 1
+    seeded = sorted(j for j, losses in by_length.items() if len(losses) >= 2)
+    for j in seeded[-last:]:
+      values = np.array(list(by_length[j].values()), np.float64)
+      ss += float(np.sum((values - values.mean()) ** 2))
+      total_log += float(np.sum((np.log(values) - np.log(values).mean()) ** 2))
+      k += values.size - 1
     per_size[size] = float(np.sqrt(ss / k)) if k else None
     total, dof = total + ss, dof + k
   return {"per_size": per_size, "pooled": float(np.sqrt(total / dof)) if dof else None,
-          "pooled_log": float(np.sqrt(total_log / dof)) if dof else None, "dof": dof}
+          "pooled_log": float(np.sqrt(total_log / dof)) if dof else None, "dof": dof,
+          "lengths": last}
 
 
 def history(by_length: dict, seeds, sigma: float | None) -> list[dict]:
@@ -131,9 +137,11 @@ def history(by_length: dict, seeds, sigma: float | None) -> list[dict]:
     if set(losses) != set(seeds) or (out and out[-1]["index"] != index - 1) or \
         (not out and index != 0):
       break
-    loss = float(np.mean([losses[s] for s in seeds]))
+    values = [losses[s] for s in seeds]
+    loss = float(np.mean(values))
     delta = out[-1]["loss"] - loss if out else None
-    out.append({"index": index, "loss": loss, "losses": [losses[s] for s in seeds],
+    out.append({"index": index, "loss": loss, "losses": values,
+                "sd": float(np.std(values, ddof=1)) if len(values) >= 2 else None,
                 "delta": delta, "sigma": sigma,
                 "converged": None if delta is None or sigma is None else bool(delta < sigma)})
   return out
@@ -464,15 +472,17 @@ def sizes_table(results: dict) -> str:
 
 
 def history_table(results: dict) -> str:
-  lines = ["| size | length | steps | tokens | final eval loss (seed mean) | Δ vs previous | "
-           "σ_seed | converged? |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+  lines = ["| size | length | steps | tokens | final eval loss (seed mean) | seeds' sd | "
+           "Δ vs previous | σ_seed (judged by) | converged? |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
   for s in results["sizes"]:
     for h in s["history"]:
       verdict = ("—" if h["converged"] is None else
                  "yes (Δ < σ)" if h["converged"] else "no (Δ ≥ σ)")
       delta = "—" if h["delta"] is None else f"{h['delta']:+.4f}"
       lines.append(f"| {s['size']} | x{2 ** h['index']} | {h['steps']:,} | {h['tokens']:,} | "
-                   f"{h['loss']:.4f} | {delta} | {_fmt('sigma', h['sigma'])} | {verdict} |")
+                   f"{h['loss']:.4f} | {_fmt('sd', h.get('sd'))} | {delta} | "
+                   f"{_fmt('sigma', h['sigma'])} | {verdict} |")
   return "\n".join(lines)
 
 
@@ -524,7 +534,8 @@ def sigma_text(results: dict) -> str:
   sigma = results["sigma"]
   per = ", ".join(f"{k} {v:.4f}" for k, v in sigma["per_size"].items() if v is not None)
   text = (f"σ_seed (the sample standard deviation over seeds of a run's final eval loss at "
-          f"one length, pooled over lengths): {per}; pooled over the seeded sizes "
+          f"one length, pooled over each size's last {sigma.get('lengths', 2)} lengths): "
+          f"{per}; pooled over the seeded sizes "
           f"{_fmt('sigma', sigma['pooled'])} nats ({sigma['dof']} degrees of freedom), "
           f"{_fmt('sigma', sigma['pooled_log'])} in log loss. Seeds change the initialisation, "
           f"the data order and the validation windows, so σ_seed is the noise of a measured "

@@ -35,7 +35,7 @@ def _finals(loss, seeds_of, upto):
 
 
 def test_seed_sigma_pools_variances_over_lengths_and_sizes(gpt):
-  finals = {"a": {0: {0: 2.0, 1: 2.2, 2: 2.1}, 1: {0: 1.9, 1: 1.9, 2: 1.9}},
+  finals = {"a": {1: {0: 2.0, 1: 2.2, 2: 2.1}, 2: {0: 1.9, 1: 1.9, 2: 1.9}},
             "b": {0: {0: 1.5, 1: 1.7}}, "c": {0: {0: 1.0}}}
   sigma = gpt.seed_sigma(finals)
   assert sigma["per_size"]["a"] == pytest.approx(np.sqrt((0.02 + 0.0) / 4))
@@ -43,6 +43,8 @@ def test_seed_sigma_pools_variances_over_lengths_and_sizes(gpt):
   assert sigma["per_size"]["c"] is None and sigma["dof"] == 5
   assert sigma["pooled"] == pytest.approx(np.sqrt(0.04 / 5))
   assert gpt.seed_sigma({"c": {0: {0: 1.0}}})["pooled"] is None
+  early = {"a": {0: {0: 3.0, 1: 3.6, 2: 3.3}, **finals["a"]}}   # only the last 2 lengths count
+  assert gpt.seed_sigma(early)["per_size"]["a"] == pytest.approx(np.sqrt(0.02 / 4))
 
 
 def test_decide_runs_missing_seeds_then_doubles_until_below_sigma(gpt):
