@@ -12,8 +12,8 @@ of BASE_STEPS x 1, 2, 4, ... steps, each a cooldown branch of the previous one's
 phase. The study runs in rounds: train every planned run (`jaxformer.sweep`: finished runs
 are skipped), then `plan` decides from the final eval losses which chains need their next
 length. A size doubles until its last doubling improved its final eval loss (the seed mean
-at a seeded size) by less than sigma_seed (its own at a seeded size; pooled over the seeded
-sizes elsewhere), or until the next length would pass --max_epochs of the training split:
+at a seeded size) by less than sigma_seed (the seeds' standard deviation over a size's last 2
+lengths: its own at a seeded size; pooled over the seeded sizes elsewhere), or until the next length would pass --max_epochs of the training split:
 then it stops "not converged" and the report says so. Every run is a sweep point and every
 branch is created idempotently, so rerunning the script continues where it stopped; a
 finished study only refits and redraws.
