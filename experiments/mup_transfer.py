@@ -3,6 +3,7 @@
     python -m experiments.mup_transfer --data=PATH/python_docs.txt
         [--workdir=runs/mup_transfer] [--widths 32 64 128 256] [--parallel=2]
         [--out=experiments/results/mup_transfer]
+    python -m experiments.mup_transfer --report_only   # OUT.md/.png from OUT.json (`render`)
 
 The README's character GPT (learned positions, LayerNorm, no biases, tied embeddings) with 2
 layers and 4 heads (head dim = width / 4, mlp 4x) at each width, trained for the same steps
@@ -38,6 +39,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 import numpy as np  # noqa: E402
 
 from configs.sweeps import isoflop  # noqa: E402
+from experiments import report_check  # noqa: E402
 from jaxformer import scaling, sweep as sweep_lib  # noqa: E402
 
 LEARNING_RATES = tuple(float(f"{5e-4 * 2 ** i:.3g}") for i in range(7))   # 5e-4 .. 3.2e-2
@@ -48,7 +50,7 @@ LAYERS, HEADS = 2, 4
 
 def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--data", required=True, help="a UTF-8 text corpus (e.g. python_docs.txt)")
+  parser.add_argument("--data", help="a UTF-8 text corpus (e.g. python_docs.txt)")
   parser.add_argument("--workdir", default="runs/mup_transfer")
   parser.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128, 256])
   parser.add_argument("--lrs", type=float, nargs="+", default=list(LEARNING_RATES))
@@ -57,9 +59,13 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--threads_per_run", type=int, default=1,
                       help="XLA:CPU threads of each run (0: XLA's default)")
   parser.add_argument("--out", default=str(REPO_ROOT / "experiments/results/mup_transfer"))
+  parser.add_argument("--report_only", action="store_true",
+                      help="rewrite OUT.md and OUT.png from OUT.json; train nothing")
   args = parser.parse_args(argv)
-  if not os.path.isfile(args.data):
-    parser.error(f"--data={args.data}: no such file")
+  if args.report_only:
+    return args
+  if not args.data or not os.path.isfile(args.data):
+    parser.error(f"--data={args.data}: no such file (give the corpus, or --report_only)")
   if len(args.widths) < 3 or sorted(set(args.widths)) != args.widths:
     parser.error(f"--widths {args.widths}: give >= 3 increasing widths")
   if any(w % HEADS for w in args.widths):
@@ -160,11 +166,13 @@ def summary_table(result: dict, widths: list[int]) -> str:
   return "\n".join(lines)
 
 
-def plot(path: pathlib.Path, result: dict, widths: list[int], rates: list[float]):
+def plot(results: dict, path: str):
+  """Loss vs LR per width for each parametrization, with the vertices, from the JSON alone."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
+  result, widths, rates = results["result"], results["widths"], results["lrs"]
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
   finite = [v for r in result.values() for g in r["losses"].values() for v in g.values()
             if np.isfinite(v)]
@@ -210,15 +218,15 @@ def prediction_table(prediction: dict, errors: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def write_report(args, result: dict, rows: list[dict], prediction: dict, wall_s: float):
+def results_of(args, result: dict, rows: list[dict], prediction: dict, wall_s: float) -> dict:
+  """OUT.json: the settings, the prediction and its errors, every run's loss, the analysis."""
   out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
   rates = sorted(args.lrs)
   run_wall = sum(r["wall_time_s"] or 0 for r in rows)
   errors = prediction_errors(prediction, result, args.widths)
   base = str(args.widths[0])
   same_at_base = result["standard"]["losses"][base] == result["mup"]["losses"][base]
-  data = {"data": os.path.basename(args.data), "widths": args.widths, "lrs": rates,
+  return {"data": os.path.basename(args.data), "widths": args.widths, "lrs": rates,
           "prediction": prediction, "prediction_errors": errors,
           "mup_equals_standard_at_base_width": same_at_base,
           "steps": args.steps, "layers": LAYERS, "heads": HEADS, "mup_base_width": args.widths[0],
@@ -226,25 +234,58 @@ def write_report(args, result: dict, rows: list[dict], prediction: dict, wall_s:
           "runs": [{"name": r["name"], "eval_loss": r["eval_loss"],
                     "wall_time_s": r["wall_time_s"]} for r in rows],
           "wall_time_s": {"this_invocation": round(wall_s, 1), "sum_of_runs": round(run_wall, 1)},
-          "written": time.strftime("%Y-%m-%d %H:%M:%S")}
-  out.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
-  plot(out.with_suffix(".png"), result, args.widths, rates)
+          "parallel": args.parallel, "threads_per_run": args.threads_per_run,
+          "png": out.name + ".png", "written": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def refit(results: dict) -> dict:
+  """{parametrization: {slope, k, lr_<width>...}}: each width's optimum (`scaling.lr_optimum`)
+  and the transfer slope (`scaling.lr_width_rule`) recomputed from the JSON's loss grid."""
+  out = {}
+  widths = results["widths"]
+  for kind, r in results["result"].items():
+    optima = {}
+    for w in widths:
+      grid = {float(lr): loss for lr, loss in r["losses"][str(w)].items()}
+      optima[w] = scaling.lr_optimum(list(grid), list(grid.values()))["lr"]
+    slope = scaling.lr_width_rule(widths, [optima[w] for w in widths])
+    out[kind] = {"slope": slope["slope"], "k": slope["k"],
+                 **{f"lr_{w}": optima[w] for w in widths}}
+  return out
+
+
+def stored(results: dict) -> dict:
+  """What `refit` recomputes, as the JSON stores it."""
+  return {kind: {"slope": r["slope"]["slope"], "k": r["slope"]["k"],
+                 **{f"lr_{w}": r["optima"][str(w)]["lr"] for w in results["widths"]}}
+          for kind, r in results["result"].items()}
+
+
+def render(results: dict) -> str:
+  """The markdown report, from the results (OUT.json) alone."""
+  result, widths, rates = results["result"], results["widths"], results["lrs"]
+  prediction, errors = results["prediction"], results["prediction_errors"]
+  run_wall = results["wall_time_s"]["sum_of_runs"]
+  wall_s = results["wall_time_s"]["this_invocation"]
+  parallel, threads = results.get("parallel", 2), results.get("threads_per_run", 1)
+  same_at_base = results["mup_equals_standard_at_base_width"]
+  layers, heads = results["layers"], results["heads"]
   text = [
       "# μP learning-rate transfer on a character-level GPT (CPU)", "",
-      f"Corpus `{os.path.basename(args.data)}` (characters, 90/10 split). Model: the README's "
-      f"char GPT with {LAYERS} layers and {HEADS} heads at widths {args.widths} (mlp 4x, head "
-      f"dim width/{HEADS}); {args.steps} steps of 16 x 64 characters, warmup 10%, cosine to "
+      f"Corpus `{results['data']}` (characters, 90/10 split). Model: the README's "
+      f"char GPT with {layers} layers and {heads} heads at widths {widths} (mlp 4x, head "
+      f"dim width/{heads}); {results['steps']} steps of 16 x 64 characters, warmup 10%, cosine to "
       "10%, AdamW (0.9, 0.99), weight decay 0.1, clip 1.0; the same batches for every run. "
-      f"μP base width {args.widths[0]} (so both parametrizations are the same model there). "
-      "Loss: final validation loss on 40 fixed batches. Optimum: vertex of the parabola in "
-      "log LR through the best grid LR and its neighbours; slope: least squares of log "
+      f"μP base width {results['mup_base_width']} (so both parametrizations are the same model "
+      "there). Loss: final validation loss on 40 fixed batches. Optimum: vertex of the parabola "
+      "in log LR through the best grid LR and its neighbours; slope: least squares of log "
       "optimum vs log width with a 95% t-interval (2 degrees of freedom for 4 widths).", "",
-      f"Reproduce: `python -m experiments.mup_transfer --data=PATH/{os.path.basename(args.data)}`"
+      f"Reproduce: `python -m experiments.mup_transfer --data=PATH/{results['data']}`"
       f" (finished runs are reused). Training: {run_wall / 60:.1f} min summed over the "
-      f"{len(rows)} processes, {args.parallel} at a time with {args.threads_per_run} XLA "
-      f"thread each (about {run_wall / 60 / args.parallel:.0f} min of wall clock on a 2-core "
+      f"{len(results['runs'])} processes, {parallel} at a time with {threads} XLA "
+      f"thread each (about {run_wall / 60 / parallel:.0f} min of wall clock on a 2-core "
       f"CPU); this invocation {wall_s / 60:.1f} min.", "",
-      "## Where the optimum sits", "", summary_table(result, args.widths), "",
+      "## Where the optimum sits", "", summary_table(result, widths), "",
       "## Prediction", "",
       f"Written {prediction['predicted_at']}, after the standard arm and before any μP run "
       f"finished: μP's optimum at every width = the base width's, lr* = "
@@ -255,10 +296,16 @@ def write_report(args, result: dict, rows: list[dict], prediction: dict, wall_s:
       "## Best loss per width", "",
       "Only the LR is tuned; μP's other base hyperparameters (output and attention "
       "multipliers, init scales) are the standard model's.", "",
-      best_loss_table(result, args.widths), "",
-      f"![transfer]({out.name}.png)", "", "## Every run", "", grid_table(result, rates), ""]
-  out.with_suffix(".md").write_text("\n".join(text))
-  print("\n".join(text))
+      best_loss_table(result, widths), "",
+      f"![transfer]({results.get('png', 'mup_transfer.png')})", "", "## Every run", "",
+      grid_table(result, rates), ""]
+  return "\n".join(text)
+
+
+def write_report(args, result: dict, rows: list[dict], prediction: dict, wall_s: float):
+  text = report_check.write(args.out, results_of(args, result, rows, prediction, wall_s),
+                            render, plot)
+  print(text)
 
 
 def run_arm(args, kind: str) -> list[dict] | None:
@@ -295,6 +342,8 @@ def predict(args, standard_rows: list[dict]) -> dict:
 
 def main(argv=None) -> int:
   args = parse_args(argv)
+  if args.report_only:
+    return report_check.report_only(args.out, render, plot)
   if args.threads_per_run:
     sweep_lib.limit_xla_threads(args.threads_per_run)
   start = time.perf_counter()

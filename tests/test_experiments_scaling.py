@@ -1,7 +1,8 @@
-"""The analysis of experiments/scaling_gpt.py and scaling_vit.py on made-up eval curves (the
-real runs take half an hour: only their bookkeeping is tested here)."""
+"""The analysis of experiments/scaling_gpt.py and scaling_vit.py on made-up losses (the real
+runs take hours: only their planning and bookkeeping are tested here)."""
 
 import importlib.util
+import os
 import pathlib
 
 import numpy as np
@@ -27,22 +28,142 @@ def vit():
   return _script("scaling_vit")
 
 
-def _curve(losses, every=100, tokens_per_step=1024):
-  return [{"step": every * (i + 1), "tokens": every * (i + 1) * tokens_per_step,
-           "eval_loss": loss} for i, loss in enumerate(losses)]
+def _finals(loss, seeds_of, upto):
+  """{size: {index: {seed: loss(size, seed, index)}}} for every index <= upto[size]."""
+  return {size: {j: {s: loss(size, s, j) for s in seeds} for j in range(upto[size] + 1)}
+          for size, seeds in seeds_of.items()}
 
 
-def test_convergence_reads_the_constant_lr_tail(gpt):
-  falling = gpt.convergence(_curve(np.linspace(3.0, 2.0, 20)), tail_step=1600)
-  assert falling["tail_evals"] == 5 and not falling["converged"]
-  assert falling["verdict"] == "still falling" and falling["slope_per_doubling"] < -0.1
-  flat = gpt.convergence(_curve([3.0, 2.5, 2.2] + [2.1] * 17), tail_step=1600)
-  assert flat["converged"] and flat["verdict"].startswith("flat")
-  assert flat["best_loss"] == pytest.approx(2.1)
-  overfit = gpt.convergence(_curve([3.0, 2.5, 2.0, 2.05, 2.1]), tail_step=400)
-  assert overfit["tail_evals"] == 3                              # at least 3 evals
-  assert overfit["best_step"] == 300 and overfit["last_minus_best"] == pytest.approx(0.1)
-  assert overfit["converged"] and "best at 60%" in overfit["verdict"]
+def test_seed_sigma_pools_variances_over_lengths_and_sizes(gpt):
+  finals = {"a": {1: {0: 2.0, 1: 2.2, 2: 2.1}, 2: {0: 1.9, 1: 1.9, 2: 1.9}},
+            "b": {0: {0: 1.5, 1: 1.7}}, "c": {0: {0: 1.0}}}
+  sigma = gpt.seed_sigma(finals)
+  assert sigma["per_size"]["a"] == pytest.approx(np.sqrt((0.02 + 0.0) / 4))
+  assert sigma["per_size"]["b"] == pytest.approx(np.sqrt(0.02))
+  assert sigma["per_size"]["c"] is None and sigma["dof"] == 5
+  assert sigma["pooled"] == pytest.approx(np.sqrt(0.04 / 5))
+  assert gpt.seed_sigma({"c": {0: {0: 1.0}}})["pooled"] is None
+  early = {"a": {0: {0: 3.0, 1: 3.6, 2: 3.3}, **finals["a"]}}   # only the last 2 lengths count
+  assert gpt.seed_sigma(early)["per_size"]["a"] == pytest.approx(np.sqrt(0.02 / 4))
+
+
+def test_decide_runs_missing_seeds_then_doubles_until_below_sigma(gpt):
+  seeds = (0, 1, 2)
+  assert gpt.decide({}, seeds, None, 4)["runs"] == [(0, 0), (1, 0), (2, 0)]
+  partial = {0: {0: 2.0, 1: 2.0, 2: 2.0}, 1: {1: 1.9}}
+  d = gpt.decide(partial, seeds, 0.01, 4)
+  assert d["state"] == "run" and d["runs"] == [(0, 1), (2, 1)]     # only the missing seeds
+  one = {0: {0: 2.0, 1: 2.0, 2: 2.0}}
+  assert gpt.decide(one, seeds, 0.01, 4)["runs"] == [(0, 1), (1, 1), (2, 1)]
+  assert gpt.decide(one, seeds, 0.01, 0)["state"] == "capped"     # no second length allowed
+  two = {0: {s: 2.0 for s in seeds}, 1: {s: 1.95 for s in seeds}}
+  d = gpt.decide(two, seeds, 0.01, 4)                              # improved 0.05 >= 0.01
+  assert d["state"] == "run" and d["runs"] == [(s, 2) for s in seeds]
+  assert d["history"][1]["delta"] == pytest.approx(0.05) and not d["history"][1]["converged"]
+  d = gpt.decide(two, seeds, 0.06, 4)                              # 0.05 < sigma: done
+  assert d["state"] == "converged" and d["index"] == 1 and d["runs"] == []
+  assert gpt.decide(two, seeds, 0.01, 1)["state"] == "capped"      # still falling at the cap
+  assert gpt.decide(two, seeds, None, 4)["state"] == "waiting"     # no sigma: no decision
+  worse = {0: {0: 2.0}, 1: {0: 2.1}}                               # overfitting: converged
+  assert gpt.decide(worse, (0,), 0.01, 4)["state"] == "converged"
+
+
+def test_plan_doubles_each_size_until_its_last_doubling_is_below_sigma(gpt):
+  """Made-up losses L = floor + 0.4 * 2^-j (each doubling halves the gap) with seed noise
+  +-0.01: a size stops at the first doubling that gains less than sigma_seed; the gap of the
+  largest never closes before the cap, so it is capped. Seeded sizes use their own sigma."""
+  seeds_of = {"big": (0,), "mid": (0,), "s1": (0, 1, 2), "s2": (0, 1, 2)}
+  gap = {"big": 4.0, "mid": 0.4, "s1": 0.2, "s2": 0.1}
+  noise = {0: -0.01, 1: 0.0, 2: 0.01}
+
+  def loss(size, seed, j):
+    return 1.0 + gap[size] * 2.0 ** -j + noise[seed] * (len(seeds_of[size]) > 1)
+
+  done, rounds = {}, []
+  while True:
+    p = gpt.plan(done, seeds_of, 4)
+    if not p["runs"]:
+      break
+    rounds.append(sorted({j for _, _, j in p["runs"]}))
+    for size, seed, j in p["runs"]:
+      done.setdefault(size, {}).setdefault(j, {})[seed] = loss(size, seed, j)
+  assert rounds[:2] == [[0], [1]]                      # every chain, then every doubling
+  sigma = p["sigma"]
+  assert sigma["per_size"]["s1"] == pytest.approx(0.01) and sigma["pooled"] == pytest.approx(0.01)
+  states = {size: (d["state"], d["index"]) for size, d in p["sizes"].items()}
+  # gains gap * 2^-j: s2 0.05, 0.025, 0.0125, 0.00625 < 0.01 at j = 4? 0.1 / 16 = 0.00625: j=4
+  assert states == {"big": ("capped", 4), "mid": ("capped", 4), "s1": ("capped", 4),
+                    "s2": ("converged", 4)}
+  p = gpt.plan(_finals(loss, seeds_of, dict.fromkeys(seeds_of, 4)), seeds_of, 6)
+  assert {s: d["state"] for s, d in p["sizes"].items()} == {
+      "big": "run", "mid": "run", "s1": "run", "s2": "converged"}
+  assert sorted(p["runs"]) == [("big", 0, 5), ("mid", 0, 5), ("s1", 0, 5), ("s1", 1, 5),
+                               ("s1", 2, 5)]
+
+
+def test_lengths_decay_start_and_compute_estimate(gpt):
+  from configs.sweeps import scaling_gpt as sweep
+  from jaxformer import run_settings
+  from jaxformer.state import optim
+
+  assert sweep.lengths(1, 2, 9_943_099) == [1200, 2400, 4800, 9600, 19200]   # <= 2 epochs
+  assert sweep.lengths(1, 0.01, 9_943_099) == [1200]                         # at least one
+  o = run_settings.parse_section("optim", dict(lr=1e-3, schedule="wsd", warmup_steps=60))
+  for steps in (12, 1200, 2400, 19200, 777):
+    assert sweep.decay_start(steps) == optim.wsd_decay_start(o, steps)
+  assert gpt.chain_steps([1200, 2400, 4800], 3) == 1200 + (2400 - 960) + (4800 - 1920)
+  est = gpt.estimate([{"size": "a", "flops_per_token": 1e5, "tokens_per_s": 1024.0}],
+                     [100, 200], parallel=1, eval_tokens=0)
+  assert est["most"]["steps"] == 100 + 200 - 80 and est["least"] == est["most"]
+  assert est["most"]["flops"] == pytest.approx(1e5 * 220 * 1024)
+  assert est["most"]["hours_measured"] == pytest.approx((220 + 2 * gpt.STARTUP_S) / 3600)
+
+
+def test_study_rounds_branch_each_doubling_from_the_stable_checkpoint(gpt, tmp_path,
+                                                                        monkeypatch):
+  """run_study with the training faked: round 1 trains every chain's first length, each later
+  round branches the chains still improving from their previous length's decay start, and a
+  rerun (every run finished) trains and branches nothing new."""
+  from jaxformer import sweep as sweep_lib
+  from jaxformer.train import workdir as workdir_lib
+
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("def f(x):\n  return x + 1\n" * 500)
+  args = gpt.parse_args([f"--data={corpus}", f"--workdir={tmp_path / 'runs'}", "--seeds=2",
+                         "--scale=0.01"])
+  values = gpt.sweep_values(args)
+  lengths = [12, 24, 48, 96]
+  finished, branches, rounds = set(), [], []
+
+  def loss(overrides):
+    gap = 0.002 if overrides["model.d_model"] == 16 else 0.5     # d16 converges at once
+    return 1.0 + gap * 12 / overrides["train.steps"] + 0.003 * overrides["train.seed"]
+
+  def fake_run(spec, workdir, parallel):
+    points = sweep_lib.expand(spec, validate=False)
+    rounds.append([p.name for p in points if p.name not in finished])
+    finished.update(p.name for p in points)
+    return [{"name": p.name, "status": "done", "eval_loss": loss(p.overrides), "log": ""}
+            for p in points]
+
+  def fake_branch(trunk, step, new):
+    branches.append((os.path.basename(trunk), step, os.path.basename(new)))
+    return True
+
+  monkeypatch.setattr(sweep_lib, "run", fake_run)
+  monkeypatch.setattr(workdir_lib, "branch", fake_branch)
+  planned, rows, decision = gpt.run_study(args, values, lengths)
+  assert len(rounds[0]) == 9 and all(n.endswith("_s12") for n in rounds[0])
+  assert all(n.endswith("_s24") for n in rounds[1]) and len(rounds[1]) == 9
+  assert decision["sizes"]["L2_d16"]["state"] == "converged"
+  assert decision["sizes"]["L3_d80"]["state"] == "capped"
+  assert ("L3_d80_lr0.00413_seed0_warm1_s24", 19, "L3_d80_lr0.00413_seed0_warm1_s48") in \
+      branches                                       # from the decay start of 24 steps
+  assert not any("L2_d16" in b[2] and b[2].endswith("_s48") for b in branches)
+  assert len(planned) == len(rows) == len(finished)
+  before = len(branches)
+  gpt.run_study(args, values, lengths)               # a rerun: nothing new to train
+  assert all(r == [] for r in rounds[len(rounds) - 4:]) and len(branches) == 2 * before
 
 
 def test_fit_law_drops_intervals_it_cannot_bootstrap(gpt):
@@ -112,3 +233,57 @@ def test_mup_transfer_analysis_prediction_and_report(tmp_path):
   text = (tmp_path / "report.md").read_text()
   assert "exactly (all 7 equal)" in text and "diverged" in text
   assert (tmp_path / "report.png").stat().st_size > 0
+
+
+def test_gpt_results_render_and_refit_from_the_json_alone(gpt, tmp_path, monkeypatch):
+  """A finished study's results (made-up losses L = 5 N^-0.1 + 0.5 / doubling index, seeds
+  +-0.005): OUT.md is render(OUT.json), refit(OUT.json) gives the stored estimates, and the
+  report shows alpha_N with its interval next to 0.076, sigma_seed and every doubling."""
+  from configs.sweeps import scaling_gpt as sweep
+  from experiments import report_check
+
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("def f(x):\n  return x + 1\n" * 500)
+  args = gpt.parse_args([f"--data={corpus}", f"--workdir={tmp_path}", "--bootstrap=50",
+                         f"--out={tmp_path / 'out' / 'scaling_gpt'}"])
+  values = gpt.sweep_values(args)
+  lengths = [1200, 2400, 4800]
+  seeds = sweep.seeds_of(3)
+  params = {"L3_d80": 231040, "L2_d64": 98688, "L2_d48": 55584, "L2_d32": 24768,
+            "L2_d24": 13968, "L2_d16": 6240}
+
+  def loss(size, seed, j):
+    return 5 * params[size] ** -0.1 + (0.02 if size == "L3_d80" else 0.004) * 2.0 ** -j \
+        + 0.005 * (seed - 1) * (len(seeds[size]) > 1)
+
+  planned = [(s, seed, j) for s in seeds for seed in seeds[s] for j in range(3)]
+  rows = [{"name": f"{s}_seed{seed}_x{j}", "eval_loss": loss(s, seed, j), "status": "done",
+           "params": params[s], "params_total": params[s] + 5000, "wall_time_s": 10.0}
+          for s, seed, j in planned]
+  decision = gpt.plan(gpt.finals_of(rows, planned), seeds, 2)
+
+  def fake_record(name, size, seed, index, row, workdir, lengths):
+    tokens = lengths[index] * 1024
+    return {"name": name, "size": size, "seed": seed, "index": index,
+            "steps": lengths[index], "tokens": tokens, "branched_at": None,
+            "final_loss": row["eval_loss"], "best_loss": row["eval_loss"],
+            "best_step": lengths[index], "wall_time_s": 10.0,
+            "curve": [{"step": lengths[index], "tokens": tokens, "eval_loss": row["eval_loss"]}]}
+
+  monkeypatch.setattr(gpt, "run_record", fake_record)
+  corpus_info = {"name": "corpus.txt", "vocab": 20, "chars": 13000, "train_chars": 11700,
+                 "eval_tokens": 81920}
+  est = gpt.estimate([{"size": "a", "flops_per_token": 1e5, "tokens_per_s": 1e4}], lengths,
+                     1, 81920)
+  results = gpt.collect(args, values, lengths, planned, rows, decision, corpus_info, est, 5.0)
+  results.update(png="scaling_gpt.png")
+  results["settings"]["parallel"] = 1
+  text = report_check.write(args.out, results, gpt.render, gpt.plot)
+  assert report_check.check("scaling_gpt", tmp_path / "out") == []
+  assert results["fit_points"]["by_run"] and len(results["fit_points"]["params"]) == 12
+  assert results["fits"]["kaplan"]["fit"]["params"]["alpha_N"] == pytest.approx(0.1, abs=0.01)
+  assert "next to Kaplan et al. 2020" in text and "0.076" in text and "σ_seed" in text
+  assert "| L3_d80 | x4 | 4,800 |" in text and "no: epoch cap" in text   # still falling
+  assert text.count("yes (Δ < σ)") == 2 * 5                   # the other sizes, both doublings
+  with pytest.raises(ValueError, match="older study's JSON"):
+    gpt.render({"points": []})

@@ -187,29 +187,39 @@ def test_shipped_sweeps_are_valid():
 
 
 def test_scaling_gpt_sweep_follows_kaplan_protocol(tmp_path):
+  """The trunks of the wsd doubling study: >= 6 sizes of >= 2 layers over >= 30x, seeds at
+  3 sizes, the width LR rule, a wsd schedule whose stable checkpoint is kept for the next
+  length's branch, and the same warmup at every length of a chain."""
+  from configs.sweeps import scaling_gpt
+
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("def f(x):\n  return x + 1\n" * 50)
   points = sweep_lib.expand(sweep_lib.load_sweep(
       f"configs/sweeps/scaling_gpt.py:source={corpus}"))
   points.sort(key=lambda p: p.params["non_embedding"])
-  sizes = [p.params["non_embedding"] for p in points]
-  assert len(points) >= 5 and max(sizes) >= 30 * min(sizes)
+  sizes = sorted({p.params["non_embedding"] for p in points})
+  assert len(sizes) >= 6 and max(sizes) >= 30 * min(sizes)
   assert all(p.config.model.num_layers >= 2 for p in points)     # Kaplan: 1-layer is off-trend
+  seeds = {}
   for p in points:
     c = p.config
+    seeds.setdefault(c.model.d_model, set()).add(c.train.seed)
     assert c.data.source == str(corpus) and c.model.vocab_size == len(set(corpus.read_text()))
-    assert c.train.eval_every == c.train.steps // 20               # best of 20 evals
-    assert c.optim.decay_steps == round(0.8 * c.train.steps)       # constant-LR tail
-  tokens = [p.config.train.steps * p.config.train.batch_size * p.config.data.seq_len
-            for p in points]
-  assert tokens == sorted(tokens) and tokens[-1] > tokens[0]      # larger models train longer
+    assert c.optim.schedule == "wsd" and c.train.steps == scaling_gpt.BASE_STEPS
+    assert c.train.checkpoint_steps == (scaling_gpt.decay_start(c.train.steps),)
+    assert c.train.steps % c.train.eval_every == 0
+  assert sum(len(s) == 3 for s in seeds.values()) >= 3
   lrs = [p.config.optim.lr for p in points]
   assert lrs == sorted(lrs, reverse=True)                         # the width rule
+  values = scaling_gpt.parse_arg(f"source={corpus}")
+  longer = sweep_lib.expand(scaling_gpt.sweep_of(values, [((2, 16), 1, 4 * 1200)]))[0]
+  assert longer.config.optim.warmup_steps == points[0].config.optim.warmup_steps
+  assert longer.name == "L2_d16_lr0.0191_seed1_warm60_s4800"
   half = sweep_lib.expand(sweep_lib.load_sweep(
-      f"configs/sweeps/scaling_gpt.py:source={corpus},scale=0.5,lr=0.002"), validate=False)
-  assert sorted(p.overrides["train.steps"] for p in half) == sorted(
-      round(p.config.train.steps / 2) for p in points)
-  assert {p.overrides["optim.lr"] for p in half} == {0.002}
+      f"configs/sweeps/scaling_gpt.py:source={corpus},scale=0.5,lr=0.002,seeds=2"),
+      validate=False)
+  assert {p.overrides["train.steps"] for p in half} == {600}
+  assert {p.overrides["optim.lr"] for p in half} == {0.002} and len(half) == 9
   with pytest.raises(ValueError, match="source=PATH"):
     sweep_lib.load_sweep("configs/sweeps/scaling_gpt.py:scale=1")
   with pytest.raises(ValueError, match="key one of"):

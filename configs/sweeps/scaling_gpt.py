@@ -1,44 +1,46 @@
-"""Loss vs model size by Kaplan et al.'s protocol: char GPTs of 6 sizes, each trained near
-convergence on one corpus, for L(N) with N the non-embedding parameters.
+"""Loss vs model size by Kaplan et al.'s protocol: char GPTs of 6 sizes, each trained until
+one more doubling of its tokens no longer moves its loss by more than the seed-to-seed noise,
+for L(N) with N the non-embedding parameters.
 
     python -m jaxformer.sweep --workdir=DIR --parallel=2 \\
         --config='configs/sweeps/scaling_gpt.py:source=/path/corpus.txt'
-    (experiments/scaling_gpt.py runs this sweep, then fits and reports)
+    (the first length of every chain; experiments/scaling_gpt.py runs the whole adaptive
+    study: it decides which chains to double, branches them and trains the branches)
 
 Arguments (comma-separated key=value; `source` is required):
-  source  a UTF-8 text file (split 90/10 into train/validation by characters; made absolute)
-  scale   multiplies every size's step budget (default 1; e.g. 0.002 for a smoke test)
-  evals   evaluations per run (default 20); a point's loss is the best of them (early stopping)
-  lr      peak learning rate of every run, or "width" (default): lr = 0.268 d_model^-0.952,
-          the width rule experiments/scaling_chinchilla.py fitted on python_docs.txt (smaller
-          models want larger LRs: one LR for all would bias alpha_N)
+  source      a UTF-8 text file (split 90/10 into train/validation by characters; absolute)
+  scale       multiplies the first length BASE_STEPS (default 1; e.g. 0.01 for a smoke test)
+  lr          peak learning rate of every run, or "width" (default): lr = 0.268 d_model^-0.952,
+              the width rule experiments/scaling_chinchilla.py fitted on python_docs.txt
+              (smaller models want larger LRs: one LR for all would bias alpha_N)
+  seeds       seeds of each SEEDED size (default 3; the other sizes train seed 0 only)
+  max_epochs  the cap on a chain's length, in epochs of the training split (default 2)
 
-Why this protocol (Kaplan et al. 2020, section 3.1 and Fig. 1): L(N) = (N_c / N)^alpha_N is
-the loss of models trained to near convergence on the same data, early-stopped, with N
-counting non-embedding parameters. A fixed token budget for every size (this sweep before)
-measures under-training instead: there D/N fell from 25 to 0.2 with size and alpha_N came
-out 0.033 against Kaplan's 0.076. So each size gets its own budget here, from ~820 tokens
-per non-embedding parameter (smallest) to ~50 (largest, the most a 30-minute CPU budget
-allows), and the report checks whether each eval curve had flattened.
+Design (issue #30: every size of the cosine study was still falling, one seed each): per size
+and seed one chain of warmup-stable-decay runs (`optim.schedule="wsd"`: constant LR, then
+1-sqrt to 0 over the last 20% of the steps) of lengths BASE_STEPS x 1, 2, 4, ... Run j
+trains to its length and decays at its end, and keeps its stable-phase checkpoint at its
+decay start (`train.checkpoint_steps`); run j+1 is a branch of run j from that checkpoint
+(`jaxformer.train.workdir.branch`): it continues the constant LR to its own decay start and
+then decays. A wsd run's stable phase does not depend on its length, so run j+1 equals a
+separate run of its length exactly (tests/test_wsd.py), for 60% of its steps instead of all.
+Each run is thus the trunk's cooldown at its length; the trunk is the chain of stable phases.
+The warmup (5% of the first length) is the same for every length of a chain, which the
+branches need (the resume check compares every learning rate taken).
 
-Why a constant tail: the cosine reaches its floor (10% of the peak) at 80% of the steps and
-stays there (`optim.decay_steps`), so the last 20% of a run, 5 of its 20 evals, train at one
-LR: a loss still falling there is still learning, not annealing. With the cosine ending at the
-last step (the first version) every size's tail fell by 0.12-0.19 nats per doubling of tokens,
-which could not tell the two apart.
+Which chains get longer is decided from the finished runs (experiments/scaling_gpt.py's
+`plan`): a size doubles until its last doubling improved its final eval loss by less than
+sigma_seed, or its next length would pass `max_epochs` (then it is reported not converged).
 
-Family: configs/sweeps/isoflop.py's (the README's nanoGPT-style char GPT, head_dim 16,
-mlp 4x, batch 16 x 64 tokens, `common_overrides`), with >= 2 layers (Kaplan et al. Fig. 6:
+Family: configs/sweeps/isoflop.py's (the README's nanoGPT-style char GPT, head_dim 16, mlp
+4x, batch 16 x 64 tokens, `common_overrides`), with >= 2 layers (Kaplan et al. Fig. 6:
 1-layer models fall off the non-embedding trend): N from 6.2K (2 x 16) to 231K (3 x 80),
-37x. Each run: warmup 5% of its steps, cosine to 10% of the peak at 80% of its steps, then
-constant; `evals` evaluations on the same 40 x 32 validation windows (82K tokens), a checkpoint
-at each eval.
+37x. Evals every half of the first length (and at each run's end) on 40 x 32 validation
+windows (82K tokens; the windows depend on the seed, so sigma_seed includes their sampling).
 
-Time: two single-threaded runs at a time on the 2-core CPU; throughput measured in the first
-sweep at --scale=0.4 (wall time of each run, start-up and evals included): 3 x 80 ~8.0K
-tokens/s, 2 x 64 27K, 2 x 48 34K, 2 x 32 37K, the two smallest ~37K after ~20 s of start-up.
-At scale 1 the largest run takes ~24 min alone and the other five, one after another beside
-it, ~20 min: ~25 min wall, plus ~2 min of fits (1000 bootstrap resamples).
+Throughput, measured in the cosine study (one XLA:CPU thread per run, two runs at once on the
+2-core CPU, evals and start-up included), in tokens/s: MEASURED_TOKENS_PER_S.
+experiments/scaling_gpt.py prints the study's FLOPs and time from them before training.
 """
 
 from __future__ import annotations
@@ -48,29 +50,38 @@ import os
 from configs.sweeps import isoflop
 
 BASE = isoflop.BASE
-# (num_layers, d_model, steps at scale 1), largest first: `jaxformer.sweep.run` starts points
-# in order, so with parallel=2 the longest run starts at once and the rest queue beside it.
-SIZES = ((3, 80, 11_000), (2, 64, 10_000), (2, 48, 8_000), (2, 32, 7_000), (2, 24, 5_000),
-         (2, 16, 5_000))
-DECAY_FRACTION = 0.8               # the cosine ends here; the rest is at its floor
-DEFAULTS = dict(scale="1", evals="20", lr="width")
+# (num_layers, d_model), largest first: `jaxformer.sweep.run` starts points in order, so with
+# parallel=2 the longest run starts at once and the rest queue beside it.
+SIZES = ((3, 80), (2, 64), (2, 48), (2, 32), (2, 24), (2, 16))
+SEEDED = ((2, 32), (2, 24), (2, 16))    # the sizes trained with `seeds` seeds: the cheapest
+MEASURED_TOKENS_PER_S = {(3, 80): 9_900, (2, 64): 26_400, (2, 48): 35_600, (2, 32): 47_000,
+                         (2, 24): 59_000, (2, 16): 67_000}
+BASE_STEPS = 1200                  # the first length of every chain at scale 1 (1.2M tokens)
+EVALS_PER_BASE = 2                 # evals per BASE_STEPS (and one at every run's end)
+WARMUP_FRACTION = 0.05             # of the first length, then the same for every length
+DECAY_FRACTION = 0.2               # wsd: the last 20% of each run's steps decay
+MIN_LR_RATIO = 0.0                 # 1-sqrt to 0 (Hägele et al. 2024)
+DEFAULTS = dict(scale="1", lr="width", seeds="3", max_epochs="2")
 WIDTH_RULE = (0.268, 0.952)        # (k, p) of lr = k d_model^-p
 EVAL_BATCH_SIZE = 32
 
 
 def parse_arg(arg: str | None) -> dict:
-  """'source=...,scale=...' -> {source, scale, evals, lr} typed; ValueError naming the key."""
+  """'source=...,scale=...' -> {source, scale, lr, seeds, max_epochs} typed; ValueError
+  naming the key."""
   values = isoflop.parse_key_values("scaling_gpt", arg, DEFAULTS)
   try:
     out = dict(source=os.path.abspath(os.path.expanduser(values["source"])),
                scale=float(values["scale"]),
-               evals=int(values["evals"]),
-               lr=values["lr"] if values["lr"] == "width" else float(values["lr"]))
+               lr=values["lr"] if values["lr"] == "width" else float(values["lr"]),
+               seeds=int(values["seeds"]), max_epochs=float(values["max_epochs"]))
   except ValueError as e:
-    raise ValueError(f"scaling_gpt sweep arg {arg!r}: {e}; scale and lr are numbers, evals "
-                     "an int") from e
-  if not (out["scale"] > 0 and (out["lr"] == "width" or out["lr"] > 0) and out["evals"] >= 1):
-    raise ValueError(f"scaling_gpt sweep arg {arg!r}: scale and lr must be > 0, evals >= 1")
+    raise ValueError(f"scaling_gpt sweep arg {arg!r}: {e}; scale, lr and max_epochs are "
+                     "numbers, seeds an int") from e
+  if not (out["scale"] > 0 and (out["lr"] == "width" or out["lr"] > 0) and out["seeds"] >= 1
+          and out["max_epochs"] > 0):
+    raise ValueError(f"scaling_gpt sweep arg {arg!r}: scale, lr and max_epochs must be > 0, "
+                     "seeds >= 1")
   return out
 
 
@@ -81,26 +92,72 @@ def lr_of(lr, d_model: int) -> float:
   return float(f"{k * d_model ** -p:.3g}")
 
 
-def steps_of(scale: float) -> list[int]:
-  return [max(int(round(steps * scale)), 1) for _, _, steps in SIZES]
+def size_name(size) -> str:
+  return f"L{size[0]}_d{size[1]}"
+
+
+def seeds_of(seeds: int) -> dict[str, tuple[int, ...]]:
+  """{size name: its seeds}: `seeds` seeds at the SEEDED sizes, seed 0 elsewhere."""
+  return {size_name(s): tuple(range(seeds)) if s in SEEDED else (0,) for s in SIZES}
+
+
+def base_steps(scale: float) -> int:
+  """The first length; a multiple of 2 x EVALS_PER_BASE so every eval lands on a step."""
+  unit = 2 * EVALS_PER_BASE
+  return max(int(round(BASE_STEPS * scale / unit)) * unit, unit)
+
+
+def lengths(scale: float, max_epochs: float, train_chars: int) -> list[int]:
+  """The chain's lengths in steps: base x 1, 2, 4, ... while the tokens stay within
+  `max_epochs` of the training split (at least the first)."""
+  first = base_steps(scale)
+  cap = max_epochs * train_chars / isoflop.TOKENS_PER_STEP
+  out = [first]
+  while 2 * out[-1] <= cap:
+    out.append(2 * out[-1])
+  return out
+
+
+def decay_start(steps: int) -> int:
+  """`jaxformer.state.optim.wsd_decay_start` of a run of `steps` (decay_fraction 0.2): the
+  stable checkpoint the next length branches from (the same formula; tested equal)."""
+  return steps - max(int(round(DECAY_FRACTION * steps)), 1)
+
+
+NAME = ("L{model.num_layers}_d{model.d_model}_lr{optim.lr:g}_seed{train.seed}"
+        "_warm{optim.warmup_steps}_s{train.steps}")
+# A run's directory names its chain (size, LR, seed, warmup: the first length) and its length,
+# so another --scale or --lr never resumes a run of another schedule.
+
+
+def run_overrides(values: dict, size, seed: int, steps: int) -> dict:
+  """The overrides of one run of a chain (its length `steps`)."""
+  first = base_steps(values["scale"])
+  every = first // EVALS_PER_BASE
+  return {**isoflop.model_fields(*size), "train.seed": seed, "train.steps": steps,
+          "train.eval_every": every, "train.checkpoint_every": every,
+          "train.log_every": max(every // 10, 1),
+          "train.checkpoint_steps": (decay_start(steps),),
+          "optim.warmup_steps": max(int(round(WARMUP_FRACTION * first)), 1),
+          "optim.lr": lr_of(values["lr"], size[1])}
+
+
+def sweep_of(values: dict, runs) -> dict:
+  """The sweep of `runs`, each (size, seed, steps): zipped, one point per run."""
+  vocab_size, _ = isoflop.corpus_info(values["source"])
+  rows = [run_overrides(values, size, seed, steps) for size, seed, steps in runs]
+  zipped = {key: [r[key] for r in rows] for key in rows[0]}
+  overrides = dict(isoflop.common_overrides(values["source"], vocab_size),
+                   **{"train.eval_batch_size": EVAL_BATCH_SIZE, "optim.schedule": "wsd",
+                      "optim.decay_fraction": DECAY_FRACTION, "optim.decay_shape": "1-sqrt",
+                      "optim.min_lr_ratio": MIN_LR_RATIO})
+  return dict(base=BASE, zip=zipped, overrides=overrides, name=NAME)
 
 
 def get_sweep(arg=None):
+  """The first length of every chain (the trunks); the study adds the longer ones."""
   values = parse_arg(arg)
-  vocab_size, _ = isoflop.corpus_info(values["source"])
-  steps = steps_of(values["scale"])
-  every = [max(s // values["evals"], 1) for s in steps]
-  fields = [isoflop.model_fields(layers, d) for layers, d, _ in SIZES]
-  zipped = {key: [f[key] for f in fields] for key in fields[0]}
-  zipped.update({
-      "train.steps": steps, "train.eval_every": every, "train.checkpoint_every": every,
-      "train.log_every": [max(s // 100, 1) for s in steps],
-      "optim.warmup_steps": [max(s // 20, 1) for s in steps],
-      "optim.decay_steps": [max(int(round(DECAY_FRACTION * s)), 1) for s in steps],
-      "optim.lr": [lr_of(values["lr"], d) for _, d, _ in SIZES],   # zipped: names carry it
-  })
-  overrides = dict(isoflop.common_overrides(values["source"], vocab_size),
-                   **{"train.eval_batch_size": EVAL_BATCH_SIZE, "optim.schedule": "cosine"})
-  return dict(base=BASE, zip=zipped, overrides=overrides,
-              name="L{model.num_layers}_d{model.d_model}_s{train.steps}_lr{optim.lr:g}"
-                   "_decay{optim.decay_steps}")
+  first = base_steps(values["scale"])
+  seeds = seeds_of(values["seeds"])
+  runs = [(size, seed, first) for size in SIZES for seed in seeds[size_name(size)]]
+  return sweep_of(values, runs)

@@ -1,0 +1,59 @@
+"""Every committed scaling report is what its script computes from its committed JSON: the
+markdown is `render(json)` byte for byte, and the fits' point estimates are what `refit(json)`
+recomputes from the JSON's raw points (rtol 1e-6, no bootstrap). A change to a study's code
+that would change its report fails here until the report is regenerated
+(`python -m experiments.<name> --report_only`, or a rerun of the study)."""
+
+import json
+import math
+
+import pytest
+
+from experiments import report_check
+
+# Each study script with render/refit whose report is committed. scaling_gpt's committed report
+# is the cosine study before issue #30's rerun (another format): it is checked once the rerun
+# has replaced it.
+REPORTS = ("scaling_vit", "mup_transfer", "scaling_gpt")
+
+
+@pytest.mark.parametrize("name", REPORTS)
+def test_committed_report_is_what_the_code_computes_from_its_json(name):
+  results = report_check.load(report_check.RESULTS / name)
+  module = report_check.script(name)
+  if getattr(module, "FORMAT", None) and results.get("format") != module.FORMAT:
+    pytest.skip(f"{name}.json is an older study's (format {results.get('format')!r}); its "
+                f"report is replaced when the rerun finishes")
+  assert report_check.check(name) == []
+
+
+def test_check_names_a_stale_report_and_a_moved_estimate(tmp_path):
+  src = report_check.RESULTS / "scaling_vit"
+  results = json.loads(src.with_suffix(".json").read_text())
+  (tmp_path / "scaling_vit.md").write_text(src.with_suffix(".md").read_text() + "edited\n")
+  results["fit"]["params"]["b"] *= 1 + 1e-4
+  (tmp_path / "scaling_vit.json").write_text(json.dumps(results))
+  problems = report_check.check("scaling_vit", tmp_path)
+  assert len(problems) == 2
+  assert "differs from render" in problems[0] and "--report_only" in problems[0]
+  assert "fit.b" in problems[1]
+
+
+def test_compare_estimates():
+  assert report_check.compare_estimates({"k": {"a": 1.0}}, {"k": {"a": 1.0 + 1e-9}}) == []
+  assert report_check.compare_estimates({"k": None}, {"k": None}) == []
+  assert report_check.compare_estimates({"k": {"a": math.inf}}, {"k": {"a": None}}) == []
+  assert "refitted None" in report_check.compare_estimates({"k": None}, {"k": {"a": 1}})[0]
+  assert "parameters" in report_check.compare_estimates({"k": {"a": 1}}, {"k": {"b": 1}})[0]
+
+
+def test_report_only_rewrites_the_markdown_from_the_json(tmp_path, capsys):
+  from experiments import scaling_vit
+  src = report_check.RESULTS / "scaling_vit"
+  (tmp_path / "scaling_vit.json").write_text(src.with_suffix(".json").read_text())
+  assert scaling_vit.main(["--report_only", f"--out={tmp_path / 'scaling_vit'}"]) == 0
+  assert (tmp_path / "scaling_vit.md").read_text() == src.with_suffix(".md").read_text()
+  assert (tmp_path / "scaling_vit.png").stat().st_size > 0
+  with pytest.raises(SystemExit) as e:
+    scaling_vit.main(["--report_only", f"--out={tmp_path / 'missing'}"])
+  assert e.value.code == 2 and "no missing.json there" in capsys.readouterr().err
