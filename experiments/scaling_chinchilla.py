@@ -50,6 +50,7 @@ import time
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 from configs.sweeps import isoflop  # noqa: E402
+from experiments import report_check  # noqa: E402
 from jaxformer import scaling, sweep as sweep_lib  # noqa: E402
 
 BUDGETS = tuple(float(f"{1e11 * 10 ** (k / 4):.3g}") for k in range(9))
@@ -62,6 +63,7 @@ COSINE_BUDGET = 1e12
 PREDICTION_FACTOR = 3.0
 DECAY_FRACTION = 0.2
 MIN_WARMUP = 20
+FORMAT = "wsd-branches-1"          # OUT.json's layout (the cosine study before #30 had none)
 NAME = "L{model.num_layers}_d{model.d_model}_s{train.steps}_lr{optim.lr:g}_seed{train.seed}"
 WSD = {"optim.decay_shape": "1-sqrt", "optim.min_lr_ratio": 0.0}
 
@@ -639,7 +641,12 @@ def refit(results: dict) -> dict:
   return {name: fit.params for name, fit in fits_of(results["points"], 0)[0].items()}
 
 
-def plot(path: pathlib.Path, results: dict) -> None:
+def stored(results: dict) -> dict:
+  """The fits' point estimates the JSON holds (what `refit` is compared with)."""
+  return {name: fit["params"] for name, fit in results["analysis"]["fits"].items()}
+
+
+def plot(results: dict, path: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -694,15 +701,14 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   out = pathlib.Path(args.out)
   if args.report_only:
-    write_report(out, json.loads(out.with_suffix(".json").read_text()))
-    return 0
+    return report_check.report_only(out, render, plot)
   if args.threads_per_run:
     sweep_lib.limit_xla_threads(args.threads_per_run)
   stages = training_stages(args)
   if args.until == "runs":
     print("every run before the prediction is trained (--until=runs)")
     return 0
-  results = {"setup": setup_of(args), "rule": stages["rule"],
+  results = {"format": FORMAT, "setup": setup_of(args), "rule": stages["rule"],
              "points": points_of(args, stages)}
   prediction = predict(args, results, approach_3(results["points"], args.bootstrap))
   rows = prediction_stage(args, prediction, stages["rule"])
@@ -714,17 +720,9 @@ def main(argv=None) -> int:
                            "relative_error": measured["eval_loss"] / prediction["predicted_loss"] - 1,
                            "inside": bool(low <= measured["eval_loss"] <= high)}
   results["analysis"] = analyse(results, args.bootstrap)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.with_suffix(".json").write_text(json.dumps(results, indent=2, default=float) + "\n")
-  write_report(out, results)
+  results = json.loads(json.dumps(results, default=float))
+  print(report_check.write(out, results, render, plot))
   return 0
-
-
-def write_report(out: pathlib.Path, results: dict) -> None:
-  text = render(results)
-  out.with_suffix(".md").write_text(text)
-  plot(out.with_suffix(".png"), results)
-  print(text)
 
 
 if __name__ == "__main__":

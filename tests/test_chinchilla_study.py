@@ -9,6 +9,8 @@ import pathlib
 import numpy as np
 import pytest
 
+from experiments import report_check
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAW = {"E": 1.0, "A": 60.0, "B": 900.0, "alpha": 0.35, "beta": 0.38}
 SIZES = [(f"L2_d{16 * (i + 1)}", int(8e3 * 2.1 ** i)) for i in range(7)]
@@ -117,5 +119,6 @@ def test_study_analysis_recovers_a_known_law_and_renders_from_its_json(tmp_path)
   for name, params in refitted.items():
     for key, value in params.items():
       assert value == pytest.approx(a["fits"][name]["params"][key], rel=1e-6), (name, key)
-  study.plot(tmp_path / "study.png", text)
+  assert report_check.compare_estimates(refitted, study.stored(text)) == []
+  study.plot(text, str(tmp_path / "study.png"))
   assert (tmp_path / "study.png").stat().st_size > 10_000

@@ -11,10 +11,10 @@ import pytest
 
 from experiments import report_check
 
-# Each study script with render/refit whose report is committed. scaling_gpt's committed report
-# is the cosine study before issue #30's rerun (another format): it is checked once the rerun
-# has replaced it.
-REPORTS = ("scaling_vit", "mup_transfer", "scaling_gpt")
+# Each study script with render/refit whose report is committed. scaling_gpt's and
+# scaling_chinchilla's committed reports are the cosine studies before issue #30's reruns
+# (another format): each is checked once its rerun has replaced it.
+REPORTS = ("scaling_vit", "mup_transfer", "scaling_gpt", "scaling_chinchilla")
 
 
 @pytest.mark.parametrize("name", REPORTS)
