@@ -46,8 +46,8 @@ def data_config(source, tokenizer="char", seq_len=16, **extra):
   return ConfigDict(dict(source=source, tokenizer=tokenizer, seq_len=seq_len, **extra))
 
 
-def pipeline(cfg, task="lm", *, workdir, data_dir, batch=4, **kw):
-  kw = dict(seed=3, global_batch_size=batch, eval_batch_size=batch, workdir=str(workdir),
+def pipeline(cfg, task="lm", *, workdir, data_dir, batch=4, seed=3, **kw):
+  kw = dict(seed=seed, global_batch_size=batch, eval_batch_size=batch, workdir=str(workdir),
             data_dir=data_dir, **kw)
   return text.make_text_pipeline(cfg, task, **kw)
 
@@ -346,7 +346,8 @@ def test_stream_lm_batches_match_the_old_text_corpus_exactly(tmp_path, data_dir)
   evals = list(p.eval_batches())
   assert len(evals) == 3
   for i, batch in enumerate(evals):
-    old = old_text_corpus_batch(val, i, batch_size=12, seq_len=64, seed=3, split_id=1)
+    old = old_text_corpus_batch(val, i, batch_size=12, seq_len=64, seed=text.EVAL_SEED,
+                                split_id=1)                 # eval: the data's seed, not the run's
     np.testing.assert_array_equal(batch["inputs"], old["inputs"])
     np.testing.assert_array_equal(batch["valid"], np.ones(12))
   assert tokenizers.load_tokenizer(tmp_path).chars == p.tokenizer.chars   # saved in workdir
@@ -536,3 +537,17 @@ def test_padded_vocabulary_samples_decode_and_bad_ids_are_refused(tmp_path, kind
     text = sample_text(ConfigDict(dict(model=cfg)), params["params"], tok, prompt="ROMEO:", max_new_tokens=40,
                        temperature=1.0, seed=seed)
     assert isinstance(text, str) and len(text) > 0
+
+
+@pytest.mark.parametrize("task", ["lm", "mlm"])
+def test_eval_batches_are_the_same_for_every_run_seed(small_file, data_dir, tmp_path, task):
+  """The eval set belongs to the data: runs of seeds 3 and 4 train on different windows but
+  are scored on the same eval windows (and MLM eval masks), so a seed study measures training
+  noise, not the eval sample's."""
+  cfg = data_config(small_file, eval_batches=3)
+  a = pipeline(cfg, task, workdir=tmp_path / "a", data_dir=data_dir, seed=3)
+  b = pipeline(cfg, task, workdir=tmp_path / "b", data_dir=data_dir, seed=4)
+  for x, y in zip(a.eval_batches(), b.eval_batches()):
+    for key in x:
+      np.testing.assert_array_equal(x[key], y[key])
+  assert not np.array_equal(a.train_batch(5)["inputs"], b.train_batch(5)["inputs"])

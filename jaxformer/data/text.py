@@ -21,8 +21,11 @@ validation by a hash of its text (corpus/work.py); datasets with named splits ke
 Modes (`data.packing`):
 - "stream" (default for a single text file): a split is one token stream; step s draws random
   windows with `np.random.default_rng([seed, split_id, s])` (nanoGPT's sampling, bit-identical
-  to the earlier `TextCorpus.batch`). Eval batch i uses step index i on the eval split; with
-  `data.eval_batches=None` eval instead covers the split once in consecutive windows.
+  to the earlier `TextCorpus.batch`). Eval batch i uses step index i on the eval split, drawn
+  with EVAL_SEED rather than the run's seed (MLM eval masks too): the eval set belongs to the
+  data, so runs of different seeds are scored on the same tokens and a seed study measures
+  training noise, not the eval sample's. With `data.eval_batches=None` eval instead covers the
+  split once in consecutive windows.
 - "packed" (default for documents): documents (+eos, where the tokenizer has one) are packed
   next-fit into rows (packing.py), indexed once per sequence length from the document lengths
   and batched with `batching.train_batches` / `batching.eval_batches`. On a single text file
@@ -44,6 +47,7 @@ from jaxformer.data.corpus.tokens import TokenStream
 from jaxformer.data.corpus.work import ROLES
 
 SPLIT_IDS = dict(zip(ROLES, (0, 1)))         # the split_id of the window RNG
+EVAL_SEED = 0                                 # eval windows and masks: the same for every run seed
 PACKING_MODES = ("stream", "packed")
 TASKS = ("lm", "mlm")
 MLM_MASK_FRACTION, MLM_RANDOM_FRACTION = 0.8, 0.1    # of the selected positions (BERT)
@@ -155,7 +159,8 @@ class _StreamMixin:
 
   def _windows(self, role: str, step: int, batch_size: int) -> np.ndarray:
     """This process's rows of the global batch of random windows of `step`."""
-    return stream_windows(self.streams[role], seed=self.seed, split_id=SPLIT_IDS[role],
+    seed = self.seed if role == "train" else EVAL_SEED
+    return stream_windows(self.streams[role], seed=seed, split_id=SPLIT_IDS[role],
                           step=step, batch_size=batch_size, length=self.window,
                           rows=self._rows(batch_size))
 
@@ -219,7 +224,8 @@ class MLMPipeline(_StreamMixin, _TextPipeline):
     self._load_streams(self.seq_len)
 
   def _mask(self, tokens: np.ndarray, key: list[int]) -> dict[str, np.ndarray]:
-    return bert_mask(tokens, np.random.default_rng([self.seed, *key]), rate=self.mask_rate,
+    seed = self.seed if key[0] == SPLIT_IDS["train"] else EVAL_SEED
+    return bert_mask(tokens, np.random.default_rng([seed, *key]), rate=self.mask_rate,
                      mask_id=self.mask_id, vocab_size=self.tokenizer.vocab_size)
 
   def _masked_batch(self, role: str, step: int, batch_size: int) -> dict[str, np.ndarray]:
