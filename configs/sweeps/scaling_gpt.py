@@ -48,6 +48,7 @@ from __future__ import annotations
 import os
 
 from configs.sweeps import isoflop
+from jaxformer import run_settings
 
 BASE = isoflop.BASE
 # (num_layers, d_model), largest first: `jaxformer.sweep.run` starts points in order, so with
@@ -119,9 +120,9 @@ def lengths(scale: float, max_epochs: float, train_chars: int) -> list[int]:
 
 
 def decay_start(steps: int) -> int:
-  """`jaxformer.state.optim.wsd_decay_start` of a run of `steps` (decay_fraction 0.2): the
-  stable checkpoint the next length branches from (the same formula; tested equal)."""
-  return steps - max(int(round(DECAY_FRACTION * steps)), 1)
+  """The trainer's `run_settings.wsd_decay_start` of a run of `steps`: the stable checkpoint
+  the next length branches from."""
+  return run_settings.wsd_decay_start(steps, DECAY_FRACTION)
 
 
 NAME = ("L{model.num_layers}_d{model.d_model}_lr{optim.lr:g}_seed{train.seed}"
