@@ -175,18 +175,18 @@ def _corpus(path, chars: int) -> str:
 
 def test_isoflop_sweep_file_end_to_end(tmp_path, monkeypatch):
   """get_sweep -> as_sweep -> expand (every point's config parsed and its model built), with
-  budgets at the small end of the family (1e11 and 3e11 FLOPs: 5 sizes each, >= 50 steps of
-  1024 tokens). The corpus must hold 2 epochs of the longest run (2.7M tokens): 1.6M chars.
-  Widths are cut to <= 160 (the plan uses <= 96 here; counting all 38 shapes is ~4x slower)."""
+  budgets at the small end of the family (3e11 and 1e12 FLOPs: 5 sizes each of >= 2 layers,
+  >= 50 steps of 1024 tokens). The corpus must hold 2 epochs of the longest run.
+  Widths are cut to <= 160 (counting all 38 shapes is ~4x slower)."""
   from configs.sweeps import isoflop
 
   monkeypatch.setattr(isoflop, "WIDTHS", tuple(range(16, 161, 16)))
   monkeypatch.setattr(isoflop, "gpt_candidates", functools.cache(isoflop.gpt_candidates))
-  source = _corpus(tmp_path / "corpus.txt", 1_600_000)
-  spec = isoflop.get_sweep(f"source={source},budgets=1e11/3e11,lr=2e-3")
+  source = _corpus(tmp_path / "corpus.txt", 3_600_000)
+  spec = isoflop.get_sweep(f"source={source},budgets=3e11/1e12,lr=2e-3")
   points = sweep_lib.expand(sweep_lib.as_sweep(spec))
   assert len(points) == 10 and len({p.name for p in points}) == 10
-  runs = isoflop.plan(source, [1e11, 3e11])
+  runs = isoflop.plan(source, [3e11, 1e12])
   tokens_per_step = isoflop.BATCH_SIZE * isoflop.SEQ_LEN
   for point, run in zip(points, runs):
     cfg = point.config
@@ -199,12 +199,12 @@ def test_isoflop_sweep_file_end_to_end(tmp_path, monkeypatch):
     # N is the total count of the model the point builds; FLOPs are the exact count.
     assert point.params["total"] == run.candidate.params
     assert abs(run.flops / run.budget - 1) <= 0.02
-    assert run.tokens <= 2 * 0.9 * 1_600_000
-  for budget in (1e11, 3e11):
+    assert run.tokens <= 2 * 0.9 * 3_600_000
+  for budget in (3e11, 1e12):
     sizes = [r.candidate.params for r in runs if r.budget == budget]
     assert len(set(sizes)) == 5 and min(sizes) < math.sqrt(budget / 120) < max(sizes)
   # μP: one LR for every size; heads of 16 grow in number, so head_dim is set
-  mup = isoflop.get_sweep(f"source={source},budgets=1e11/3e11,lr=2e-3,mup_base_width=32")
+  mup = isoflop.get_sweep(f"source={source},budgets=3e11/1e12,lr=2e-3,mup_base_width=32")
   assert {k: mup["overrides"][k] for k in ("model.parametrization", "model.mup_base_width",
                                            "model.head_dim", "optim.lr")} == {
       "model.parametrization": "mup", "model.mup_base_width": 32, "model.head_dim": 16,
