@@ -79,12 +79,12 @@ def _results():
 def test_study_analysis_recovers_a_known_law_and_renders_from_its_json(tmp_path):
   study = _study()
   results = _results()
-  results["analysis"] = study.analyse(results, samples=30)
+  results["analysis"] = study.analyse(results, samples=16)
   a = results["analysis"]
   fit3 = a["fits"]["approach 3"]
   for key in ("alpha", "beta"):
     assert fit3["params"][key] == pytest.approx(LAW[key], rel=0.15)
-  assert fit3["bootstrap_by_run"] and fit3["bootstrap_attempted"] == 30
+  assert fit3["bootstrap_by_run"] and fit3["bootstrap_attempted"] == 16
   # the optimum at exact FLOPs is the minimiser of the true law at exact compute
   fpt = study.fpt_of(results["setup"])
   for row in a["optima"]:
