@@ -50,9 +50,11 @@ took 264-640 s each (measured, two at a time on the 2-core CPU; MEASURED_WALL_S)
 at --parallel=2; the 6 seed runs at --seeds=3 (2 x (640 + 436 + 264) s) add ~22 min and
 1.2e13 FLOPs, ~42 min for all 11 from scratch. The script prints its estimate for the runs not
 finished yet (`estimate`) before it trains. 3 x 96 (71x) would take ~13 min alone.
-Writes OUT.json (every eval point, the frontier, the fit and its band), OUT.md =
-`render(OUT.json)` and OUT.png = `plot(OUT.json)` (error vs compute, log-log: each size's
-curve, the frontier and the fitted law); `refit(OUT.json)` recomputes the fit's point
+Writes OUT.json (every eval point, the frontier, the fit and its band; the replicates'
+evals as `seed_runs` and `sigma_seed` with its comparison `vs_fit`), OUT.md =
+`render(OUT.json)` (with a table of every seeded eval: errors per seed and their sd) and
+OUT.png = `plot(OUT.json)` (error vs compute, log-log: each size's curve, the other seeds
+dotted, the frontier and the fitted law); `refit(OUT.json)` recomputes the fit's point
 estimate (tests/test_reports.py).
 """
 
