@@ -3,7 +3,7 @@ al. 2022 ("Scaling Vision Transformers", eq. 1: E = a (C + d)^(-b) + c) fitted t
 compute-efficient frontier.
 
     python -m experiments.scaling_vit --data=mnist:/path/to/mnist_idx_dir | --data=tfds:mnist
-        [--workdir=runs/scaling_vit] [--steps=3000] [--evals=10] [--parallel=2]
+        [--workdir=runs/scaling_vit] [--steps=3000] [--evals=10] [--seeds=3] [--parallel=2]
         [--threads_per_run=1] [--bootstrap=1000] [--bootstrap_seconds=180]
         [--out=experiments/results/scaling_vit]
     python -m experiments.scaling_vit --refit [--out=...]        # refit to OUT.json's evals
@@ -22,6 +22,22 @@ its luck; resampling the points independently gave b in [0.72, 0.92], resampling
 overstate the error a run of that length would reach: the frontier is conservative between
 the run ends.
 
+Seeds (issue #30: 3 seeds at 3 or more points; sigma_seed reported; a fit is flagged when
+sigma_seed exceeds its residual RMS): the SEEDED sizes 1 x 16, 2 x 48 and 3 x 64 (smallest,
+middle, largest: sigma_seed across the whole range of error, 22% .. 1.6%) also train with
+train.seed 1 .. --seeds - 1 (initialisation, image order, augmentation shifts; the test images
+are the same). They are a second sweep, in WORKDIR/seeds, named `<seed 0's name>_seed<k>`:
+seed 0's points keep their names, so its finished runs are reused. sigma_seed is the sample sd
+over seeds of the test error at one eval step, its variance pooled (by degrees of freedom: with
+3 seeds at every eval, the root mean variance) over a size's evals and over the seeded sizes;
+in error and in log error, the Zhai fit's residual space, where it is compared with the fit's
+RMS residual: larger is **flagged** (seed 0's frontier then scatters about the law less than
+repeat runs do, and the intervals understate the run-to-run noise). The frontier and the fit
+use seed 0's runs only, as before the seeds (a frontier over every seed would keep the luckiest
+seed, at the seeded sizes alone; means of 3 seeds at 3 sizes next to single runs would mix two
+kinds of point), so the bootstrap still resamples seed 0's whole runs; the replicates measure
+the noise the fit is judged against, and `refit` means what it meant.
+
 Compute: C = flops_per_token(model, T) x T x images seen, T = 16 patches + [CLS] = 17 tokens
 per image, i.e. `scaling.flops_per_token` (Kaplan: 6 N + 6 n_layer n_ctx d_attn per token,
 N the non-embedding parameters: everything but the position table, so the patch projection
@@ -29,13 +45,16 @@ and the head are counted for every token) and the same count as the training loo
 
 Runs are `jaxformer.sweep` points (sweep.run summarises image runs now: it counts tokens only
 for sequence data), two at a time on one XLA:CPU thread each with --parallel=2; finished
-points are skipped, so a re-run only refits and redraws. Time (estimated, not measured end to
-end): 6-10 min wall at --steps=3000 on the 2-core CPU, from the GPT sweep's measured
-single-thread 12-20 GFLOP/s (3 x 64: 11 MFLOPs per image, ~1,100 images/s, ~6 min alone; the
-others ~2,000-6,000 images/s). 3 x 96 (71x) would take ~13 min alone: over the 12 min budget.
-Writes OUT.json (every eval point, the frontier, the fit and its band), OUT.md =
-`render(OUT.json)` and OUT.png = `plot(OUT.json)` (error vs compute, log-log: each size's
-curve, the frontier and the fitted law); `refit(OUT.json)` recomputes the fit's point
+points are skipped, so a re-run only refits and redraws. Time: the committed study's 5 runs
+took 264-640 s each (measured, two at a time on the 2-core CPU; MEASURED_WALL_S), ~19 min wall
+at --parallel=2; the 6 seed runs at --seeds=3 (2 x (640 + 436 + 264) s) add ~22 min and
+1.2e13 FLOPs, ~42 min for all 11 from scratch. The script prints its estimate for the runs not
+finished yet (`estimate`) before it trains. 3 x 96 (71x) would take ~13 min alone.
+Writes OUT.json (every eval point, the frontier, the fit and its band; the replicates'
+evals as `seed_runs` and `sigma_seed` with its comparison `vs_fit`), OUT.md =
+`render(OUT.json)` (with a table of every seeded eval: errors per seed and their sd) and
+OUT.png = `plot(OUT.json)` (error vs compute, log-log: each size's curve, the other seeds
+dotted, the frontier and the fitted law); `refit(OUT.json)` recomputes the fit's point
 estimate (tests/test_reports.py).
 """
 
@@ -63,6 +82,16 @@ BASE = "configs/vit_tiny.py:mnist"
 # (num_layers, d_model), largest first: `jaxformer.sweep.run` starts points in order, so with
 # parallel=2 the longest run starts at once and the rest queue beside it. head_dim 16, mlp 2x.
 SIZES = ((3, 64), (2, 64), (2, 48), (1, 32), (1, 16))
+NAME = "L{model.num_layers}_d{model.d_model}_s{train.steps}"    # seed 0's point names
+# The sizes trained with --seeds seeds (seed 0 and train.seed 1, 2, ...), largest first: the
+# smallest, middle and largest, so sigma_seed is measured across the whole range of test error
+# (22% .. 1.6%; the log-error noise the fit is judged against need not be the same at both
+# ends). 3 x 64 is the dearest run (~11 min); the 3 smallest instead would save ~4 min.
+SEEDED = ((3, 64), (2, 48), (1, 16))
+# Measured wall time (s) of each size's 3000-step run in the committed study (two runs at a
+# time, one XLA:CPU thread each, on the 2-core CPU): what `estimate` scales by steps.
+MEASURED_WALL_S = {(3, 64): 640, (2, 64): 469, (2, 48): 436, (1, 32): 361, (1, 16): 264}
+MEASURED_STEPS = 3000
 PILOT = 10                     # bootstrap resamples timed to size the bootstrap
 BAND_POINTS = 60               # grid points of the stored bootstrap band
 DATA_FORMS = "mnist:<directory of the IDX files> or tfds:<name> (e.g. tfds:mnist)"
@@ -74,6 +103,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--workdir", default="runs/scaling_vit")
   parser.add_argument("--steps", type=int, default=3000, help="training steps per size")
   parser.add_argument("--evals", type=int, default=10, help="evaluations per size")
+  parser.add_argument("--seeds", type=int, default=3,
+                      help="seeds of each SEEDED size (seed 0 and train.seed 1 ..; 1: none)")
   parser.add_argument("--parallel", type=int, default=2)
   parser.add_argument("--threads_per_run", type=int, default=1,
                       help="XLA:CPU threads of each run (0: XLA's default)")
@@ -99,23 +130,41 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not os.path.isdir(rest):
       parser.error(f"--data={args.data!r}: {rest} is not a directory")
     args.data = "mnist:" + os.path.abspath(rest)      # the runs are subprocesses
-  if args.steps < 1 or args.evals < 1 or args.bootstrap < 0:
-    parser.error("--steps and --evals must be >= 1, --bootstrap >= 0")
+  if args.steps < 1 or args.evals < 1 or args.bootstrap < 0 or args.seeds < 1:
+    parser.error("--steps, --evals and --seeds must be >= 1, --bootstrap >= 0")
   return args
+
+
+def _size_fields(rows) -> dict:
+  """The zipped model fields of (num_layers, d_model, ...) rows: head_dim 16, mlp 2x."""
+  return {"model.num_layers": [r[0] for r in rows], "model.d_model": [r[1] for r in rows],
+          "model.num_heads": [max(r[1] // 16, 1) for r in rows],
+          "model.mlp_dim": [2 * r[1] for r in rows]}
 
 
 def sweep_spec(data: str, steps: int, evals: int) -> dict:
   """The sweep: one point per size, the config's recipe with `steps` and `evals` evals."""
   every = max(steps // evals, 1)
-  fields = {"model.num_layers": [n for n, _ in SIZES], "model.d_model": [d for _, d in SIZES],
-            "model.num_heads": [max(d // 16, 1) for _, d in SIZES],
-            "model.mlp_dim": [2 * d for _, d in SIZES],
+  fields = {**_size_fields(SIZES),
             "train.steps": [steps] * len(SIZES)}          # zipped, so the point names carry it
   return dict(base=BASE, zip=fields, overrides={
       "data.source": data, "train.eval_every": every, "train.checkpoint_every": every,
       "train.log_every": max(steps // 50, 1), "optim.warmup_steps": min(100, max(steps // 10, 1)),
       "train.keep_best": 0, "train.attention_maps": False},
-      name="L{model.num_layers}_d{model.d_model}_s{train.steps}")
+      name=NAME)
+
+
+def seed_spec(data: str, steps: int, evals: int, seeds: int) -> dict | None:
+  """The seed replicates: train.seed 1 .. seeds-1 of each SEEDED size, otherwise the points of
+  `sweep_spec` (named `<its name>_seed<k>`); None when seeds <= 1. A sweep of its own, as
+  seed 0's points keep their names (and so their finished runs) without a seed in them."""
+  rows = [(n, d, seed) for n, d in SEEDED for seed in range(1, seeds)]
+  if not rows:
+    return None
+  spec = sweep_spec(data, steps, evals)
+  return dict(base=BASE, zip={**_size_fields(rows), "train.steps": [steps] * len(rows),
+                              "train.seed": [r[2] for r in rows]},
+              overrides=spec["overrides"], name=NAME + "_seed{train.seed}")
 
 
 def size_points(row: dict, workdir: str) -> dict:
@@ -150,6 +199,121 @@ def pareto_frontier(sizes: list[dict]) -> list[dict]:
       frontier.append(p)
       lowest = p["error"]
   return frontier
+
+
+def _key(size: dict) -> tuple:
+  return size["num_layers"], size["d_model"]
+
+
+def seed_sigma(sizes: list[dict], seed_runs: list[dict]) -> dict | None:
+  """sigma_seed from seed 0's runs (`sizes`) and the replicates (`seed_runs`, each with its
+  "seed"): at each seeded size and each eval step every seed reached, the sample standard
+  deviation over seeds of the test error (`sd`) and of its log (`sd_log`, the Zhai fit's
+  residual space); their variances pooled, weighted by degrees of freedom (seeds - 1; with
+  the same seeds at every eval: the root mean variance) over a size's evals (the size's `sd`,
+  `sd_log`) and over every seeded size (`pooled`, `pooled_log`, `dof`). None without a size
+  of >= 2 seeds."""
+  runs = {}
+  for run in [*({**s, "seed": 0} for s in sizes), *seed_runs]:
+    runs.setdefault(_key(run), {})[run["seed"]] = run
+  out, total, total_log, dof = [], 0.0, 0.0, 0
+  for size in sizes:
+    by_seed = runs[_key(size)]
+    if len(by_seed) < 2:
+      continue
+    seeds = sorted(by_seed)
+    errors = {seed: {e["step"]: e for e in by_seed[seed]["evals"]} for seed in seeds}
+    evals, ss, ss_log, k = [], 0.0, 0.0, 0
+    for step in sorted(set().union(*map(set, errors.values()))):
+      have = [seed for seed in seeds if step in errors[seed]]
+      values = np.array([errors[seed][step]["error"] for seed in have], np.float64)
+      row = {"step": step, "compute": errors[have[0]][step]["compute"],
+             "errors": [errors[seed][step]["error"] if step in errors[seed] else None
+                        for seed in seeds], "sd": None, "sd_log": None}
+      if values.size >= 2:
+        logs = np.log(values)
+        row["sd"] = float(np.std(values, ddof=1))
+        row["sd_log"] = float(np.std(logs, ddof=1))
+        ss += float(np.sum((values - values.mean()) ** 2))
+        ss_log += float(np.sum((logs - logs.mean()) ** 2))
+        k += values.size - 1
+      evals.append(row)
+    out.append({"name": size["name"], "num_layers": size["num_layers"],
+                "d_model": size["d_model"], "seeds": seeds,
+                "runs": [by_seed[seed]["name"] for seed in seeds], "evals": evals,
+                "sd": float(np.sqrt(ss / k)) if k else None,
+                "sd_log": float(np.sqrt(ss_log / k)) if k else None, "dof": k})
+    total, total_log, dof = total + ss, total_log + ss_log, dof + k
+  if not dof:
+    return None
+  return {"sizes": out, "pooled": float(np.sqrt(total / dof)),
+          "pooled_log": float(np.sqrt(total_log / dof)), "dof": dof}
+
+
+def seed_flag(sigma: dict | None, fit: dict | None) -> dict | None:
+  """sigma_seed against the fit's RMS residual, in the fit's residual space (log error for
+  fit_zhai): {"space", "sigma", "rms_residual", "flagged": sigma > RMS}; None without both."""
+  if sigma is None or fit is None:
+    return None
+  space = fit.get("residual_space", "log")
+  value = sigma["pooled_log"] if space == "log" else sigma["pooled"]
+  return {"space": space, "sigma": value, "rms_residual": fit["rms_residual"],
+          "flagged": bool(value > fit["rms_residual"])}
+
+
+def _point_seconds(point, steps: int) -> float:
+  """A run's estimated wall time: the committed study's measured wall of its size, scaled by
+  steps (a size it did not measure: by FLOPs per image from the nearest measured size)."""
+  m = point.config.model
+  key = (m.num_layers, m.d_model)
+  if key in MEASURED_WALL_S:
+    return MEASURED_WALL_S[key] * steps / MEASURED_STEPS
+  per = _per_image(m)
+  ref = min(MEASURED_WALL_S, key=lambda k: abs(np.log(_per_image_of(*k) / per)))
+  return MEASURED_WALL_S[ref] * per / _per_image_of(*ref) * steps / MEASURED_STEPS
+
+
+def _per_image(m) -> float:
+  tokens = (m.image_size // m.patch_size) ** 2 + 1             # patches + [CLS]
+  return float(scaling.flops_per_token(m, tokens) * tokens)
+
+
+def _per_image_of(num_layers: int, d_model: int) -> float:
+  fields = _size_fields([(num_layers, d_model)])
+  config = sweep_lib.load_config(BASE, {k: v[0] for k, v in fields.items()})
+  return _per_image(config.model)
+
+
+def estimate(sweeps: list[tuple[dict, str]], parallel: int) -> dict:
+  """The runs of the (spec, workdir) `sweeps` not finished there (the sweeps run one after the
+  other, each `parallel` points at a time in order): their training compute (FLOPs x images,
+  the report's C) and wall time from the committed study's measured walls."""
+  runs, wall = [], 0.0
+  for spec, workdir in sweeps:
+    slots = [0.0] * parallel
+    for point in sweep_lib.expand(spec):
+      steps = point.config.train.steps
+      if sweep_lib.is_finished(os.path.join(workdir, point.name), steps):
+        continue
+      seconds = _point_seconds(point, steps)
+      i = int(np.argmin(slots))
+      slots[i] += seconds
+      runs.append({"name": point.name, "seconds": seconds,
+                   "compute": _per_image(point.config.model) * steps
+                   * point.config.train.batch_size})
+    wall += max(slots)
+  return {"runs": runs, "compute": sum(r["compute"] for r in runs),
+          "run_seconds": sum(r["seconds"] for r in runs), "wall_seconds": wall}
+
+
+def estimate_text(est: dict, parallel: int) -> str:
+  if not est["runs"]:
+    return "[scaling_vit] every run is finished: refitting only"
+  names = ", ".join(r["name"] for r in est["runs"])
+  return (f"[scaling_vit] {len(est['runs'])} run(s) to train ({names}): C = "
+          f"{est['compute']:.3g} FLOPs of training, ~{est['wall_seconds'] / 60:.0f} min wall at "
+          f"--parallel={parallel} ({est['run_seconds'] / 60:.0f} run-minutes; estimated from "
+          f"the committed study's measured walls, two 1-thread runs at a time on 2 cores)")
 
 
 def _zhai_kwargs(groups) -> dict:
@@ -271,12 +435,75 @@ def fit_text(fit: dict | None, notes: list[str]) -> str:
       "Findings: none (no parameter at a bound)."])
 
 
+def seed_table(sigma: dict) -> str:
+  """Each seeded size's evals: the test error of every seed at one step and their sd, then
+  the size's pooled sd."""
+  width = max(len(s["seeds"]) for s in sigma["sizes"])
+  lines = ["| run | step | C (FLOPs) | " + " | ".join(f"seed {i}" for i in range(width)) +
+           " | sd | sd (log error) |", "|---|---:|---:|" + "---:|" * (width + 2)]
+
+  def cells(values):
+    values = [*values, *[None] * (width - len(values))]
+    return " | ".join("—" if v is None else f"{v:.2%}" for v in values)
+
+  for size in sigma["sizes"]:
+    for e in size["evals"]:
+      sd_log = "—" if e["sd_log"] is None else f"{e['sd_log']:.4f}"
+      lines.append(f"| {size['name']} | {e['step']} | {e['compute']:.3g} | "
+                   f"{cells(e['errors'])} | {'—' if e['sd'] is None else format(e['sd'], '.2%')}"
+                   f" | {sd_log} |")
+    lines.append(f"| **{size['name']}** | pooled ({size['dof']} dof) | | "
+                 + " | ".join([""] * width) + f" | **{size['sd']:.2%}** | "
+                 f"**{size['sd_log']:.4f}** |")
+  return "\n".join(lines)
+
+
+def seed_text(results: dict) -> str:
+  """The seed replicates, sigma_seed and the flag, from the JSON alone."""
+  sigma, fit = results["sigma_seed"], results["fit"]
+  seeded = sorted({(r["num_layers"], r["d_model"]) for r in results["seed_runs"]})
+  intro = (f"Seed replicates: {len(seeded)} sizes "
+           f"({', '.join(f'{n} x {d}' for n, d in seeded)}) trained with "
+           f"{results.get('seeds', '?')} seeds (train.seed 0, 1, ..: the initialisation, the "
+           f"order of the training images and the augmentation shifts; the 10,000 test images "
+           f"are the same for every seed, so the scatter is training noise). The table of "
+           f"sizes, the frontier and the fit use seed 0's runs only: a frontier over every "
+           f"seed's evals would keep the luckiest seed, and only at the seeded sizes. The "
+           f"replicates measure σ_seed.")
+  if sigma is None:
+    return intro + " σ_seed: none (no seeded size has 2 finished seeds)."
+  per = ", ".join(f"{s['name']} {s['sd']:.2%} ({s['sd_log']:.4f})" for s in sigma["sizes"])
+  flag = seed_flag(sigma, fit)
+  space = "log error" if flag is None or flag["space"] == "log" else "error"
+  text = (f"σ_seed (the sample standard deviation over seeds of the test error at one eval "
+          f"step, its variance pooled over every eval of a size and over the seeded sizes, "
+          f"{sigma['dof']} degrees of freedom): **{sigma['pooled']:.2%}** in error (percentage "
+          f"points), **{sigma['pooled_log']:.4f}** in log error; per size (log error in "
+          f"brackets): {per}.")
+  if flag is None:
+    verdict = "Not compared with a fit: there is none."
+  elif flag["flagged"]:
+    verdict = (f"**flagged**: sigma_seed exceeds the residual RMS ({flag['sigma']:.4f} > "
+               f"{flag['rms_residual']:.4f} in {space}, the fit's residual space): seed 0's "
+               f"frontier scatters about the law less than repeat runs scatter about each "
+               f"other, so the law follows one seed's luck, and its intervals, from "
+               f"resampling seed 0's runs, understate the run-to-run noise.")
+  else:
+    verdict = (f"Not flagged: sigma_seed does not exceed the residual RMS "
+               f"({flag['sigma']:.4f} <= {flag['rms_residual']:.4f} in {space}, the fit's "
+               f"residual space): the law's misfit is at least the seeds' noise.")
+  return "\n\n".join([intro, seed_table(sigma), text, verdict])
+
+
 def render(results: dict) -> str:
   """The markdown report, from the results (OUT.json) alone."""
   sizes, frontier, fit = results["sizes"], results["frontier"], results["fit"]
   span = sizes[-1]["params"] / sizes[0]["params"]
   data = results["data"] if results["data"].startswith("tfds:") else "mnist:<IDX dir>"
   steps = "" if results["steps"] == 3000 else f" --steps={results['steps']}"
+  if results.get("seeds", 3) != 3:
+    steps += f" --seeds={results['seeds']}"
+  seeds = [seed_text(results)] if "seed_runs" in results else []
   return "\n\n".join([
       "# ViT scaling on MNIST: test error vs compute (Zhai et al. 2022)",
       f"`{results['base']}` with `data.source={data}`, {len(sizes)} sizes (head_dim 16, mlp 2x, "
@@ -292,7 +519,7 @@ def render(results: dict) -> str:
       f"{sum(len(s['evals']) for s in sizes)}) that no point of less compute beats. "
       f"Intermediate evals come before the cosine schedule annealed, so the frontier between "
       f"run ends is conservative.",
-      frontier_table(frontier, fit), fit_text(fit, results["notes"]),
+      frontier_table(frontier, fit), fit_text(fit, results["notes"]), *seeds,
       "![error vs compute](scaling_vit.png)", ""])
 
 
@@ -307,6 +534,11 @@ def plot(results: dict, path: str):
     ax_c.loglog([e["compute"] for e in s["evals"]], [e["error"] for e in s["evals"]], "o-",
                 color=color, ms=4, alpha=0.8,
                 label=f"{s['name'].split('_s')[0]} (N={s['params']:,})")
+  color_of = {_key(s): color for s, color in zip(sizes, colors)}
+  for i, r in enumerate(results.get("seed_runs") or []):
+    ax_c.loglog([e["compute"] for e in r["evals"]], [e["error"] for e in r["evals"]], ":",
+                color=color_of.get(_key(r), "0.5"), lw=1, alpha=0.7,
+                label="other seeds" if i == 0 else None)
   fc = np.array([p["compute"] for p in frontier])
   ax_c.loglog(fc, [p["error"] for p in frontier], "k-", lw=2.5, alpha=0.35, label="frontier")
   if fit is not None:
@@ -334,9 +566,11 @@ def plot(results: dict, path: str):
   plt.close(fig)
 
 
-def results_of(meta: dict, sizes: list[dict], samples: int, seconds: float) -> dict:
-  """OUT.json: `meta` (base, data, steps, evals, compute), the sizes with every eval, their
-  frontier and the law fitted to it (bootstrap by run), its band on a grid."""
+def results_of(meta: dict, sizes: list[dict], samples: int, seconds: float,
+               seed_runs: list[dict] | None = None) -> dict:
+  """OUT.json: `meta` (base, data, steps, evals, compute; seeds), seed 0's sizes with every
+  eval, their frontier and the law fitted to it (bootstrap by run), its band on a grid; with
+  `seed_runs` (the replicates, train.seed >= 1) also those and sigma_seed with its flag."""
   frontier = pareto_frontier(sizes)
   fit, notes = fit_frontier(frontier, samples, seconds)
   band = None
@@ -345,9 +579,24 @@ def results_of(meta: dict, sizes: list[dict], samples: int, seconds: float) -> d
     grid = np.geomspace(fc.min() / 2, fc.max() * 2, BAND_POINTS)
     low, high = fit.predict_ci(grid)
     band = {"compute": grid.tolist(), "low": low.tolist(), "high": high.tolist()}
+  seeded = {}
+  if seed_runs is not None:
+    sigma = seed_sigma(sizes, seed_runs)
+    flag = seed_flag(sigma, None if fit is None else fit.as_dict())
+    seeded = {"seed_runs": seed_runs,
+              "sigma_seed": None if sigma is None else {**sigma, "vs_fit": flag}}
   return scaling.stats.json_ready({
       **meta, "sizes": sizes, "frontier": frontier,
-      "fit": None if fit is None else fit.as_dict(), "notes": notes, "band": band})
+      "fit": None if fit is None else fit.as_dict(), "notes": notes, "band": band, **seeded})
+
+
+def finished(rows: list[dict]) -> list[dict]:
+  """The finished rows of a sweep; a warning for each other one (left out)."""
+  done = [r for r in rows if r["status"] == "done"]
+  for r in rows:
+    if r not in done:
+      print(f"warning: {r['name']} is {r['status']} (log {r['log']}); left out")
+  return done
 
 
 def main(argv=None) -> int:
@@ -359,24 +608,32 @@ def main(argv=None) -> int:
       stored = report_check.load(args.out)
     except ValueError as e:
       cli.fail(str(e))
-    meta = {k: stored[k] for k in ("base", "data", "steps", "evals", "compute")}
-    results = results_of(meta, stored["sizes"], args.bootstrap, args.bootstrap_seconds)
+    meta = {k: stored[k] for k in ("base", "data", "steps", "evals", "compute", "seeds")
+            if k in stored}
+    results = results_of(meta, stored["sizes"], args.bootstrap, args.bootstrap_seconds,
+                         stored.get("seed_runs"))
   else:
     if args.threads_per_run:
       sweep_lib.limit_xla_threads(args.threads_per_run)
-    rows = sweep_lib.run(sweep_spec(args.data, args.steps, args.evals), args.workdir,
-                         parallel=args.parallel)
-    done = [r for r in rows if r["status"] == "done"]
-    for r in rows:
-      if r not in done:
-        print(f"warning: {r['name']} is {r['status']} (log {r['log']}); left out")
+    spec = sweep_spec(args.data, args.steps, args.evals)
+    extra = seed_spec(args.data, args.steps, args.evals, args.seeds)
+    seed_dir = os.path.join(args.workdir, "seeds")   # a sweep of its own: its own summary
+    sweeps = [(spec, args.workdir)] + ([] if extra is None else [(extra, seed_dir)])
+    print(estimate_text(estimate(sweeps, args.parallel), args.parallel), flush=True)
+    done = finished(sweep_lib.run(spec, args.workdir, parallel=args.parallel))
     if not done:
       raise SystemExit(f"error: no run finished; see the train.log files in {args.workdir}")
     sizes = sorted((size_points(r, args.workdir) for r in done), key=lambda s: s["params"])
+    seed_runs = None
+    if extra is not None:
+      seed_runs = [{**size_points(r, seed_dir), "seed": r["overrides"]["train.seed"]}
+                   for r in finished(sweep_lib.run(extra, seed_dir, parallel=args.parallel))]
+      seed_runs.sort(key=lambda r: (r["params"], r["seed"]))
     meta = {"base": BASE, "data": args.data if args.data.startswith("tfds:") else "mnist",
             "steps": args.steps, "evals": args.evals,
-            "compute": "flops_per_token(model, 17) * 17 * images seen (Kaplan 6N + attention)"}
-    results = results_of(meta, sizes, args.bootstrap, args.bootstrap_seconds)
+            "compute": "flops_per_token(model, 17) * 17 * images seen (Kaplan 6N + attention)",
+            "seeds": args.seeds}
+    results = results_of(meta, sizes, args.bootstrap, args.bootstrap_seconds, seed_runs)
   print(report_check.write(args.out, results, render, plot))
   print(f"wrote {args.out}.md, {args.out}.json, {args.out}.png")
   return 0

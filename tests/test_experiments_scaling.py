@@ -4,6 +4,7 @@ runs take hours: only their planning and bookkeeping are tested here)."""
 import importlib.util
 import os
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -287,3 +288,143 @@ def test_gpt_results_render_and_refit_from_the_json_alone(gpt, tmp_path, monkeyp
   assert text.count("yes (Δ < σ)") == 2 * 5                   # the other sizes, both doublings
   with pytest.raises(ValueError, match="older study's JSON"):
     gpt.render({"points": []})
+
+
+def _vit_size(name, layers, d_model, errors, seed=None, per_image=1e6):
+  """A size (or, with `seed`, a replicate) of scaling_vit's results with the made-up test
+  errors `errors` at steps 300, 600, ..."""
+  evals = [{"step": 300 * (i + 1), "images": 38400 * (i + 1),
+            "compute": per_image * 38400 * (i + 1), "error": e, "eval_loss": 2 * e}
+           for i, e in enumerate(errors)]
+  best = min(evals, key=lambda e: e["error"])
+  out = {"name": name, "num_layers": layers, "d_model": d_model, "params": layers * d_model ** 2,
+         "params_total": layers * d_model ** 2 + 100, "flops_per_image": int(per_image),
+         "tokens_per_image": 17, "steps": evals[-1]["step"], "images": evals[-1]["images"],
+         "final_error": errors[-1], "best_error": best["error"], "best_step": best["step"],
+         "wall_time_s": 10.0, "evals": evals}
+  return out if seed is None else {**out, "seed": seed}
+
+
+def test_vit_seed_sigma_pools_variances_over_evals_and_sizes(vit):
+  sizes = [_vit_size("a", 1, 16, [0.30, 0.20]), _vit_size("b", 2, 48, [0.10, 0.05]),
+           _vit_size("c", 3, 64, [0.04, 0.02])]
+  seed_runs = [_vit_size("a1", 1, 16, [0.32, 0.22], seed=1),
+               _vit_size("a2", 1, 16, [0.34], seed=2),         # stopped after one eval
+               _vit_size("b1", 2, 48, [0.12, 0.05], seed=1)]   # c: seed 0 only
+  sigma = vit.seed_sigma(sizes, seed_runs)
+  assert [s["name"] for s in sigma["sizes"]] == ["a", "b"]
+  a, b = sigma["sizes"]
+  assert a["seeds"] == [0, 1, 2] and a["runs"] == ["a", "a1", "a2"]
+  assert a["evals"][0]["errors"] == [0.30, 0.32, 0.34] and a["evals"][1]["errors"][2] is None
+  assert a["evals"][0]["sd"] == pytest.approx(0.02) and a["evals"][1]["sd"] == \
+      pytest.approx(np.std([0.20, 0.22], ddof=1))
+  assert a["dof"] == 3 and b["dof"] == 2 and sigma["dof"] == 5
+  ss_a = 2 * 0.02 ** 2 + 0.02 ** 2 / 2                   # (3 - 1) sd^2 + (2 - 1) sd^2
+  assert a["sd"] == pytest.approx(np.sqrt(ss_a / 3))
+  ss_b = 0.02 ** 2 / 2
+  assert b["sd"] == pytest.approx(np.sqrt(ss_b / 2)) and b["evals"][1]["sd"] == 0.0
+  assert sigma["pooled"] == pytest.approx(np.sqrt((ss_a + ss_b) / 5))
+  logs = [np.log([0.30, 0.32, 0.34]), np.log([0.20, 0.22]), np.log([0.10, 0.12]), np.log([0.05] * 2)]
+  ss_log = sum(np.sum((v - v.mean()) ** 2) for v in logs)
+  assert sigma["pooled_log"] == pytest.approx(np.sqrt(ss_log / 5))
+  # same seeds at every eval: the root mean variance
+  even = vit.seed_sigma(sizes[:1], seed_runs[:1] + [_vit_size("a2", 1, 16, [0.34, 0.18], seed=2)])
+  assert even["pooled"] == pytest.approx(np.sqrt(np.mean([
+      np.var([0.30, 0.32, 0.34], ddof=1), np.var([0.20, 0.22, 0.18], ddof=1)])))
+  assert vit.seed_sigma(sizes, []) is None
+
+
+def test_vit_seed_flag_compares_sigma_in_the_fits_residual_space(vit):
+  sigma = {"pooled": 0.01, "pooled_log": 0.08}
+  flag = vit.seed_flag(sigma, {"rms_residual": 0.0757, "residual_space": "log"})
+  assert flag == {"space": "log", "sigma": 0.08, "rms_residual": 0.0757, "flagged": True}
+  assert not vit.seed_flag(sigma, {"rms_residual": 0.09, "residual_space": "log"})["flagged"]
+  assert not vit.seed_flag(sigma, {"rms_residual": 0.02, "residual_space": "linear"})["flagged"]
+  assert vit.seed_flag(sigma, {"rms_residual": 0.05})["flagged"]          # log by default
+  assert vit.seed_flag(None, {"rms_residual": 0.05}) is None
+  assert vit.seed_flag(sigma, None) is None
+
+
+def _vit_study(vit, noise):
+  """5 made-up sizes on E = 0.01 + 30 (C / 1e9)^-0.5 scaled per size, with seeds 1, 2 at
+  exp(-noise), exp(+noise) times seed 0's error at the SEEDED sizes (sd of log error = noise)."""
+  sizes, seed_runs = [], []
+  for i, (layers, d) in enumerate(sorted(vit.SIZES, key=lambda s: s[0] * s[1] ** 2)):
+    per_image = 1e5 * 3 ** i
+    compute = per_image * 38400 * np.arange(1, 11)
+    errors = 0.01 + 3.0 * (compute / 1e9) ** -0.5 * (1 + 0.3 * (4 - i) / 4) / (1 + 0.05 * i)
+    errors = np.minimum(errors, 0.5)
+    name = f"L{layers}_d{d}_s3000"
+    sizes.append(_vit_size(name, layers, d, errors.tolist(), per_image=per_image))
+    if (layers, d) in vit.SEEDED:
+      for seed, sign in ((1, -1), (2, 1)):
+        seed_runs.append(_vit_size(f"{name}_seed{seed}", layers, d,
+                                   (errors * np.exp(sign * noise)).tolist(), seed=seed,
+                                   per_image=per_image))
+  meta = {"base": vit.BASE, "data": "mnist", "steps": 3000, "evals": 10, "compute": "C",
+          "seeds": 3}
+  return vit.results_of(meta, sizes, 0, float("inf"), seed_runs)
+
+
+@pytest.mark.parametrize("noise", [0.15, 1e-4])
+def test_vit_report_shows_the_seed_table_sigma_seed_and_the_flag(vit, tmp_path, noise):
+  from experiments import report_check
+  results = _vit_study(vit, noise)
+  assert results["sigma_seed"]["pooled_log"] == pytest.approx(noise)
+  rms = results["fit"]["rms_residual"]
+  assert 1e-4 < rms < 0.15 and results["fit"]["residual_space"] == "log"
+  assert results["sigma_seed"]["vs_fit"]["flagged"] == (noise > rms)
+  text = report_check.write(tmp_path / "scaling_vit", results, vit.render)
+  assert report_check.check("scaling_vit", tmp_path) == []        # render and refit from JSON
+  assert "| run | step | C (FLOPs) | seed 0 | seed 1 | seed 2 | sd | sd (log error) |" in text
+  for name in ("L1_d16_s3000", "L2_d48_s3000", "L3_d64_s3000"):        # a row per eval
+    assert len(re.findall(rf"^\| {name} \| \d+ \| [\d.]+e\+\d+ \| ", text, re.M)) == 10
+  assert not re.search(r"^\| L2_d64_s3000 \| \d+ \| [\d.]+e\+\d+ \| ", text, re.M)
+  assert "| **L2_d48_s3000** | pooled (20 dof) |" in text and "60 degrees of freedom" in text
+  assert f"**{noise:.4f}** in log error" in text
+  assert ("**flagged**: sigma_seed exceeds the residual RMS" in text) == (noise > rms)
+  assert ("Not flagged" in text) == (noise <= rms)
+  assert [r["name"] for r in results["frontier"]] == [  # seed 0's runs only
+      p["name"] for p in vit.pareto_frontier(results["sizes"])]
+  assert not any("_seed" in p["name"] for p in results["frontier"])
+  out = tmp_path / "scaling_vit"
+  assert vit.main(["--refit", "--bootstrap=0", f"--out={out}"]) == 0      # keeps the seeds
+  refitted = report_check.load(out)
+  assert refitted["seed_runs"] == results["seed_runs"] and refitted["seeds"] == 3
+  assert refitted["sigma_seed"]["pooled_log"] == pytest.approx(noise)
+  assert (tmp_path / "scaling_vit.png").stat().st_size > 0
+
+
+def test_vit_seed_zero_point_names_are_unchanged(vit):
+  """The committed study's runs are seed 0's points: their names (and overrides) must not move,
+  so a rerun with --seeds reuses them; the replicates are a sweep of their own."""
+  import json
+  from jaxformer import sweep
+
+  committed = json.loads((ROOT / "experiments/results/scaling_vit.json").read_text())
+  names = [p.name for p in sweep.expand(vit.sweep_spec("mnist:/x", 3000, 10), validate=False)]
+  assert sorted(names) == sorted(s["name"] for s in committed["sizes"])
+  assert names == ["L3_d64_s3000", "L2_d64_s3000", "L2_d48_s3000", "L1_d32_s3000",
+                   "L1_d16_s3000"]
+  seeds = sweep.expand(vit.seed_spec("mnist:/x", 3000, 10, 3), validate=False)
+  assert [p.name for p in seeds] == [f"L{n}_d{d}_s3000_seed{k}" for n, d in vit.SEEDED
+                                     for k in (1, 2)]
+  assert len(vit.SEEDED) >= 3 and set(vit.SEEDED) <= set(vit.SIZES)
+  base = sweep.expand(vit.sweep_spec("mnist:/x", 3000, 10), validate=False)[0].overrides
+  assert {k: v for k, v in seeds[0].overrides.items() if k != "train.seed"} == base
+  assert vit.seed_spec("mnist:/x", 3000, 10, 1) is None
+  assert vit.parse_args(["--data=tfds:mnist"]).seeds == 3
+  with pytest.raises(SystemExit):
+    vit.parse_args(["--data=tfds:mnist", "--seeds=0"])
+
+
+def test_vit_estimate_counts_unfinished_runs_from_measured_walls(vit, tmp_path):
+  spec = vit.sweep_spec("tfds:mnist", 3000, 10)
+  extra = vit.seed_spec("tfds:mnist", 3000, 10, 3)
+  est = vit.estimate([(extra, str(tmp_path / "seeds"))], parallel=2)
+  assert len(est["runs"]) == 6
+  assert est["run_seconds"] == pytest.approx(2 * (640 + 436 + 264))
+  assert est["wall_seconds"] == pytest.approx(640 + 436 + 264)        # pairs of equal runs
+  both = vit.estimate([(spec, str(tmp_path)), (extra, str(tmp_path / "seeds"))], parallel=2)
+  assert both["wall_seconds"] == pytest.approx(1169 + 1340)         # one sweep, then the other
+  assert "11 run(s) to train" in vit.estimate_text(both, 2)
