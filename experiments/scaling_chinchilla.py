@@ -61,6 +61,7 @@ SEEDS = (1, 2)
 SEED_BUDGET = 3.16e12
 COSINE_BUDGET = 1e12
 PREDICTION_FACTOR = 3.0
+BACKTEST_SAMPLES = 50           # bootstrap resamples of each back-test fit (for its coverage)
 DECAY_FRACTION = 0.2
 MIN_WARMUP = 20
 FORMAT = "wsd-branches-1"          # OUT.json's layout (the cosine study before #30 had none)
@@ -407,8 +408,8 @@ def analyse(results: dict, samples: int) -> dict:
   test_points = [{"n": p["n"], "d": p["d"], "loss": p["eval_loss"], "budget": p["budget"],
                   "group": p["trunk"]} for p in fit_points(points)]
   try:
-    backtest = scaling.backtest(test_points, fit=functools.partial(
-        scaling.fit_parametric, samples=samples))
+    backtest = scaling.backtest(test_points, fit=functools.partial(   # 10 fits: fewer draws
+        scaling.fit_parametric, samples=min(samples, BACKTEST_SAMPLES)))
   except scaling.BootstrapError as e:            # errors without coverage, and say why
     bootstrap_errors["back-test"] = str(e)
     backtest = scaling.backtest(test_points, fit=functools.partial(
