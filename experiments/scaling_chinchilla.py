@@ -302,12 +302,29 @@ def fpt_non_embedding(points: list[dict]):
   return scaling.family_flops_per_token([s[0] for s in sizes], [s[1] for s in sizes])
 
 
+def bracketed_budgets(points: list[dict]) -> tuple[list[float], list[float]]:
+  """(used, excluded) budgets for approach 2: a parabola's vertex is an optimum only where the
+  IsoFLOP curve's lowest loss (seed mean) lies inside the sizes trained, with >= 3 sizes."""
+  import numpy as np
+  used, excluded = [], []
+  for budget in sorted({p["budget"] for p in fit_points(points)}):
+    by_n: dict[int, list[float]] = {}
+    for p in fit_points(points):
+      if p["budget"] == budget:
+        by_n.setdefault(p["n"], []).append(p["eval_loss"])
+    sizes = sorted(by_n)
+    best = int(np.argmin([np.mean(by_n[n]) for n in sizes]))
+    (used if len(sizes) >= 3 and 0 < best < len(sizes) - 1 else excluded).append(budget)
+  return used, excluded
+
+
 def fits_of(points: list[dict], samples: int) -> tuple[dict, dict]:
   """Approaches 1-3 on the rule-LR runs, each bootstrapped by trunk, and the bootstrap
   errors: a fit whose resamples fail too often (`scaling.BootstrapError`) is reported with
   no interval and the reason, never with intervals from the resamples that happened to fit."""
   import numpy as np
   fit, arr, trunks = _fit_arrays(points)
+  used = np.isin(arr["budget"], bracketed_budgets(points)[0])
   curves = []
   for trunk in sorted(set(trunks.tolist())):
     mine = sorted((p for p in fit if p["trunk"] == trunk), key=lambda p: p["d"])
@@ -317,8 +334,9 @@ def fits_of(points: list[dict], samples: int) -> tuple[dict, dict]:
                                   flops_per_token=mine[0]["flops_per_token"]))
   makers = {
       "approach 1": lambda k: scaling.envelope_optimum(curves, window=1, samples=k),
-      "approach 2": lambda k: scaling.isoflop_optimum(arr["n"], arr["d"], arr["eval_loss"],
-                                                      arr["budget"], samples=k, groups=trunks),
+      "approach 2": lambda k: scaling.isoflop_optimum(
+          arr["n"][used], arr["d"][used], arr["eval_loss"][used], arr["budget"][used],
+          samples=k, groups=trunks[used]),
       "approach 3": lambda k: approach_3(points, k),
       NON_EMBEDDING: lambda k: approach_3(points, k, "n_non_embedding")}
   fits, errors = {}, {}
@@ -433,8 +451,10 @@ def analyse(results: dict, samples: int) -> dict:
   exponents["approach 3, C = 6ND"] = {k: [v[0], list(v[1])]
                                       for k, v in fit3.exponents().items()}
   flagged = bool(noise["sigma_log"] > fit3.rms_residual)
+  used, excluded = bracketed_budgets(points)
   return {"fits": {k: v.as_dict() for k, v in fits.items()}, "exponents": exponents,
           "bootstrap_errors": bootstrap_errors,
+          "approach_2_budgets": {"used": used, "excluded": excluded},
           "optima": optima, "seed_noise": noise, "seed_noise_exceeds_residual": flagged,
           "lr_table": lr_table(points, results["rule"]), "lr_check": lr_check(points),
           "cosine_check": cosine_check(points, noise["sigma"]),
@@ -554,7 +574,12 @@ def render(results: dict) -> str:
                f"{CHINCHILLA[name][0]:.2f} / {CHINCHILLA[name][1]:.2f}",
                _bootstrap_cell(analysis, name.split(",")[0])]
               for name, v in analysis["exponents"].items()]),
-      "Approaches 1 and 2 read N_opt(C) off the runs at their exact FLOPs. Approach 3's "
+      "Approaches 1 and 2 read N_opt(C) off the runs at their exact FLOPs; approach 2 uses "
+      f"the {len(analysis['approach_2_budgets']['used'])} budgets whose IsoFLOP curve has its "
+      "lowest loss inside the sizes trained" + (
+          " (not " + ", ".join(f"{c:.3g}" for c in analysis["approach_2_budgets"]["excluded"])
+          + ": their lowest loss is at the smallest or largest size, so no vertex is an "
+          "optimum)" if analysis["approach_2_budgets"]["excluded"] else "") + ". Approach 3's "
       "exponents are the slopes of its optimum, minimised at exact compute, over "
       f"{budgets[0]:.3g} .. {budgets[-1]:.3g}; the 6ND row is the closed form of the same fit; "
       "the non-embedding row fits the law to non-embedding N (Kaplan's count), whose share "

@@ -13,7 +13,7 @@ from experiments import report_check
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAW = {"E": 1.0, "A": 60.0, "B": 900.0, "alpha": 0.35, "beta": 0.38}
-SIZES = [(f"L2_d{16 * (i + 1)}", int(8e3 * 2.1 ** i)) for i in range(7)]
+SIZES = [(f"L2_d{16 * (i + 1)}", int(2e3 * 2.1 ** i)) for i in range(9)]
 BUDGETS = [1e11, 3.16e11, 1e12, 3.16e12, 1e13]
 
 
@@ -54,7 +54,7 @@ def _results():
       offset = rng.normal(0, 0.004)
       for budget in BUDGETS:
         d = budget / _fpt(n)
-        if 2 <= d / n <= 400:
+        if 2 <= d / n <= 2000:
           add("main" if seed == 0 else "seeds", size, n, budget, seed, 3e-3, offset)
   for lr, shift in ((1e-3, 0.03), (2e-3, 0.008), (4e-3, 0.0), (8e-3, 0.012), (1.6e-2, 0.05)):
     for size, n in SIZES[:3]:
@@ -62,7 +62,7 @@ def _results():
   for lr, shift in ((1.5e-3, 0.01), (6e-3, 0.02)):
     add("lr_check", "L2_d96", dict(SIZES)["L2_d96"], 1e13, 0, lr, shift)
   for seed in (0, 1, 2):
-    add("cosine", "L2_d48", dict(SIZES)["L2_d48"], 1e12, seed, 3e-3, rng.normal(0, 0.004),
+    add("cosine", "L2_d64", dict(SIZES)["L2_d64"], 1e12, seed, 3e-3, rng.normal(0, 0.004),
         schedule="cosine")
   setup = {"corpus": "made_up.txt", "vocab": 100, "train_chars": 10 ** 7, "budgets": BUDGETS,
            "tokens_per_step": 1024, "decay_fraction": 0.2,
@@ -94,7 +94,7 @@ def test_study_analysis_recovers_a_known_law_and_renders_from_its_json(tmp_path)
   # three seeded sizes at >= 1 budget each: sigma_seed is their pooled sd
   noise = a["seed_noise"]
   assert noise["points"] >= 3 and 0 < noise["sigma_log"] < 0.02
-  by_seed = [p for p in results["points"] if p["size"] == "L2_d48" and p["budget"] == 1e12
+  by_seed = [p for p in results["points"] if p["size"] == "L2_d64" and p["budget"] == 1e12
              and p["stage"] in ("main", "seeds")]
   assert len(by_seed) == 3
   # the LR table finds the grid optimum (4e-3 by construction) for each probed width

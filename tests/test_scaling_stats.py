@@ -142,8 +142,8 @@ def test_isoflop_and_envelope_resample_runs():
   assert within.method.endswith("by run (21 runs), within budgets")
   trunk = np.arange(n.size) % 7                          # size rank k: one trunk per rank
   across = scaling.isoflop_optimum(n, d, loss, c, samples=20, groups=trunk)
-  assert across.method.endswith("by run (7 runs), runs across budgets (a budget left with "
-                                "< 3 sizes drops out of a resample)")
+  assert across.method.endswith("by run (7 runs), runs across budgets (a budget a resample "
+                                "cannot fit drops out of it)")
   assert np.isfinite(across.ci("a")).all() and across.bootstrap_failed <= 2
   law = _law(CHINCHILLA)
   curves = []

@@ -622,9 +622,10 @@ def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
   lies in one budget (replicate evaluations or seeds of a size), so each budget keeps its
   number of runs; across budgets when a run has points at several (cooldown branches of one
   WSD trunk, one per budget): a resample then draws whole trunks, and a budget it leaves with
-  fewer than 3 sizes drops out of that resample's lines (>= 3 budgets must remain, else the
-  resample fails: an estimator that uses the budgets it can, which widens the interval rather
-  than select resamples). The `method` says which. `max_failure`: the share of
+  fewer than 3 sizes, or without a minimum among the sizes drawn, drops out of that
+  resample's lines (>= 3 budgets must remain, else the resample fails: an estimator that uses
+  the budgets it can, which widens the interval rather than select resamples). The `method`
+  says which. `max_failure`: the share of
   resamples that may fail (`stats.BootstrapError`)."""
   n, d, loss, budget = stats.as_points("isoflop_optimum", 6, ("n", "d", "loss", "budget"),
                                        n=n, d=d, loss=loss, budget=budget)
@@ -641,12 +642,18 @@ def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
                                       for g in np.unique(groups))
 
   def fit_once(n, d, loss, budget):
-    if across:      # whole trunks: a budget left with < 3 sizes drops out of this resample
-      usable = [c for c in budgets if np.unique(n[budget == c]).size >= 3
-                and np.unique(d[budget == c]).size >= 3]
+    if across:      # whole trunks: a budget this resample cannot fit drops out of it
+      usable = []
+      for c in budgets:
+        sel = budget == c
+        try:
+          _budget_optima(n[sel], d[sel], loss[sel], budget[sel])
+          usable.append(c)
+        except ValueError:          # < 3 sizes left, or no minimum among those drawn
+          continue
       if len(usable) < min(3, budgets.size):
         raise ValueError(f"isoflop_optimum: the resample leaves {len(usable)} budgets with "
-                         ">= 3 sizes")
+                         ">= 3 sizes and a minimum")
       keep = np.isin(budget, usable)
       n, d, loss, budget = n[keep], d[keep], loss[keep], budget[keep]
     missing = np.setdiff1d(budgets, budget)
@@ -681,7 +688,7 @@ def isoflop_optimum(n: Any, d: Any, loss: Any, budget: Any, *,
       rms_residual=float(np.sqrt(np.mean((np.log(_optimum_law(params, c)) -
                                           np.log(n_opt)) ** 2))),
       method="approach 2: parabola in log N (and log D) per budget, lines in log C"
-             + boot.method() + ((", runs across budgets (a budget left with < 3 sizes drops out of a resample)"
+             + boot.method() + ((", runs across budgets (a budget a resample cannot fit drops out of it)"
                                  if across else ", within budgets")
                                 if samples else ""),
       findings=tuple(findings), predict_fn=_optimum_law,
