@@ -60,6 +60,7 @@ LR_CHECK_FACTORS = (0.5, 2.0)
 SEEDS = (1, 2)
 SEED_BUDGET = 3.16e12
 COSINE_BUDGET = 1e12
+COSINE_LR_FACTORS = (1.0, 2.0)
 PREDICTION_FACTOR = 3.0
 BACKTEST_SAMPLES = 50           # bootstrap resamples of each back-test fit (for its coverage)
 DECAY_FRACTION = 0.2
@@ -188,16 +189,19 @@ def lr_check_size(plan: list) -> str:
 
 def cosine_stage(args, plan: list, rule: dict) -> list[dict]:
   """Two seeded sizes at COSINE_BUDGET as separate cosine runs (to 10% of the peak), seeds
-  0, 1, 2: the schedule the branches are compared with."""
+  0, 1, 2, at COSINE_LR_FACTORS x the rule's LR (the rule was tuned under wsd, whose mean LR
+  over a run is higher than a cosine's): the schedule the branches are compared with."""
   sizes = seeded_sizes(plan)[:2]
   runs = [r for r in plan if r.candidate.name in sizes and r.budget == COSINE_BUDGET]
-  spec = scaling.to_sweep(runs, isoflop.BASE, lr=lambda r: by_width(rule)(r.candidate),
-                          overrides=isoflop.common_overrides(args.data,
-                                                             isoflop.corpus_info(args.data)[0]),
-                          name=NAME + "_cosine")
-  spec["zip"] = {k: [v for v in vs for _ in (0, *SEEDS)] for k, vs in spec["zip"].items()}
-  spec["zip"]["train.seed"] = [s for _ in runs for s in (0, *SEEDS)]
-  rows = sweep_lib.run(spec, os.path.join(args.workdir, "cosine"), parallel=args.parallel)
+  rows = []
+  for factor in COSINE_LR_FACTORS:
+    spec = scaling.to_sweep(runs, isoflop.BASE, lr=lambda r: by_width(rule, factor)(r.candidate),
+                            overrides=isoflop.common_overrides(
+                                args.data, isoflop.corpus_info(args.data)[0]),
+                            name=NAME + "_cosine")
+    spec["zip"] = {k: [v for v in vs for _ in (0, *SEEDS)] for k, vs in spec["zip"].items()}
+    spec["zip"]["train.seed"] = [s for _ in runs for s in (0, *SEEDS)]
+    rows += sweep_lib.run(spec, os.path.join(args.workdir, "cosine"), parallel=args.parallel)
   failed = [r["name"] for r in rows if r["status"] != "done"]
   if failed:
     raise SystemExit(f"error: cosine runs {failed} did not finish; re-run to resume")
@@ -404,12 +408,14 @@ def cosine_check(points: list[dict], sigma: float) -> list[dict]:
   branches over the 3 seeds, their difference against 2 sigma_seed."""
   import numpy as np
   out = []
-  for size, d in sorted({(p["size"], p["d"]) for p in points if p["stage"] == "cosine"}):
+  for size, d, lr in sorted({(p["size"], p["d"], p["lr"]) for p in points
+                             if p["stage"] == "cosine"}):
     cos = [p["eval_loss"] for p in points if p["stage"] == "cosine" and p["size"] == size
-           and p["d"] == d]
-    wsd = [p["eval_loss"] for p in fit_points(points) if p["size"] == size and p["d"] == d]
-    diff = float(np.mean(wsd) - np.mean(cos))
-    out.append({"size": size, "d": d, "cosine": cos, "wsd": wsd, "difference": diff,
+           and p["d"] == d and p["lr"] == lr]
+    wsd = [p for p in fit_points(points) if p["size"] == size and p["d"] == d]
+    diff = float(np.mean([p["eval_loss"] for p in wsd]) - np.mean(cos))
+    out.append({"size": size, "d": d, "cosine_lr": lr, "wsd_lr": wsd[0]["lr"], "cosine": cos,
+                "wsd": [p["eval_loss"] for p in wsd], "difference": diff,
                 "within_2_sigma": bool(abs(diff) <= 2 * sigma)})
   return out
 
@@ -669,10 +675,13 @@ def _cosine_text(rows: list[dict], sigma: float, budget: float) -> str:
     return "Not run."
   return (f"At {budget:.3g} FLOPs, 3 seeds each: the mean final loss of the cooldown branch "
           "minus that of a separate cosine run (warmup 5%, cosine to 10%) of the same length, "
-          f"against 2 sigma_seed = {2 * sigma:.4f}.\n\n" +
-          _table(["size", "tokens", "cosine (seeds)", "wsd branch (seeds)", "branch - cosine",
-                  "within 2 sigma_seed"],
-                 [[r["size"], f"{r['d']:,}", ", ".join(f"{v:.4f}" for v in r["cosine"]),
+          f"against 2 sigma_seed = {2 * sigma:.4f}; the cosine runs at the branch's peak LR "
+          "(the rule, tuned under wsd) and at twice it, since a cosine's mean LR over a run is "
+          "about half a wsd run's.\n\n" +
+          _table(["size", "tokens", "wsd LR", "cosine LR", "cosine (seeds)", "wsd branch (seeds)",
+                  "branch - cosine", "within 2 sigma_seed"],
+                 [[r["size"], f"{r['d']:,}", f"{r.get('wsd_lr', 0):g}", f"{r.get('cosine_lr', 0):g}",
+                   ", ".join(f"{v:.4f}" for v in r["cosine"]),
                    ", ".join(f"{v:.4f}" for v in r["wsd"]), f"{r['difference']:+.4f}",
                    "yes" if r["within_2_sigma"] else "**no**"] for r in rows]))
 
