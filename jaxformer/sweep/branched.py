@@ -8,7 +8,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from jaxformer import paths, run_files
 from jaxformer.sweep import runner, spec
 
 
@@ -19,7 +18,8 @@ def run_branched(specs: Mapping[str, Any], workdir: str, *, parallel: int = 1
   checkpoint (`links`: (branch index, trunk index, step)). Resumable like any sweep: a rerun
   skips finished runs and branches again only what is missing. A branch whose trunk never
   reached its step trains from scratch instead, to the same result at a higher cost."""
-  from jaxformer.train import workdir as workdir_lib
+  from jaxformer import paths, run_files          # not at import: `jaxformer.sweep` loads the
+  from jaxformer.train import workdir as workdir_lib   # standard library only
   trunk_dir, branch_dir = os.path.join(workdir, "trunks"), os.path.join(workdir, "branches")
   trunk_rows = runner.run(specs["trunks"], trunk_dir, parallel=parallel)
   if not specs.get("branches"):
