@@ -316,7 +316,11 @@ if not received:
 # train command pointed at FAKE_TRAINER; validation, tested above, is stubbed so that this
 # process does not load JAX.
 DRIVER = r'''
+import signal
 import sys
+# a terminal's foreground job: Ctrl-C is not ignored (a job started with `&` in a script
+# inherits SIGINT ignored, which the sweep rightly leaves ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from ml_collections import ConfigDict
 from jaxformer import cli, sweep as sweep_lib
 from jaxformer.sweep import __main__ as sweep_cli, config as sweep_config
