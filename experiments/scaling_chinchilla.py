@@ -49,6 +49,8 @@ import time
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
+import numpy as np  # noqa: E402
+
 from configs.sweeps import isoflop  # noqa: E402
 from experiments import report_check  # noqa: E402
 from jaxformer import scaling, sweep as sweep_lib  # noqa: E402
@@ -283,7 +285,6 @@ def fpt_of(setup: dict):
 
 
 def _fit_arrays(points: list[dict]):
-  import numpy as np
   fit = fit_points(points)
   arr = {k: np.array([p[k] for p in fit], np.float64) for k in ("n", "d", "eval_loss", "budget")}
   return fit, arr, np.array([p["trunk"] for p in fit])
@@ -295,7 +296,6 @@ NON_EMBEDDING = "approach 3 (non-embedding N)"
 def approach_3(points: list[dict], samples: int, key: str = "n"):
   """Approach 3 on N = total parameters (`key="n"`) or non-embedding ("n_non_embedding")."""
   fit, arr, trunks = _fit_arrays(points)
-  import numpy as np
   n = np.array([p[key] for p in fit], np.float64)
   return scaling.fit_parametric(n, arr["d"], arr["eval_loss"], samples=samples, groups=trunks)
 
@@ -309,7 +309,6 @@ def fpt_non_embedding(points: list[dict]):
 def bracketed_budgets(points: list[dict]) -> tuple[list[float], list[float]]:
   """(used, excluded) budgets for approach 2: a parabola's vertex is an optimum only where the
   IsoFLOP curve's lowest loss (seed mean) lies inside the sizes trained, with >= 3 sizes."""
-  import numpy as np
   used, excluded = [], []
   for budget in sorted({p["budget"] for p in fit_points(points)}):
     by_n: dict[int, list[float]] = {}
@@ -326,7 +325,6 @@ def fits_of(points: list[dict], samples: int) -> tuple[dict, dict]:
   """Approaches 1-3 on the rule-LR runs, each bootstrapped by trunk, and the bootstrap
   errors: a fit whose resamples fail too often (`scaling.BootstrapError`) is reported with
   no interval and the reason, never with intervals from the resamples that happened to fit."""
-  import numpy as np
   fit, arr, trunks = _fit_arrays(points)
   used = np.isin(arr["budget"], bracketed_budgets(points)[0])
   curves = []
@@ -355,7 +353,6 @@ def fits_of(points: list[dict], samples: int) -> tuple[dict, dict]:
 def seed_noise(points: list[dict]) -> dict:
   """sigma_seed: the pooled standard deviation of the final loss over seeds of one (size,
   tokens) run, in nats and in log loss (the approach-3 residual's space)."""
-  import numpy as np
   groups: dict[tuple, list[float]] = {}
   for p in fit_points(points):
     groups.setdefault((p["size"], p["d"]), []).append(p["eval_loss"])
@@ -406,7 +403,6 @@ def lr_check(points: list[dict]) -> list[dict]:
 def cosine_check(points: list[dict], sigma: float) -> list[dict]:
   """Per cosine size: mean final loss of the cosine runs and of the same runs as cooldown
   branches over the 3 seeds, their difference against 2 sigma_seed."""
-  import numpy as np
   out = []
   for size, d, lr in sorted({(p["size"], p["d"], p["lr"]) for p in points
                              if p["stage"] == "cosine"}):
@@ -467,13 +463,14 @@ def analyse(results: dict, samples: int) -> dict:
           "backtest": backtest.as_dict(), "backtest_markdown": backtest.markdown()}
 
 
-def predict(args, results: dict, fit3) -> dict:
+def predict(args, results: dict) -> dict:
   """The run at PREDICTION_FACTOR x the largest budget: the family's size with the lowest
   approach-3 loss at that budget (exact FLOPs) and its predicted loss with a 95% predictive
   interval. Written to prediction.json before the run trains, never recomputed."""
   path = pathlib.Path(args.workdir) / "prediction.json"
   if path.exists():
     return json.loads(path.read_text())
+  fit3 = approach_3(results["points"], args.bootstrap)
   budget = PREDICTION_FACTOR * max(BUDGETS)
   vocab_size, train_chars = isoflop.corpus_info(args.data)
   options = []
@@ -701,7 +698,6 @@ def plot(results: dict, path: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  import numpy as np
   points, analysis = results["points"], results["analysis"]
   fit = fit_points(points)
   from jaxformer.scaling import plots
@@ -761,7 +757,7 @@ def main(argv=None) -> int:
     return 0
   results = {"format": FORMAT, "setup": setup_of(args), "rule": stages["rule"],
              "points": points_of(args, stages)}
-  prediction = predict(args, results, approach_3(results["points"], args.bootstrap))
+  prediction = predict(args, results)
   rows = prediction_stage(args, prediction, stages["rule"])
   results["points"] = points_of(args, stages, rows)
   measured = next(p for p in results["points"] if p["stage"] == "predict")
