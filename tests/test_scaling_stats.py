@@ -401,3 +401,76 @@ def test_backtest_refuses_what_it_cannot_test():
     scaling.backtest(three, fit=FAST_FIT, schemes=("last",))
   with pytest.raises(ValueError, match="schemes=.*must be some of"):
     scaling.backtest(three, fit=FAST_FIT, schemes=("first",))
+
+
+def _sized(law, sizes, seeds, sigma, seed):
+  """Points of `law` at each size x seeds with multiplicative noise `sigma`, labelled by size."""
+  rng = np.random.default_rng(seed)
+  n = np.repeat(np.asarray(sizes, np.float64), seeds)
+  loss = law(n) * np.exp(sigma * rng.standard_normal(n.size))
+  return n, loss, [f"N{int(v)}" for v in n]
+
+
+def test_backtest_sizes_on_known_laws():
+  """L(N) = (N_c / N)^0.076 at 7 sizes x 3 seeds: the Kaplan law fitted without a size
+  predicts it to ~ the noise, its intervals cover most points. A saturating law
+  L = 1.5 + (1e5 / N)^0.5: the saturating fit beats the local slope of the two largest
+  other sizes at the largest (the local slope ignores the floor and undershoots)."""
+  sizes = [1e4, 3e4, 1e5, 3e5, 1e6, 3e6, 1e7]
+  n, loss, labels = _sized(lambda v: (8.8e13 / v) ** 0.076, sizes, 3, 0.004, seed=1)
+  result = scaling.backtest_sizes(n, loss, labels, x_name="N",
+                                  fit=functools.partial(scaling.fit_kaplan_n, samples=64))
+  assert [(s["scheme"], s["size"]) for s in result.sizes] == [("last", "N10000000")] + [
+      ("each", f"N{int(v)}") for v in sizes]
+  assert len(result.rows) == 3 + 21
+  for s in result.sizes:
+    assert s["points"] == 3 and s["mean_rel_error"] < 0.012, s
+    assert s["size"] not in s["train_sizes"] and len(s["train_sizes"]) == 6
+  assert result.sizes[0]["baseline_sizes"] == ["N3000000", "N1000000"]
+  assert result.sizes[1]["baseline_sizes"] == ["N30000", "N100000"]     # N10000 held out
+  summary = result.summary()
+  assert 0.75 <= summary["each"]["coverage"] <= 1.0, summary
+  for row in result.rows:
+    assert row["error"] == pytest.approx(row["predicted"] - row["y"])
+    assert row["covered"] == (row["low"] <= row["y"] <= row["high"])
+  table = result.markdown()
+  assert "| scheme | held-out size | points | N | mean abs error |" in table
+  assert "- leave-largest-size-out: 3 points over 1 size(s)" in table
+  assert "(fit_kaplan_n)" in table
+  assert json.loads(json.dumps(result.as_dict()))["summary"]["each"]["points"] == 21
+
+  n, loss, labels = _sized(lambda v: 1.5 + (1e5 / v) ** 0.5, sizes, 2, 0.002, seed=2)
+  sat = scaling.backtest_sizes(n, loss, labels, schemes=("last",),
+                               fit=functools.partial(scaling.fit_saturating, samples=0))
+  last = sat.sizes[0]
+  assert last["coverage"] is not None and np.isnan(last["coverage"])   # no draws: n/a
+  assert last["mean_abs_error"] < 0.01 and last["baseline_abs_error"] > 0.03, last
+  assert all(r["baseline"] < r["y"] for r in sat.rows)                 # undershoots
+  assert "n/a" in sat.markdown()
+
+
+def test_backtest_sizes_refuses_what_it_cannot_test():
+  fit = functools.partial(scaling.fit_kaplan_n, samples=0)
+  n, loss, labels = _sized(lambda v: (8.8e13 / v) ** 0.076, [1e4, 1e5], 2, 0.004, seed=0)
+  with pytest.raises(ValueError, match=r"backtest_sizes needs >= 3 sizes \(2 to fit the law "
+                                       r"and the baseline on, 1 to hold out\); got 2 "
+                                       r"\(N10000, N100000\): add sizes"):
+    scaling.backtest_sizes(n, loss, labels, fit=fit)
+  with pytest.raises(ValueError, match="need one value per point; got 4, 4 and 3"):
+    scaling.backtest_sizes(n, loss, labels[:3], fit=fit)
+  with pytest.raises(ValueError, match="must be finite and > 0"):
+    scaling.backtest_sizes(n, -loss, labels, fit=fit)
+  with pytest.raises(ValueError, match="schemes=.*must be some of"):
+    scaling.backtest_sizes(n, loss, labels, fit=fit, schemes=("largest",))
+  # Too few sizes left to resample: the BootstrapError stays one (studies fall back on it).
+  n, loss, labels = _sized(lambda v: (8.8e13 / v) ** 0.076, [1e4, 1e5, 1e6, 1e7], 2, 0.004,
+                           seed=0)
+  with pytest.raises(scaling.BootstrapError, match=r"backtest_sizes \(size N10000000 held "
+                                                   r"out\).*bootstrap resamples could not"):
+    scaling.backtest_sizes(n, loss, labels, schemes=("last",),
+                           fit=functools.partial(scaling.fit_kaplan_n, samples=64))
+  n, loss, labels = _sized(lambda v: (8.8e13 / v) ** 0.076, [1e4, 1e5, 1e6], 1, 0.004, seed=0)
+  with pytest.raises(ValueError, match=r"backtest_sizes \(size N1000000 held out\): the law "
+                                       r"cannot be fitted to the other sizes: .*"):
+    scaling.backtest_sizes(n, loss, labels, fit=functools.partial(scaling.fit_saturating,
+                                                                  samples=0))

@@ -12,6 +12,7 @@
     scaling.isoflop_optimum(...), scaling.envelope_optimum(...)   # approaches 2 and 1
     scaling.fit_kaplan_n(n, loss), fit_kaplan_joint(n, d, loss)   # Kaplan et al. 2020 (laws.py)
     scaling.backtest(points)                      # leave-budget-out checks (backtest.py)
+    scaling.backtest_sizes(n, loss, sizes, fit=scaling.fit_kaplan_n)  # leave-size-out (L(N))
     scaling.plan_isoflop(budgets, candidates, tokens_per_step=...)  # planning.py
     scaling.plan_wsd(runs), scaling.wsd_sweeps(trunks, base, ...)   # trunks + cooldown branches
     scaling.lr_optimum(rates, losses), scaling.lr_width_rule(widths, optima)  # LR sweeps
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import importlib
 
-from jaxformer.scaling.backtest import Backtest, backtest
+from jaxformer.scaling.backtest import Backtest, SizeBacktest, backtest, backtest_sizes
 from jaxformer.scaling.chinchilla import (BESIROGLU_2024, HOFFMANN_2022, Curve, OptimumFit,
                                           ParametricFit, chinchilla_tokens, envelope_optimum,
                                           family_flops_per_token, fit_parametric,
@@ -50,7 +51,7 @@ _COUNTING = ("count_params", "flops_per_token", "param_shapes", "dummy_inputs",
 
 __all__ = ["BESIROGLU_2024", "HOFFMANN_2022", "Curve", "OptimumFit", "ParametricFit",
            "chinchilla_tokens", "envelope_optimum", "family_flops_per_token", "Backtest",
-           "backtest", "BootstrapError", "fit_parametric", "isoflop_optimum", "fit_kaplan_d",
+           "backtest", "SizeBacktest", "backtest_sizes", "BootstrapError", "fit_parametric", "isoflop_optimum", "fit_kaplan_d",
            "fit_kaplan_joint", "fit_kaplan_n", "fit_saturating", "fit_zhai", "Candidate",
            "PlannedRun", "Trunk", "lr_optimum", "lr_width_rule", "plan_isoflop", "plan_run",
            "plan_wsd", "to_sweep", "wsd_sweeps", "Fit", *_COUNTING]

@@ -1,6 +1,7 @@
 """Back-tests of a scaling law: does it predict a budget it was not fitted to? (NumPy only.)
 
     result = scaling.backtest(points)          # points: n, d, loss, budget (and run ids)
+    result = scaling.backtest_sizes(n, loss, size_of_each_point, fit=scaling.fit_kaplan_n)
     print(result.markdown()); json.dump(result.as_dict(), f)
 
 A law that fits its points can still extrapolate badly (the exponents trade off against the
@@ -17,6 +18,10 @@ bootstrap draws plus the residual scatter, so the coverage should be near the le
 the predicted vs measured best loss of the budget, beside a naive baseline: a power law
 L_min(C) = k C^-g through the training budgets' best losses, extrapolated to the held-out
 one. A law that does no better than the baseline on the best loss adds nothing to planning.
+
+`backtest_sizes` is the same test for one-variable laws (L(N), error vs compute), whose
+studies have sizes, not budgets: leave the largest size out, or each in turn, against the
+local slope of the two nearest sizes.
 """
 
 from __future__ import annotations
@@ -182,8 +187,8 @@ def backtest(points: Any, *, fit: Callable[..., stats.Fit] | None = None,
           fits[held] = fit(n[train], d[train], loss[train],
                            groups=None if groups is None else [groups[i] for i in
                                                                np.flatnonzero(train)])
-        except ValueError as e:
-          raise ValueError(f"backtest (budget {held:.3g} held out): the law cannot be fitted "
+        except ValueError as e:       # a BootstrapError stays one: callers fall back on it
+          raise _same_kind(e)(f"backtest (budget {held:.3g} held out): the law cannot be fitted "
                            f"to the other budgets: {e}") from e
       law = fits[held]
       predicted = np.asarray(law.predict(n[test], d[test]), np.float64)
@@ -217,8 +222,172 @@ def backtest(points: Any, *, fit: Callable[..., stats.Fit] | None = None,
                   fit=f"{description} ({_name(fit)})")
 
 
+def _same_kind(error: ValueError) -> type[ValueError]:
+  return stats.BootstrapError if isinstance(error, stats.BootstrapError) else ValueError
+
+
 def _name(fit: Callable) -> str:
   if fit is _default_fit:
     return "fit_parametric"
   fn = getattr(fit, "func", fit)                 # functools.partial
   return getattr(fn, "__name__", type(fn).__name__)
+
+
+# ---- one-variable laws: hold out whole sizes ---------------------------------------------------
+
+SIZE_SCHEMES = ("last", "each")
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeBacktest:
+  """What `backtest_sizes` returns. `rows`: one dict per held-out point (scheme, size, x, y,
+  predicted, low, high, error = predicted - y, rel_error, covered, baseline = the local
+  power law's prediction, baseline_error). `sizes`: one dict per (scheme, held-out size):
+  points, train_sizes, baseline_sizes, mean/max absolute error of the law, its mean
+  absolute relative error, coverage and the baseline's mean absolute error."""
+  rows: tuple[dict[str, Any], ...]
+  sizes: tuple[dict[str, Any], ...]
+  level: float
+  fit: str
+  x_name: str
+
+  def summary(self) -> dict[str, dict[str, float]]:
+    """Per scheme: points, sizes, the law's and the baseline's mean absolute error, coverage."""
+    out = {}
+    for scheme in dict.fromkeys(s["scheme"] for s in self.sizes):
+      rows = [r for r in self.rows if r["scheme"] == scheme]
+      covered = [r["covered"] for r in rows if r["covered"] is not None]
+      out[scheme] = {
+          "points": len(rows), "sizes": sum(s["scheme"] == scheme for s in self.sizes),
+          "mean_abs_error": float(np.mean([abs(r["error"]) for r in rows])),
+          "baseline_abs_error": float(np.mean([abs(r["baseline_error"]) for r in rows])),
+          "coverage": float(np.mean(covered)) if covered else float("nan")}
+    return out
+
+  def markdown(self) -> str:
+    """A table, one row per (scheme, held-out size), and a line per scheme."""
+    pct = f"{100 * self.level:g}%"
+    lines = [f"Back-test of {self.fit}: fitted without the held-out size, then predicted "
+             f"there. Errors are predicted - measured (mean absolute over the size's points); "
+             f"coverage: share of points inside the {pct} predictive interval; baseline: a "
+             f"power law through the two nearest training sizes only (the local slope, "
+             f"extrapolated).", "",
+             f"| scheme | held-out size | points | {self.x_name} | mean abs error | mean rel "
+             f"error | coverage ({pct}) | baseline mean abs error |",
+             "|---|---|---:|---|---:|---:|---:|---:|"]
+    for s in self.sizes:
+      cover = "n/a" if not np.isfinite(s["coverage"]) else f"{s['coverage']:.0%}"
+      span = (f"{s['x_min']:.3g}" if s["x_min"] == s["x_max"]
+              else f"{s['x_min']:.3g}-{s['x_max']:.3g}")
+      lines.append(f"| {s['scheme']} | {s['size']} | {s['points']} | {span} | "
+                   f"{s['mean_abs_error']:.4g} | {s['mean_rel_error']:.2%} | {cover} | "
+                   f"{s['baseline_abs_error']:.4g} |")
+    lines.append("")
+    for scheme, s in self.summary().items():
+      name = {"last": "leave-largest-size-out", "each": "leave-one-size-out"}[scheme]
+      cover = "n/a" if not np.isfinite(s["coverage"]) else f"{s['coverage']:.0%}"
+      lines.append(f"- {name}: {s['points']} points over {s['sizes']} size(s), mean abs "
+                   f"error {s['mean_abs_error']:.4g} (baseline {s['baseline_abs_error']:.4g}), "
+                   f"coverage {cover}")
+    return "\n".join(lines) + "\n"
+
+  def as_dict(self) -> dict[str, Any]:
+    """JSON-ready (NaN as None): level, fit, x_name, per-size rows, per-point rows, summary."""
+    return stats.json_ready({"level": self.level, "fit": self.fit, "x_name": self.x_name,
+                             "sizes": list(self.sizes), "rows": list(self.rows),
+                             "summary": self.summary()})
+
+
+def _local_power(x: np.ndarray, y: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+  """y = k x^s by least squares in log-log (through two points when there are two)."""
+  if np.unique(x).size < 2:
+    raise ValueError("the baseline needs two distinct x")
+  slope, intercept = np.polyfit(np.log(x), np.log(y), 1)
+  return lambda v: np.exp(intercept + slope * np.log(v))
+
+
+def backtest_sizes(x: Any, y: Any, sizes: Sequence[Any], *, fit: Callable[..., stats.Fit],
+                   schemes: Sequence[str] = SIZE_SCHEMES, level: float = stats.LEVEL,
+                   seed_sigma: float = 0.0, seed: int = 0, x_name: str = "x"
+                   ) -> SizeBacktest:
+  """Leave-size-out back-tests of a one-variable law y(x) (L(N), or error vs compute over
+  the runs of several model sizes), the analogue of `backtest` for studies without FLOP
+  budgets: "last" fits every size but the largest and predicts the largest (the
+  extrapolation a study makes when it plans the next size); "each" holds out each size in
+  turn. Sizes are ordered by their largest x.
+
+  x, y: one value per point (y > 0); sizes: each point's size label (a size's points are
+  its seeds, or a run's evals); they are also the fit's `groups=`, so its bootstrap
+  resamples whole sizes. fit: `fit(x, y, groups=...) -> Fit` with `predict(x)`, e.g.
+  `functools.partial(scaling.fit_kaplan_n, samples=200)`; it needs bootstrap samples for
+  the intervals (coverage is n/a without). The naive baseline is a power law through the
+  points of the two training sizes nearest the held-out one: a global law that does no
+  better than the local slope adds nothing. Needs >= 3 sizes; a subset the law cannot be
+  fitted to is a ValueError naming the held-out size."""
+  x = np.asarray(x, np.float64)
+  y = np.asarray(y, np.float64)
+  labels = [_label(s) for s in sizes]
+  if not (x.ndim == y.ndim == 1 and x.size == y.size == len(labels)):
+    raise ValueError(f"backtest_sizes: x, y and sizes need one value per point; got "
+                     f"{x.size}, {y.size} and {len(labels)}")
+  if not (np.all(np.isfinite(x)) and np.all(x > 0) and np.all(np.isfinite(y))
+          and np.all(y > 0)):
+    raise ValueError("backtest_sizes: x and y must be finite and > 0 (the laws are fitted "
+                     "in log-log)")
+  unknown = [s for s in schemes if s not in SIZE_SCHEMES]
+  if unknown or not schemes:
+    raise ValueError(f"backtest_sizes: schemes={tuple(schemes)!r} must be some of "
+                     f"{SIZE_SCHEMES} ('last': leave the largest size out; 'each': each size "
+                     "in turn)")
+  if not 0 < level < 1:
+    raise ValueError(f"backtest_sizes: level={level} must be in (0, 1), e.g. 0.95")
+  label_array = np.array(labels, dtype=object)
+  order = sorted(dict.fromkeys(labels), key=lambda s: x[label_array == s].max())
+  if len(order) < 3:
+    raise ValueError(f"backtest_sizes needs >= 3 sizes (2 to fit the law and the baseline "
+                     f"on, 1 to hold out); got {len(order)} ({', '.join(map(str, order))}): "
+                     "add sizes")
+  fits: dict[Any, stats.Fit] = {}
+  rows, summaries = [], []
+  for scheme in schemes:
+    for held in (order[-1:] if scheme == "last" else order):
+      test = label_array == held
+      train = ~test
+      if held not in fits:
+        try:
+          fits[held] = fit(x[train], y[train], groups=list(label_array[train]))
+        except ValueError as e:
+          raise _same_kind(e)(f"backtest_sizes (size {held} held out): the law cannot be "
+                           f"fitted to the other sizes: {e}") from e
+      law = fits[held]
+      others = [s for s in order if s != held]
+      i = order.index(held)
+      near = sorted(others, key=lambda s: (abs(order.index(s) - i), order.index(s)))[:2]
+      local = np.isin(label_array, near)
+      baseline = _local_power(x[local], y[local])(x[test])
+      predicted = np.asarray(law.predict(x[test]), np.float64)
+      low, high = law.predict_interval(x[test], seed_sigma=seed_sigma, level=level,
+                                       seed=seed)
+      error = predicted - y[test]
+      has_ci = np.isfinite(low) & np.isfinite(high)
+      for k, j in enumerate(np.flatnonzero(test)):
+        rows.append({"scheme": scheme, "size": held, "x": float(x[j]), "y": float(y[j]),
+                     "predicted": float(predicted[k]), "low": float(low[k]),
+                     "high": float(high[k]), "error": float(error[k]),
+                     "rel_error": float(error[k] / y[j]),
+                     "covered": bool(low[k] <= y[j] <= high[k]) if has_ci[k] else None,
+                     "baseline": float(baseline[k]),
+                     "baseline_error": float(baseline[k] - y[j])})
+      summaries.append({
+          "scheme": scheme, "size": held, "points": int(test.sum()),
+          "x_min": float(x[test].min()), "x_max": float(x[test].max()),
+          "train_sizes": others, "baseline_sizes": near,
+          "mean_abs_error": float(np.abs(error).mean()),
+          "max_abs_error": float(np.abs(error).max()),
+          "mean_rel_error": float(np.abs(error / y[test]).mean()),
+          "coverage": (float(np.mean((low <= y[test]) & (y[test] <= high)))
+                       if has_ci.all() else float("nan")),
+          "baseline_abs_error": float(np.abs(baseline - y[test]).mean())})
+  description = next(iter(fits.values())).law
+  return SizeBacktest(rows=tuple(rows), sizes=tuple(summaries), level=float(level),
+                      fit=f"{description} ({_name(fit)})", x_name=x_name)
