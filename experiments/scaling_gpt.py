@@ -50,11 +50,12 @@ from configs.sweeps import isoflop, scaling_gpt as gpt_sweep  # noqa: E402
 from experiments import report_check  # noqa: E402
 from jaxformer import scaling  # noqa: E402
 
-FORMAT = "scaling_gpt/wsd-doubling/1"   # results["format"] of the reports `render` draws
+FORMAT = "scaling_gpt/wsd-doubling/2"   # results["format"] of the reports `render` draws
 KAPLAN_ALPHA_N = 0.076         # Kaplan et al. 2020, eq. 1.1 (N_c = 8.8e13 non-embedding params)
 GFLOPS = (15.0, 25.0)          # measured single-thread XLA:CPU rates of these models (range)
 BAND_POINTS = 60               # grid points of the stored bootstrap bands
 STARTUP_S = 30                 # measured start-up of one run (imports, data, compile), seconds
+BACKTEST_SAMPLES = 200         # bootstrap resamples of each back-test fit (7 fits per law)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -360,6 +361,38 @@ def fit_all(points: dict, samples: int) -> dict:
   return out
 
 
+def backtests(points: dict, samples: int, sigma: dict) -> dict:
+  """`scaling.backtest_sizes` of the Kaplan and saturating laws on the fits' points (leave the
+  largest size out, and each in turn). The bootstrap resamples whole sizes where it can; with
+  5 sizes left after holding one out, more than 10% of such resamples cannot be fitted
+  (`BootstrapError`), and it resamples the runs instead, then none (no coverage): the notes
+  say which and why; a law that cannot be fitted at all is skipped. Points that are seed
+  means get sigma_seed as extra scatter."""
+  import functools
+  fns = {key: fn for key, fn, _, boot in FITS if boot}
+  n, loss = np.array(points["params"], np.float64), np.array(points["loss"], np.float64)
+  seed_sigma = 0.0 if points["by_run"] else (sigma["pooled"] or 0.0)
+  draws = min(samples, BACKTEST_SAMPLES)
+  tries = [("sizes", draws), ("points", draws), ("points", 0)] if draws else [("points", 0)]
+  out = {}
+  for key, fn in fns.items():
+    notes, result = [], None
+    for resample, count in tries:
+      try:
+        result = scaling.backtest_sizes(n, loss, points["groups"], x_name="N",
+                                        fit=functools.partial(fn, samples=count),
+                                        seed_sigma=seed_sigma, resample=resample)
+        break
+      except scaling.BootstrapError as e:
+        notes.append(f"not resampling {resample}: {e}")
+      except ValueError as e:
+        notes.append(f"no back-test: {e}")
+        break
+    out[key] = {"result": None if result is None else result.as_dict(),
+                "markdown": None if result is None else result.markdown(), "notes": notes}
+  return out
+
+
 def refit(results: dict) -> dict:
   """The fits' point estimates recomputed from results["fit_points"] (samples=0)."""
   points = results["fit_points"]
@@ -427,7 +460,8 @@ def collect(args, values: dict, lengths: list[int], planned, rows, decision, cor
       "kaplan_2020": {"alpha_N": KAPLAN_ALPHA_N, "N_c": 8.8e13},
       "sigma": decision["sigma"], "estimate": est, "wall_s": wall_s,
       "sizes": sizes, "runs": runs, "fit_points": points,
-      "fits": fit_all(points, args.bootstrap)})
+      "fits": fit_all(points, args.bootstrap),
+      "backtests": backtests(points, args.bootstrap, decision["sigma"])})
 
 
 # ---- the report: a pure function of the results -----------------------------------------------
@@ -559,6 +593,15 @@ def findings_text(results: dict) -> str:
           "Findings: none (no parameter at a bound, every fit bootstrapped).")
 
 
+def backtest_text(results: dict) -> str:
+  parts = []
+  for key, entry in results["backtests"].items():
+    body = entry["markdown"] or ""
+    notes = "".join(f"\n\nNote: {n}" for n in entry["notes"])
+    parts.append(f"**{key}**: {body}{notes}".rstrip())
+  return "\n\n".join(parts)
+
+
 def lr_text(settings: dict) -> str:
   if settings["lr"] != "width":
     return settings["lr"]
@@ -604,6 +647,7 @@ def render(results: dict) -> str:
       sizes_table(results), alpha_text(results), sigma_text(results),
       "Doubling history (Δ = the previous length's loss minus this one's):",
       history_table(results), fits_table(results), findings_text(results),
+      "## Back-tests", backtest_text(results),
       compute_text(results), f"![loss vs N and eval curves]({results['png']})", ""])
 
 

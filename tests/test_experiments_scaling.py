@@ -286,6 +286,10 @@ def test_gpt_results_render_and_refit_from_the_json_alone(gpt, tmp_path, monkeyp
   assert "next to Kaplan et al. 2020" in text and "0.076" in text and "σ_seed" in text
   assert "| L3_d80 | x4 | 4,800 |" in text and "no: epoch cap" in text   # still falling
   assert text.count("yes (Δ < σ)") == 2 * 5                   # the other sizes, both doublings
+  assert "## Back-tests" in text and "leave-largest-size-out" in text
+  kaplan_test = results["backtests"]["kaplan"]
+  assert kaplan_test["result"]["sizes"][0]["size"] == "L3_d80"     # the largest held out
+  assert kaplan_test["result"]["sizes"][0]["mean_rel_error"] < 0.05
   with pytest.raises(ValueError, match="older study's JSON"):
     gpt.render({"points": []})
 

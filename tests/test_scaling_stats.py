@@ -436,7 +436,7 @@ def test_backtest_sizes_on_known_laws():
   table = result.markdown()
   assert "| scheme | held-out size | points | N | mean abs error |" in table
   assert "- leave-largest-size-out: 3 points over 1 size(s)" in table
-  assert "(fit_kaplan_n)" in table
+  assert "(fit_kaplan_n, resampling sizes)" in table
   assert json.loads(json.dumps(result.as_dict()))["summary"]["each"]["points"] == 21
 
   n, loss, labels = _sized(lambda v: 1.5 + (1e5 / v) ** 0.5, sizes, 2, 0.002, seed=2)
@@ -469,6 +469,13 @@ def test_backtest_sizes_refuses_what_it_cannot_test():
                                                    r"out\).*bootstrap resamples could not"):
     scaling.backtest_sizes(n, loss, labels, schemes=("last",),
                            fit=functools.partial(scaling.fit_kaplan_n, samples=64))
+  n, loss, labels = _sized(lambda v: (8.8e13 / v) ** 0.076, [1e4, 1e5, 1e6, 1e7], 4, 0.004,
+                           seed=0)                  # 12 points over the 3 sizes left: ~2% fail
+  points = scaling.backtest_sizes(n, loss, labels, schemes=("last",), resample="points",
+                                  fit=functools.partial(scaling.fit_kaplan_n, samples=64))
+  assert np.isfinite(points.sizes[0]["coverage"]) and "resampling points" in points.fit
+  with pytest.raises(ValueError, match="resample='runs' must be 'sizes'"):
+    scaling.backtest_sizes(n, loss, labels, fit=fit, resample="runs")
   n, loss, labels = _sized(lambda v: (8.8e13 / v) ** 0.076, [1e4, 1e5, 1e6], 1, 0.004, seed=0)
   with pytest.raises(ValueError, match=r"backtest_sizes \(size N1000000 held out\): the law "
                                        r"cannot be fitted to the other sizes: .*"):

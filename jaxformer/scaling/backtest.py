@@ -308,8 +308,8 @@ def _local_power(x: np.ndarray, y: np.ndarray) -> Callable[[np.ndarray], np.ndar
 
 def backtest_sizes(x: Any, y: Any, sizes: Sequence[Any], *, fit: Callable[..., stats.Fit],
                    schemes: Sequence[str] = SIZE_SCHEMES, level: float = stats.LEVEL,
-                   seed_sigma: float = 0.0, seed: int = 0, x_name: str = "x"
-                   ) -> SizeBacktest:
+                   seed_sigma: float = 0.0, seed: int = 0, x_name: str = "x",
+                   resample: str = "sizes") -> SizeBacktest:
   """Leave-size-out back-tests of a one-variable law y(x) (L(N), or error vs compute over
   the runs of several model sizes), the analogue of `backtest` for studies without FLOP
   budgets: "last" fits every size but the largest and predicts the largest (the
@@ -317,8 +317,10 @@ def backtest_sizes(x: Any, y: Any, sizes: Sequence[Any], *, fit: Callable[..., s
   turn. Sizes are ordered by their largest x.
 
   x, y: one value per point (y > 0); sizes: each point's size label (a size's points are
-  its seeds, or a run's evals); they are also the fit's `groups=`, so its bootstrap
-  resamples whole sizes. fit: `fit(x, y, groups=...) -> Fit` with `predict(x)`, e.g.
+  its seeds, or a run's evals). resample="sizes" passes them to the fit as `groups=`, so its
+  bootstrap resamples whole sizes; "points" resamples the points (groups=None): with few
+  sizes left after holding one out (5 of 6: a resample then has < 3 distinct sizes ~10% of
+  the time) whole-size resampling fails, and points are what remains. fit: `fit(x, y, groups=...) -> Fit` with `predict(x)`, e.g.
   `functools.partial(scaling.fit_kaplan_n, samples=200)`; it needs bootstrap samples for
   the intervals (coverage is n/a without). The naive baseline is a power law through the
   points of the two training sizes nearest the held-out one: a global law that does no
@@ -341,6 +343,9 @@ def backtest_sizes(x: Any, y: Any, sizes: Sequence[Any], *, fit: Callable[..., s
                      "in turn)")
   if not 0 < level < 1:
     raise ValueError(f"backtest_sizes: level={level} must be in (0, 1), e.g. 0.95")
+  if resample not in ("sizes", "points"):
+    raise ValueError(f"backtest_sizes: resample={resample!r} must be 'sizes' (whole sizes) "
+                     "or 'points'")
   label_array = np.array(labels, dtype=object)
   order = sorted(dict.fromkeys(labels), key=lambda s: x[label_array == s].max())
   if len(order) < 3:
@@ -355,7 +360,8 @@ def backtest_sizes(x: Any, y: Any, sizes: Sequence[Any], *, fit: Callable[..., s
       train = ~test
       if held not in fits:
         try:
-          fits[held] = fit(x[train], y[train], groups=list(label_array[train]))
+          fits[held] = fit(x[train], y[train], groups=list(label_array[train])
+                           if resample == "sizes" else None)
         except ValueError as e:
           raise _same_kind(e)(f"backtest_sizes (size {held} held out): the law cannot be "
                            f"fitted to the other sizes: {e}") from e
@@ -390,4 +396,5 @@ def backtest_sizes(x: Any, y: Any, sizes: Sequence[Any], *, fit: Callable[..., s
           "baseline_abs_error": float(np.abs(baseline - y[test]).mean())})
   description = next(iter(fits.values())).law
   return SizeBacktest(rows=tuple(rows), sizes=tuple(summaries), level=float(level),
-                      fit=f"{description} ({_name(fit)})", x_name=x_name)
+                      fit=f"{description} ({_name(fit)}, resampling {resample})",
+                      x_name=x_name)
