@@ -363,33 +363,20 @@ def fit_all(points: dict, samples: int) -> dict:
 
 def backtests(points: dict, samples: int, sigma: dict) -> dict:
   """`scaling.backtest_sizes` of the Kaplan and saturating laws on the fits' points (leave the
-  largest size out, and each in turn). The bootstrap resamples whole sizes where it can; with
-  5 sizes left after holding one out, more than 10% of such resamples cannot be fitted
-  (`BootstrapError`), and it resamples the runs instead, then none (no coverage): the notes
-  say which and why; a law that cannot be fitted at all is skipped. Points that are seed
-  means get sigma_seed as extra scatter."""
-  import functools
-  fns = {key: fn for key, fn, _, boot in FITS if boot}
+  largest size out, and each in turn), resampling whole sizes where it can (with 5 sizes
+  left, > 10% of such resamples cannot be fitted; then runs, then none: the notes say which
+  and why; `backtest_sizes_fallback`). Points that are seed means get sigma_seed as extra
+  scatter."""
   n, loss = np.array(points["params"], np.float64), np.array(points["loss"], np.float64)
   seed_sigma = 0.0 if points["by_run"] else (sigma["pooled"] or 0.0)
-  draws = min(samples, BACKTEST_SAMPLES)
-  tries = [("sizes", draws), ("points", draws), ("points", 0)] if draws else [("points", 0)]
   out = {}
-  for key, fn in fns.items():
-    notes, result = [], None
-    for resample, count in tries:
-      try:
-        result = scaling.backtest_sizes(n, loss, points["groups"], x_name="N",
-                                        fit=functools.partial(fn, samples=count),
-                                        seed_sigma=seed_sigma, resample=resample)
-        break
-      except scaling.BootstrapError as e:
-        notes.append(f"not resampling {resample}: {e}")
-      except ValueError as e:
-        notes.append(f"no back-test: {e}")
-        break
-    out[key] = {"result": None if result is None else result.as_dict(),
-                "markdown": None if result is None else result.markdown(), "notes": notes}
+  for key, fn, _, boot in FITS:
+    if boot:
+      result, notes = scaling.backtest_sizes_fallback(
+          n, loss, points["groups"], fn, samples=min(samples, BACKTEST_SAMPLES), x_name="N",
+          seed_sigma=seed_sigma)
+      out[key] = {"result": None if result is None else result.as_dict(),
+                  "markdown": None if result is None else result.markdown(), "notes": notes}
   return out
 
 

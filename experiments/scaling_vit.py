@@ -93,6 +93,7 @@ SEEDED = ((3, 64), (2, 48), (1, 16))
 MEASURED_WALL_S = {(3, 64): 640, (2, 64): 469, (2, 48): 436, (1, 32): 361, (1, 16): 264}
 MEASURED_STEPS = 3000
 PILOT = 10                     # bootstrap resamples timed to size the bootstrap
+BACKTEST_SAMPLES = 200        # bootstrap resamples of each back-test fit (6 fits)
 BAND_POINTS = 60               # grid points of the stored bootstrap band
 DATA_FORMS = "mnist:<directory of the IDX files> or tfds:<name> (e.g. tfds:mnist)"
 
@@ -495,6 +496,17 @@ def seed_text(results: dict) -> str:
   return "\n\n".join([intro, seed_table(sigma), text, verdict])
 
 
+def backtest_text(results: dict) -> list[str]:
+  """The back-test section: each run's frontier points predicted by the law fitted to the
+  other runs' (leave-largest-run-out, leave-one-run-out). The frontier itself is computed
+  with every run, so a held-out run's points are those where it was best."""
+  if "backtest" not in results:
+    return []
+  entry = results["backtest"]
+  notes = "".join(f"\n\nNote: {n}" for n in entry["notes"])
+  return ["## Back-test", ((entry["markdown"] or "No back-test.") + notes).rstrip()]
+
+
 def render(results: dict) -> str:
   """The markdown report, from the results (OUT.json) alone."""
   sizes, frontier, fit = results["sizes"], results["frontier"], results["fit"]
@@ -520,6 +532,7 @@ def render(results: dict) -> str:
       f"Intermediate evals come before the cosine schedule annealed, so the frontier between "
       f"run ends is conservative.",
       frontier_table(frontier, fit), fit_text(fit, results["notes"]), *seeds,
+      *backtest_text(results),
       "![error vs compute](scaling_vit.png)", ""])
 
 
@@ -579,6 +592,12 @@ def results_of(meta: dict, sizes: list[dict], samples: int, seconds: float,
     grid = np.geomspace(fc.min() / 2, fc.max() * 2, BAND_POINTS)
     low, high = fit.predict_ci(grid)
     band = {"compute": grid.tolist(), "low": low.tolist(), "high": high.tolist()}
+  test, test_notes = scaling.backtest_sizes_fallback(
+      [p["compute"] for p in frontier], [p["error"] for p in frontier],
+      [p["name"] for p in frontier], scaling.fit_zhai, samples=min(samples, BACKTEST_SAMPLES),
+      x_name="C (FLOPs)")
+  backtest = {"result": None if test is None else test.as_dict(),
+              "markdown": None if test is None else test.markdown(), "notes": test_notes}
   seeded = {}
   if seed_runs is not None:
     sigma = seed_sigma(sizes, seed_runs)
@@ -587,7 +606,8 @@ def results_of(meta: dict, sizes: list[dict], samples: int, seconds: float,
               "sigma_seed": None if sigma is None else {**sigma, "vs_fit": flag}}
   return scaling.stats.json_ready({
       **meta, "sizes": sizes, "frontier": frontier,
-      "fit": None if fit is None else fit.as_dict(), "notes": notes, "band": band, **seeded})
+      "fit": None if fit is None else fit.as_dict(), "notes": notes, "band": band,
+      "backtest": backtest, **seeded})
 
 
 def finished(rows: list[dict]) -> list[dict]:

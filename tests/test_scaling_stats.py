@@ -481,3 +481,18 @@ def test_backtest_sizes_refuses_what_it_cannot_test():
                                        r"cannot be fitted to the other sizes: .*"):
     scaling.backtest_sizes(n, loss, labels, fit=functools.partial(scaling.fit_saturating,
                                                                   samples=0))
+
+
+def test_backtest_sizes_fallback_says_what_it_gave_up():
+  n, loss, labels = _sized(lambda v: (8.8e13 / v) ** 0.076, [1e4, 1e5, 1e6, 1e7], 2, 0.004,
+                           seed=0)
+  result, notes = scaling.backtest_sizes_fallback(n, loss, labels, scaling.fit_kaplan_n,
+                                                  samples=64, schemes=("last",))
+  assert [note.split(":")[0] for note in notes] == ["not resampling sizes",
+                                                    "not resampling points"]
+  assert "bootstrap resamples could not be fit" in notes[0]
+  assert np.isnan(result.sizes[0]["coverage"]) and result.sizes[0]["mean_rel_error"] < 0.01
+  n, loss, labels = _sized(lambda v: (8.8e13 / v) ** 0.076, [1e4, 1e5, 1e6], 2, 0.004, seed=0)
+  result, notes = scaling.backtest_sizes_fallback(n, loss, labels, scaling.fit_saturating,
+                                                  samples=0)
+  assert result is None and notes[0].startswith("no back-test: backtest_sizes (size N1000000")

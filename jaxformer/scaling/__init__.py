@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import importlib
 
-from jaxformer.scaling.backtest import Backtest, SizeBacktest, backtest, backtest_sizes
+from jaxformer.scaling.backtest import (Backtest, SizeBacktest, backtest, backtest_sizes,
+                                        backtest_sizes_fallback)
 from jaxformer.scaling.chinchilla import (BESIROGLU_2024, HOFFMANN_2022, Curve, OptimumFit,
                                           ParametricFit, chinchilla_tokens, envelope_optimum,
                                           family_flops_per_token, fit_parametric,
@@ -51,7 +52,7 @@ _COUNTING = ("count_params", "flops_per_token", "param_shapes", "dummy_inputs",
 
 __all__ = ["BESIROGLU_2024", "HOFFMANN_2022", "Curve", "OptimumFit", "ParametricFit",
            "chinchilla_tokens", "envelope_optimum", "family_flops_per_token", "Backtest",
-           "backtest", "SizeBacktest", "backtest_sizes", "BootstrapError", "fit_parametric", "isoflop_optimum", "fit_kaplan_d",
+           "backtest", "SizeBacktest", "backtest_sizes", "backtest_sizes_fallback", "BootstrapError", "fit_parametric", "isoflop_optimum", "fit_kaplan_d",
            "fit_kaplan_joint", "fit_kaplan_n", "fit_saturating", "fit_zhai", "Candidate",
            "PlannedRun", "Trunk", "lr_optimum", "lr_width_rule", "plan_isoflop", "plan_run",
            "plan_wsd", "to_sweep", "wsd_sweeps", "Fit", *_COUNTING]

@@ -398,3 +398,26 @@ def backtest_sizes(x: Any, y: Any, sizes: Sequence[Any], *, fit: Callable[..., s
   return SizeBacktest(rows=tuple(rows), sizes=tuple(summaries), level=float(level),
                       fit=f"{description} ({_name(fit)}, resampling {resample})",
                       x_name=x_name)
+
+
+def backtest_sizes_fallback(x: Any, y: Any, sizes: Sequence[Any],
+                            law: Callable[..., stats.Fit], *, samples: int, **kwargs: Any
+                            ) -> tuple[SizeBacktest | None, list[str]]:
+  """(back-test or None, notes): `backtest_sizes` of `law` (a fitter taking samples= and
+  groups=, e.g. `scaling.fit_kaplan_n`) with `samples` resamples of whole sizes; where too
+  many of those fail (`BootstrapError`: few sizes left) resampling the points, then no
+  bootstrap (no coverage); None when the law cannot be fitted at all. Each note says what was
+  given up and why, for the report."""
+  import functools
+  tries = [("sizes", samples), ("points", samples), ("points", 0)] if samples else \
+      [("points", 0)]
+  notes = []
+  for resample, count in tries:
+    try:
+      return backtest_sizes(x, y, sizes, fit=functools.partial(law, samples=count),
+                            resample=resample, **kwargs), notes
+    except stats.BootstrapError as e:
+      notes.append(f"not resampling {resample}: {e}")
+    except ValueError as e:
+      return None, [*notes, f"no back-test: {e}"]
+  return None, notes
