@@ -27,8 +27,9 @@ Design (numbers in the module constants):
   branches and by LR_CHECK: the largest top-budget size at 0.5x and 2x its rule LR.
 - Seeds: SEEDS more seeds of SEEDED sizes up to SEED_BUDGET; sigma_seed is the pooled
   standard deviation of the final loss over seeds.
-- Schedule check: COSINE_SIZES at COSINE_BUDGET as separate cosine runs (to 10%), 3 seeds,
-  against the same sizes' cooldown branches.
+- Schedule check: two seeded sizes at COSINE_BUDGET as separate cosine runs (COSINE_VARIANTS:
+  to 10% at 1x and 2x the rule's LR, and to 0 with the branch's warmup), 3 seeds, against
+  the same sizes' cooldown branches.
 - Fits: approaches 1-3 (`jaxformer.scaling`) on the seed-0 and seeded runs at the rule LR,
   bootstrap by trunk (the branches of one trunk share its stable phase, so they are one
   independent run), back-tests (`scaling.backtest`), and a prediction for 3x the largest
@@ -62,7 +63,10 @@ LR_CHECK_FACTORS = (0.5, 2.0)
 SEEDS = (1, 2)
 SEED_BUDGET = 3.16e12
 COSINE_BUDGET = 1e12
-COSINE_LR_FACTORS = (1.0, 2.0)
+# (peak LR x the rule's, final LR x the peak, warmup): "5%" of the run (planning's cosine
+# runs) or "trunk" (the branch's own warmup). The last variant differs from the branch only in
+# the shape of the decay, as in Hägele et al. 2024's comparison.
+COSINE_VARIANTS = ((1.0, 0.1, "5%"), (2.0, 0.1, "5%"), (1.0, 0.0, "trunk"))
 PREDICTION_FACTOR = 3.0
 BACKTEST_SAMPLES = 50           # bootstrap resamples of each back-test fit (for its coverage)
 DECAY_FRACTION = 0.2
@@ -190,17 +194,24 @@ def lr_check_size(plan: list) -> str:
 
 
 def cosine_stage(args, plan: list, rule: dict) -> list[dict]:
-  """Two seeded sizes at COSINE_BUDGET as separate cosine runs (to 10% of the peak), seeds
-  0, 1, 2, at COSINE_LR_FACTORS x the rule's LR (the rule was tuned under wsd, whose mean LR
-  over a run is higher than a cosine's): the schedule the branches are compared with."""
+  """Two seeded sizes at COSINE_BUDGET as separate cosine runs, seeds 0, 1, 2, in each of
+  COSINE_VARIANTS: to 10% of the peak after a 5% warmup at 1x and 2x the rule's LR (the rule
+  was tuned under wsd, whose mean LR over a run is higher than a cosine's), and to 0 after
+  the branch's own warmup at 1x (only the decay's shape differs from the branch): the
+  schedules the branches are compared with."""
   sizes = seeded_sizes(plan)[:2]
   runs = [r for r in plan if r.candidate.name in sizes and r.budget == COSINE_BUDGET]
+  trunk_warmup = {t.candidate.name: t.warmup_steps
+                  for t in trunks_of([r for r in plan if r.candidate.name in sizes])}
   rows = []
-  for factor in COSINE_LR_FACTORS:
+  for factor, end, warmup in COSINE_VARIANTS:
     spec = scaling.to_sweep(runs, isoflop.BASE, lr=lambda r: by_width(rule, factor)(r.candidate),
-                            overrides=isoflop.common_overrides(
+                            overrides={**isoflop.common_overrides(
                                 args.data, isoflop.corpus_info(args.data)[0]),
-                            name=NAME + "_cosine")
+                                "optim.min_lr_ratio": end},
+                            name=NAME + ("_cosine" if end == 0.1 else f"_cosine_to{end:g}"))
+    if warmup == "trunk":
+      spec["zip"]["optim.warmup_steps"] = [trunk_warmup[r.candidate.name] for r in runs]
     spec["zip"] = {k: [v for v in vs for _ in (0, *SEEDS)] for k, vs in spec["zip"].items()}
     spec["zip"]["train.seed"] = [s for _ in runs for s in (0, *SEEDS)]
     rows += sweep_lib.run(spec, os.path.join(args.workdir, "cosine"), parallel=args.parallel)
@@ -255,6 +266,8 @@ def points_of(args, stages: dict, prediction_rows=()) -> list[dict]:
           "flops": c.flops_per_token * tokens, "flops_per_token": c.flops_per_token,
           "budget": budgets.get((c.name, steps), c.flops_per_token * tokens),
           "lr": o["optim.lr"], "seed": seed, "schedule": o.get("optim.schedule", "wsd"),
+          "warmup_steps": o.get("optim.warmup_steps"),
+          "min_lr_ratio": o.get("optim.min_lr_ratio", WSD["optim.min_lr_ratio"]),
           "trunk": f"{stage}/{c.name}/lr{o['optim.lr']:g}/seed{seed}",
           "eval_loss": row["eval_loss"], "wall_time_s": row["wall_time_s"]})
   return out
@@ -404,13 +417,16 @@ def cosine_check(points: list[dict], sigma: float) -> list[dict]:
   """Per cosine size: mean final loss of the cosine runs and of the same runs as cooldown
   branches over the 3 seeds, their difference against 2 sigma_seed."""
   out = []
-  for size, d, lr in sorted({(p["size"], p["d"], p["lr"]) for p in points
-                             if p["stage"] == "cosine"}):
-    cos = [p["eval_loss"] for p in points if p["stage"] == "cosine" and p["size"] == size
-           and p["d"] == d and p["lr"] == lr]
+  variant = lambda p: (p["size"], p["d"], p["lr"], p.get("min_lr_ratio", 0.1),  # noqa: E731
+                       p.get("warmup_steps") or 0)
+  for key in sorted({variant(p) for p in points if p["stage"] == "cosine"}):
+    size, d, lr, end, warmup = key
+    cos = [p["eval_loss"] for p in points if p["stage"] == "cosine" and variant(p) == key]
     wsd = [p for p in fit_points(points) if p["size"] == size and p["d"] == d]
     diff = float(np.mean([p["eval_loss"] for p in wsd]) - np.mean(cos))
-    out.append({"size": size, "d": d, "cosine_lr": lr, "wsd_lr": wsd[0]["lr"], "cosine": cos,
+    out.append({"size": size, "d": d, "cosine_lr": lr, "wsd_lr": wsd[0]["lr"],
+                "cosine_end": end, "cosine_warmup": warmup,
+                "wsd_warmup": wsd[0].get("warmup_steps"), "cosine": cos,
                 "wsd": [p["eval_loss"] for p in wsd], "difference": diff,
                 "within_2_sigma": bool(abs(diff) <= 2 * sigma)})
   return out
@@ -671,13 +687,19 @@ def _cosine_text(rows: list[dict], sigma: float, budget: float) -> str:
   if not rows:
     return "Not run."
   return (f"At {budget:.3g} FLOPs, 3 seeds each: the mean final loss of the cooldown branch "
-          "minus that of a separate cosine run (warmup 5%, cosine to 10%) of the same length, "
-          f"against 2 sigma_seed = {2 * sigma:.4f}; the cosine runs at the branch's peak LR "
-          "(the rule, tuned under wsd) and at twice it, since a cosine's mean LR over a run is "
-          "about half a wsd run's.\n\n" +
-          _table(["size", "tokens", "wsd LR", "cosine LR", "cosine (seeds)", "wsd branch (seeds)",
+          "(warmup, constant, 1-sqrt decay to 0 over the last 20%) minus that of a separate "
+          f"cosine run of the same length, against 2 sigma_seed = {2 * sigma:.4f}. The cosine "
+          "runs: warmup 5% and cosine to 10% of the peak, at the branch's peak LR (the rule, "
+          "tuned under wsd) and at twice it, since a cosine's mean LR over a run is about half "
+          "a wsd run's; and cosine to 0 after the branch's own warmup at its peak LR, which "
+          "differs from the branch only in the shape of the decay.\n\n" +
+          _table(["size", "tokens", "wsd LR", "cosine LR", "cosine warmup (branch's)",
+                  "cosine to (x peak)", "cosine (seeds)", "wsd branch (seeds)",
                   "branch - cosine", "within 2 sigma_seed"],
-                 [[r["size"], f"{r['d']:,}", f"{r.get('wsd_lr', 0):g}", f"{r.get('cosine_lr', 0):g}",
+                 [[r["size"], f"{r['d']:,}", f"{r.get('wsd_lr', 0):g}",
+                   f"{r.get('cosine_lr', 0):g}",
+                   f"{r.get('cosine_warmup', 0)} ({r.get('wsd_warmup')})",
+                   f"{r.get('cosine_end', 0.1):g}",
                    ", ".join(f"{v:.4f}" for v in r["cosine"]),
                    ", ".join(f"{v:.4f}" for v in r["wsd"]), f"{r['difference']:+.4f}",
                    "yes" if r["within_2_sigma"] else "**no**"] for r in rows]))
