@@ -113,11 +113,16 @@ def run_stage(args, name: str, trunks: list, lrs: list, seeds=(0,)) -> list[dict
                                      overrides=overrides(args), seeds=seeds) for lr in lrs])
   trunk_rows, branch_rows = sweep_lib.run_branched(specs, os.path.join(args.workdir, name),
                                                    parallel=args.parallel)
-  rows = trunk_rows + branch_rows
+  return finished_rows(trunk_rows + branch_rows, name, args.workdir)
+
+
+def finished_rows(rows: list[dict], stage: str, workdir: str) -> list[dict]:
+  """`rows` when every run finished, else the one-line error that names them (a rerun of the
+  study resumes them)."""
   failed = [r["name"] for r in rows if r["status"] != "done"]
   if failed:
-    raise SystemExit(f"error: runs {failed} of stage {name!r} did not finish; see their "
-                     f"train.log under {os.path.join(args.workdir, name)} and re-run to resume")
+    raise SystemExit(f"error: runs {failed} of stage {stage!r} did not finish; see their "
+                     f"train.log under {os.path.join(workdir, stage)} and re-run to resume")
   return rows
 
 
@@ -215,10 +220,7 @@ def cosine_stage(args, plan: list, rule: dict) -> list[dict]:
     spec["zip"] = {k: [v for v in vs for _ in (0, *SEEDS)] for k, vs in spec["zip"].items()}
     spec["zip"]["train.seed"] = [s for _ in runs for s in (0, *SEEDS)]
     rows += sweep_lib.run(spec, os.path.join(args.workdir, "cosine"), parallel=args.parallel)
-  failed = [r["name"] for r in rows if r["status"] != "done"]
-  if failed:
-    raise SystemExit(f"error: cosine runs {failed} did not finish; re-run to resume")
-  return rows
+  return finished_rows(rows, "cosine", args.workdir)
 
 
 def training_stages(args) -> dict:
