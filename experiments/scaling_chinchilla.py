@@ -27,9 +27,9 @@ Design (numbers in the module constants):
   branches and by LR_CHECK: the largest top-budget size at 0.5x and 2x its rule LR.
 - Seeds: SEEDS more seeds of SEEDED sizes up to SEED_BUDGET; sigma_seed is the pooled
   standard deviation of the final loss over seeds.
-- Schedule check: two seeded sizes at COSINE_BUDGET as separate cosine runs (COSINE_VARIANTS:
-  to 10% at 1x and 2x the rule's LR, and to 0 with the branch's warmup), 3 seeds, against
-  the same sizes' cooldown branches.
+- Schedule check: two seeded sizes at COSINE_BUDGET (the larger also at SEED_BUDGET:
+  COSINE_CHECKS) as separate cosine runs (COSINE_VARIANTS: to 10% at 1x and 2x the rule's LR,
+  and to 0 with the branch's warmup), 3 seeds, against the same sizes' cooldown branches.
 - Fits: approaches 1-3 (`jaxformer.scaling`) on the seed-0 and seeded runs at the rule LR,
   bootstrap by trunk (the branches of one trunk share its stable phase, so they are one
   independent run), back-tests (`scaling.backtest`), and a prediction for 3x the largest
@@ -67,6 +67,10 @@ COSINE_BUDGET = 1e12
 # runs) or "trunk" (the branch's own warmup). The last variant differs from the branch only in
 # the shape of the decay, as in Hägele et al. 2024's comparison.
 COSINE_VARIANTS = ((1.0, 0.1, "5%"), (2.0, 0.1, "5%"), (1.0, 0.0, "trunk"))
+# (budget, which of the first two seeded sizes, which COSINE_VARIANTS): every variant at
+# COSINE_BUDGET; the larger size's run there is short (783 steps), so it is also checked at
+# SEED_BUDGET (2,473 steps), where its branches have 3 seeds too.
+COSINE_CHECKS = ((COSINE_BUDGET, (0, 1), (0, 1, 2)), (SEED_BUDGET, (1,), (0, 1)))
 PREDICTION_FACTOR = 3.0
 BACKTEST_SAMPLES = 50           # bootstrap resamples of each back-test fit (for its coverage)
 DECAY_FRACTION = 0.2
@@ -199,17 +203,26 @@ def lr_check_size(plan: list) -> str:
 
 
 def cosine_stage(args, plan: list, rule: dict) -> list[dict]:
-  """Two seeded sizes at COSINE_BUDGET as separate cosine runs, seeds 0, 1, 2, in each of
+  """Two seeded sizes as separate cosine runs (COSINE_CHECKS), seeds 0, 1, 2, in the
   COSINE_VARIANTS: to 10% of the peak after a 5% warmup at 1x and 2x the rule's LR (the rule
   was tuned under wsd, whose mean LR over a run is higher than a cosine's), and to 0 after
   the branch's own warmup at 1x (only the decay's shape differs from the branch): the
   schedules the branches are compared with."""
   sizes = seeded_sizes(plan)[:2]
-  runs = [r for r in plan if r.candidate.name in sizes and r.budget == COSINE_BUDGET]
   trunk_warmup = {t.candidate.name: t.warmup_steps
                   for t in trunks_of([r for r in plan if r.candidate.name in sizes])}
   rows = []
-  for factor, end, warmup in COSINE_VARIANTS:
+  for budget, which, variants in COSINE_CHECKS:
+    runs = [r for r in plan if r.candidate.name in [sizes[i] for i in which]
+            and r.budget == budget]
+    rows += _cosine_runs(args, rule, runs, [COSINE_VARIANTS[i] for i in variants],
+                         trunk_warmup)
+  return finished_rows(rows, "cosine", args.workdir)
+
+
+def _cosine_runs(args, rule: dict, runs: list, variants, trunk_warmup: dict) -> list[dict]:
+  rows = []
+  for factor, end, warmup in variants:
     spec = scaling.to_sweep(runs, isoflop.BASE, lr=lambda r: by_width(rule, factor)(r.candidate),
                             overrides={**isoflop.common_overrides(
                                 args.data, isoflop.corpus_info(args.data)[0]),
@@ -220,7 +233,7 @@ def cosine_stage(args, plan: list, rule: dict) -> list[dict]:
     spec["zip"] = {k: [v for v in vs for _ in (0, *SEEDS)] for k, vs in spec["zip"].items()}
     spec["zip"]["train.seed"] = [s for _ in runs for s in (0, *SEEDS)]
     rows += sweep_lib.run(spec, os.path.join(args.workdir, "cosine"), parallel=args.parallel)
-  return finished_rows(rows, "cosine", args.workdir)
+  return rows
 
 
 def training_stages(args) -> dict:
@@ -426,7 +439,8 @@ def cosine_check(points: list[dict], sigma: float) -> list[dict]:
     cos = [p["eval_loss"] for p in points if p["stage"] == "cosine" and variant(p) == key]
     wsd = [p for p in fit_points(points) if p["size"] == size and p["d"] == d]
     diff = float(np.mean([p["eval_loss"] for p in wsd]) - np.mean(cos))
-    out.append({"size": size, "d": d, "cosine_lr": lr, "wsd_lr": wsd[0]["lr"],
+    out.append({"size": size, "d": d, "budget": wsd[0]["budget"], "cosine_lr": lr,
+                "wsd_lr": wsd[0]["lr"],
                 "cosine_end": end, "cosine_warmup": warmup,
                 "wsd_warmup": wsd[0].get("warmup_steps"), "cosine": cos,
                 "wsd": [p["eval_loss"] for p in wsd], "difference": diff,
@@ -622,7 +636,7 @@ def render(results: dict) -> str:
       "## Seed noise",
       _seed_text(noise, fit3, analysis["seed_noise_exceeds_residual"]),
       "## Cooldown branch vs a separate cosine run",
-      _cosine_text(analysis["cosine_check"], noise["sigma"], setup["cosine_budget"]),
+      _cosine_text(analysis["cosine_check"], noise["sigma"]),
       "## Back-tests (approach 3)",
       analysis["backtest_markdown"] + (
           "\n\nNo coverage: " + analysis["bootstrap_errors"]["back-test"]
@@ -685,20 +699,21 @@ def _seed_text(noise: dict, fit3: dict, flagged: bool) -> str:
                                f"{r['mean']:.4f}", f"{r['sd']:.4f}"] for r in noise["rows"]]))
 
 
-def _cosine_text(rows: list[dict], sigma: float, budget: float) -> str:
+def _cosine_text(rows: list[dict], sigma: float) -> str:
   if not rows:
     return "Not run."
-  return (f"At {budget:.3g} FLOPs, 3 seeds each: the mean final loss of the cooldown branch "
+  return ("3 seeds each: the mean final loss of the cooldown branch "
           "(warmup, constant, 1-sqrt decay to 0 over the last 20%) minus that of a separate "
           f"cosine run of the same length, against 2 sigma_seed = {2 * sigma:.4f}. The cosine "
           "runs: warmup 5% and cosine to 10% of the peak, at the branch's peak LR (the rule, "
           "tuned under wsd) and at twice it, since a cosine's mean LR over a run is about half "
           "a wsd run's; and cosine to 0 after the branch's own warmup at its peak LR, which "
           "differs from the branch only in the shape of the decay.\n\n" +
-          _table(["size", "tokens", "wsd LR", "cosine LR", "cosine warmup (branch's)",
+          _table(["size", "budget", "tokens", "wsd LR", "cosine LR", "cosine warmup (branch's)",
                   "cosine to (x peak)", "cosine (seeds)", "wsd branch (seeds)",
                   "branch - cosine", "within 2 sigma_seed"],
-                 [[r["size"], f"{r['d']:,}", f"{r.get('wsd_lr', 0):g}",
+                 [[r["size"], f"{r['budget']:.3g}", f"{r['d']:,}",
+                   f"{r.get('wsd_lr', 0):g}",
                    f"{r.get('cosine_lr', 0):g}",
                    f"{r.get('cosine_warmup', 0)} ({r.get('wsd_warmup')})",
                    f"{r.get('cosine_end', 0.1):g}",
