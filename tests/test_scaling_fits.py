@@ -17,6 +17,7 @@ from scipy import optimize
 
 from jaxformer import scaling
 from jaxformer.scaling import chinchilla
+from tests import scaling_grid
 
 CHINCHILLA = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}  # eq. 10
 KAPLAN_JOINT = {"alpha_N": 0.076, "alpha_D": 0.103, "N_c": 6.4e13, "D_c": 1.8e13}  # eq. 1.5
@@ -152,14 +153,6 @@ def test_zhai_recovers_error_vs_compute():
 
 # ---------------------------------------------------------------------- Chinchilla approach 3
 
-def _small_grid():
-  """72 rows of the paper's grid around (not at) the truth: a, b <= 10, e in {0, 0.5},
-  alpha, beta in {0.5, 1} (the full 4500-row grid takes 10-20 s)."""
-  grid = chinchilla.paper_grid()
-  a, b, e, alpha, beta = grid.T
-  keep = ((a <= 10) & (b <= 10) & (e >= 0) & (e <= 0.5) & (alpha > 0) & (alpha <= 1) &
-          (beta > 0) & (beta <= 1))
-  return grid[keep]
 
 
 def _huber_objective(params, n, d, loss, delta=1e-3):
@@ -175,7 +168,7 @@ def test_fit_parametric_recovers_chinchilla_law():
   identified at this noise (A, B trade off against the exponents), so: alpha, beta within
   0.05, E within 0.1, A and B within 2.5x, a = beta / (alpha + beta) within 0.03 of 0.4516;
   the optimiser must reach an objective no worse than the true law's; intervals cover."""
-  starts = _small_grid()
+  starts = scaling_grid.small_grid()
   assert len(starts) == 72
   n, d = (v.ravel() for v in np.meshgrid(np.geomspace(7e7, 1.6e10, 8),
                                          np.geomspace(5e9, 5e11, 8)))
@@ -203,7 +196,7 @@ def test_fit_parametric_noise_free_is_exact():
   """Without noise the minimum of the Huber objective is the law itself (to 1e-4)."""
   n, d = (v.ravel() for v in np.meshgrid(np.geomspace(7e7, 1.6e10, 5),
                                          np.geomspace(5e9, 5e11, 5)))
-  fit = scaling.fit_parametric(n, d, _chinchilla(n, d), samples=0, starts=_small_grid())
+  fit = scaling.fit_parametric(n, d, _chinchilla(n, d), samples=0, starts=scaling_grid.small_grid())
   for key, value in CHINCHILLA.items():
     assert fit.params[key] == pytest.approx(value, rel=1e-4), key
 
@@ -216,8 +209,8 @@ def test_fit_parametric_drop_highest_leaves_out_the_worst_runs_and_says_so():
   loss = _chinchilla(n, d)
   bad = np.argsort(loss)[-3:]
   loss[bad] *= 1.3
-  plain = scaling.fit_parametric(n, d, loss, samples=0, starts=_small_grid())
-  fit = scaling.fit_parametric(n, d, loss, samples=0, starts=_small_grid(), drop_highest=3)
+  plain = scaling.fit_parametric(n, d, loss, samples=0, starts=scaling_grid.small_grid())
+  fit = scaling.fit_parametric(n, d, loss, samples=0, starts=scaling_grid.small_grid(), drop_highest=3)
   assert fit.n_points == 22 and "3 highest-loss runs left out" in fit.method
   assert any("drop_highest=3" in f for f in fit.findings)
   assert fit.rms_residual < 1e-4 < plain.rms_residual
@@ -225,7 +218,7 @@ def test_fit_parametric_drop_highest_leaves_out_the_worst_runs_and_says_so():
     assert fit.params[key] == pytest.approx(value, rel=1e-3), key
   for wrong in (-1, 20, 1.5):
     with pytest.raises(ValueError, match="drop_highest"):
-      scaling.fit_parametric(n, d, loss, samples=0, starts=_small_grid(), drop_highest=wrong)
+      scaling.fit_parametric(n, d, loss, samples=0, starts=scaling_grid.small_grid(), drop_highest=wrong)
 
 
 # Chinchilla's Table 3 (Hoffmann et al. 2022): compute-optimal parameters and tokens.
@@ -625,7 +618,7 @@ def test_a_parameter_at_a_bound_is_a_finding_with_no_interval():
   _unmeasured(flat_n, {"alpha_N", "N_c"})
   # Approach 3 put alpha = 48 on a loss flat in N, and E = 1e-10 on a pure power law.
   n, d = (v.ravel() for v in np.meshgrid(N6[::2], D6[::2]))
-  starts = _small_grid()
+  starts = scaling_grid.small_grid()
   fit = scaling.fit_parametric(n, d, 1.69 + 410.7 / d ** 0.28, samples=4, starts=starts,
                                max_failure=0.5)
   assert fit.findings[0].startswith("A / N^alpha is below 1e-4 of the loss at every N")

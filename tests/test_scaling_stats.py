@@ -15,6 +15,7 @@ import pytest
 
 from jaxformer import scaling
 from jaxformer.scaling import chinchilla, stats
+from tests import scaling_grid
 
 # `scaling.backtest` is the function; its module (for the point parser) by name.
 backtest_lib = importlib.import_module("jaxformer.scaling.backtest")
@@ -27,13 +28,6 @@ def _law(params):
   return dataclasses.replace(chinchilla.HOFFMANN_2022, params=dict(params))
 
 
-def _small_grid():
-  """72 rows of the paper's grid (as tests/test_scaling_fits.py): a fast approach-3 fit."""
-  grid = chinchilla.paper_grid()
-  a, b, e, alpha, beta = grid.T
-  keep = ((a <= 10) & (b <= 10) & (e >= 0) & (e <= 0.5) & (alpha > 0) & (alpha <= 1) &
-          (beta > 0) & (beta <= 1))
-  return grid[keep]
 
 
 # ---------------------------------------------------------------------- run-level bootstrap
@@ -114,7 +108,7 @@ def test_every_fit_resamples_runs_when_given_groups():
   n, d = (v.ravel() for v in np.meshgrid(np.geomspace(7e7, 1.6e10, 5),
                                          np.geomspace(5e9, 5e11, 5)))
   loss = _law(CHINCHILLA).predict(n, d) * (1 + 0.003 * np.cos(np.arange(25)))
-  fits.append(scaling.fit_parametric(n, d, loss, samples=4, starts=_small_grid(),
+  fits.append(scaling.fit_parametric(n, d, loss, samples=4, starts=scaling_grid.small_grid(),
                                      groups=np.arange(25) // 2))
   for fit in fits:
     assert fit.bootstrap_by_run and "; bootstrap: " in fit.method, fit.method
@@ -345,7 +339,7 @@ def _points(budgets, sigma, seed, sizes=6):
           for i, (a, b, l, ci) in enumerate(zip(n, d, loss, c))]
 
 
-FAST_FIT = functools.partial(scaling.fit_parametric, samples=16, starts=_small_grid(),
+FAST_FIT = functools.partial(scaling.fit_parametric, samples=16, starts=scaling_grid.small_grid(),
                              bootstrap_starts=4)
 
 
