@@ -59,11 +59,8 @@ class Backtest:
     for scheme in dict.fromkeys(b["scheme"] for b in self.budgets):
       rows = [r for r in self.rows if r["scheme"] == scheme]
       held = [b for b in self.budgets if b["scheme"] == scheme]
-      covered = [r["covered"] for r in rows if r["covered"] is not None]
       out[scheme] = {
-          "runs": len(rows), "budgets": len(held),
-          "mean_abs_error": float(np.mean([abs(r["error"]) for r in rows])),
-          "coverage": float(np.mean(covered)) if covered else float("nan"),
+          "runs": len(rows), "budgets": len(held), **_error_and_coverage(rows),
           "best_abs_error": float(np.mean([abs(b["best_error"]) for b in held])),
           "baseline_abs_error": float(np.mean([abs(b["baseline_error"]) for b in held]))}
     return out
@@ -80,7 +77,7 @@ class Backtest:
              "(best) | baseline error (best) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for b in self.budgets:
-      cover = "n/a" if not np.isfinite(b["coverage"]) else f"{b['coverage']:.0%}"
+      cover = _share(b["coverage"])
       lines.append(
           f"| {b['scheme']} | {b['budget']:.3g} | {b['runs']} | {b['mean_abs_error']:.4f} | "
           f"{b['mean_rel_error']:.2%} | {cover} | {b['best_measured']:.4f} | "
@@ -89,7 +86,7 @@ class Backtest:
     lines.append("")
     for scheme, s in self.summary().items():
       name = {"last": "leave-last-budget-out", "each": "leave-one-budget-out"}[scheme]
-      cover = "n/a" if not np.isfinite(s["coverage"]) else f"{s['coverage']:.0%}"
+      cover = _share(s["coverage"])
       lines.append(f"- {name}: {s['runs']} runs over {s['budgets']} budget(s), mean abs error "
                    f"{s['mean_abs_error']:.4f} nats, coverage {cover}; best loss: law "
                    f"{s['best_abs_error']:.4f} vs baseline {s['baseline_abs_error']:.4f} "
@@ -101,6 +98,18 @@ class Backtest:
     return stats.json_ready({"level": self.level, "fit": self.fit,
                              "budgets": list(self.budgets), "rows": list(self.rows),
                              "summary": self.summary()})
+
+
+def _error_and_coverage(rows: list[dict]) -> dict[str, float]:
+  """Mean absolute error of held-out rows and the share inside their intervals (NaN
+  without intervals)."""
+  covered = [r["covered"] for r in rows if r["covered"] is not None]
+  return {"mean_abs_error": float(np.mean([abs(r["error"]) for r in rows])),
+          "coverage": float(np.mean(covered)) if covered else float("nan")}
+
+
+def _share(value: float) -> str:
+  return "n/a" if not np.isfinite(value) else f"{value:.0%}"
 
 
 def _default_fit(n, d, loss, *, groups=None) -> stats.Fit:
@@ -256,12 +265,10 @@ class SizeBacktest:
     out = {}
     for scheme in dict.fromkeys(s["scheme"] for s in self.sizes):
       rows = [r for r in self.rows if r["scheme"] == scheme]
-      covered = [r["covered"] for r in rows if r["covered"] is not None]
       out[scheme] = {
           "points": len(rows), "sizes": sum(s["scheme"] == scheme for s in self.sizes),
-          "mean_abs_error": float(np.mean([abs(r["error"]) for r in rows])),
-          "baseline_abs_error": float(np.mean([abs(r["baseline_error"]) for r in rows])),
-          "coverage": float(np.mean(covered)) if covered else float("nan")}
+          **_error_and_coverage(rows),
+          "baseline_abs_error": float(np.mean([abs(r["baseline_error"]) for r in rows]))}
     return out
 
   def markdown(self) -> str:
@@ -276,7 +283,7 @@ class SizeBacktest:
              f"error | coverage ({pct}) | baseline mean abs error |",
              "|---|---|---:|---|---:|---:|---:|---:|"]
     for s in self.sizes:
-      cover = "n/a" if not np.isfinite(s["coverage"]) else f"{s['coverage']:.0%}"
+      cover = _share(s["coverage"])
       span = (f"{s['x_min']:.3g}" if s["x_min"] == s["x_max"]
               else f"{s['x_min']:.3g}-{s['x_max']:.3g}")
       lines.append(f"| {s['scheme']} | {s['size']} | {s['points']} | {span} | "
@@ -285,7 +292,7 @@ class SizeBacktest:
     lines.append("")
     for scheme, s in self.summary().items():
       name = {"last": "leave-largest-size-out", "each": "leave-one-size-out"}[scheme]
-      cover = "n/a" if not np.isfinite(s["coverage"]) else f"{s['coverage']:.0%}"
+      cover = _share(s["coverage"])
       lines.append(f"- {name}: {s['points']} points over {s['sizes']} size(s), mean abs "
                    f"error {s['mean_abs_error']:.4g} (baseline {s['baseline_abs_error']:.4g}), "
                    f"coverage {cover}")
