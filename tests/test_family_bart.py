@@ -284,6 +284,19 @@ def test_tiny_config_counts_its_params_and_big_ones_build_abstractly():
   assert flops == 6 * scaling.count_params(large)["non_embedding"] + 6 * 36 * 1024 * 1024
 
 
+def test_a_zero_logits_bias_parameter_round_trips(tmp_path):
+  """logits_bias=True params as `init` makes them (a zero bias) load back with the parameter
+  (config.json says so); a zero buffer from transformers loads without it (tested above)."""
+  from jaxformer.convert import hf
+  cfg = dict(SMALL, logits_bias=True)
+  params = jax.tree.map(lambda s: np.full(s.shape, 0.5, np.float32), scaling.param_shapes(cfg))
+  params["final_logits_bias"][:] = 0
+  hf.save(cfg, params, tmp_path)
+  config, loaded = hf.load(tmp_path)
+  assert config.logits_bias
+  jax.tree.map(np.testing.assert_array_equal, loaded, params)
+
+
 def test_pre_norm_variant_has_final_norms_and_is_not_saved_as_bart(tmp_path):
   from jaxformer.convert import hf
   cfg = dict(SMALL, pre_norm=True)

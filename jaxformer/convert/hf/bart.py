@@ -9,7 +9,10 @@ norms `self_attn_layer_norm`, `encoder_attn_layer_norm`, `final_layer_norm` (our
 
 `final_logits_bias` is a buffer ([1, vocab], zeros in published checkpoints, not counted by
 `num_parameters()`): a zero one loads as `logits_bias=False` (no parameter), any other as
-`logits_bias=True` (a [vocab] parameter); saving writes zeros when there is none. Copies of
+`logits_bias=True` (a [vocab] parameter); saving writes zeros when there is none. A model
+with `logits_bias=True` is saved with `"jaxformer_logits_bias": true` in config.json
+(transformers keeps unknown keys), so it loads back with its parameter even while that is
+still all zeros (as `init` makes it). Copies of
 the shared embedding (`encoder/decoder.embed_tokens`, `lm_head`, in older checkpoints) must
 equal it and are dropped. Token ids (pad 1, bos 0, eos 2, decoder start 2) do not change the
 computation and are not model fields: saving writes BART's. `activation_dropout` (dropout on
@@ -33,6 +36,7 @@ KEEP = ("model.shared.weight",)
 # Block settings BART has no option for (see core.FIXED).
 FIXED = dict(num_kv_heads=None, head_dim=None, window=None, use_bias=True, qkv_bias=True,
              ffn="mlp", norm="layernorm", pre_norm=False, num_experts=0)
+_LOGITS_BIAS_KEY = "jaxformer_logits_bias"      # config.json: final_logits_bias is a param
 _COPIES = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
            "lm_head.weight")
 
@@ -110,7 +114,8 @@ def from_hf(arch: str, kind: str, hc: dict, tensors) -> tuple[dict, dict]:
              mlp_dim=hc.get("encoder_ffn_dim", 4096),
              max_len=hc.get("max_position_embeddings", 1024),
              scale_embedding=bool(hc.get("scale_embedding", False)),
-             logits_bias=bias is not None and bool(np.any(bias != 0)),
+             logits_bias=bool(hc.get(_LOGITS_BIAS_KEY, False)) or (
+                 bias is not None and bool(np.any(bias != 0))),
              activation=core.act_from_hf(hc.get("activation_function", "gelu"),
                                          "activation_function"),
              dropout_rate=float(hc.get("dropout", 0.1)),
@@ -131,4 +136,6 @@ def to_hf(c: dict) -> tuple[str, dict, dict]:
             decoder_layerdrop=0.0, is_encoder_decoder=True, tie_word_embeddings=True,
             pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
             forced_eos_token_id=2, torch_dtype="float32", dtype="float32")
+  if c["logits_bias"]:
+    hc[_LOGITS_BIAS_KEY] = True
   return "BartForConditionalGeneration", hc, dict(final_logits_bias=True)
