@@ -237,6 +237,30 @@ def test_bart_model_checkpoint_and_zero_logits_bias_load_without_the_bias(hf_bar
   assert float(np.abs(_ours(config, params) - theirs).max()) < TOL
 
 
+def test_tied_copies_in_older_checkpoints_are_dropped_only_when_equal(hf_bart, tmp_path):
+  """Older BART files (e.g. facebook/bart-base's .bin) also hold the encoder's and decoder's
+  embed_tokens and lm_head: copies of model.shared, dropped; a copy that differs is refused."""
+  import shutil
+  from safetensors.numpy import load_file, save_file
+  from jaxformer.convert import hf
+  _, path, config, params = hf_bart
+  tensors = load_file(path / "hf" / "model.safetensors")
+  shared = tensors["model.shared.weight"]
+  copies = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+            "lm_head.weight")
+  for name, changed in ((None, None), ("lm_head.weight", 1.0)):
+    out = tmp_path / str(name)
+    out.mkdir()
+    shutil.copy(path / "hf" / "config.json", out / "config.json")
+    extra = {c: shared + (changed if c == name else 0.0) for c in copies}
+    save_file({**tensors, **extra}, out / "model.safetensors", metadata={"format": "pt"})
+    if name is None:
+      jax.tree.map(np.testing.assert_array_equal, hf.load(out)[1], params)
+    else:
+      with pytest.raises(ValueError, match="tensors jaxformer does not use.*lm_head.weight"):
+        hf.load(out)
+
+
 def test_save_accepts_scanned_params(hf_bart, tmp_path):
   """Both stacks scanned (`layers` subtrees): hf.save unstacks each with its own layer count
   (the scanned model's own layout; scan = unrolled is tests/test_models.py's)."""
