@@ -49,6 +49,14 @@ def train_batch_spec(config, settings: run_settings.RunSettings, task: str,
     elif lm_packing(config) == "packed":
       spec.update({k: tokens for k in _PACKED_KEYS}, weights=((b, t), np.dtype(np.float32)))
     return spec
+  if task == "bart_denoising":          # data/denoising.py: windows of seq_len, both sides
+    t = settings.data.seq_len
+    if t is None:
+      raise ValueError("data.seq_len is not set; a text source needs it: set "
+                       "--config.data.seq_len=<tokens per example>")
+    tokens = ((b, t), np.dtype(np.int32))
+    return {"src": tokens, "src_mask": ((b, t), np.dtype(np.bool_)), "tgt_in": tokens,
+            "tgt_out": tokens, "weights": ((b, t), np.dtype(np.float32))}
   if task == "classification":
     size, channels = model["image_size"], model.get("channels", 3)
     return {"images": ((b, size, size, channels), np.dtype(np.float32)),
@@ -63,4 +71,4 @@ def train_batch_spec(config, settings: run_settings.RunSettings, task: str,
             "tgt_out": ((b, tgt_len), np.dtype(np.int32)),
             "weights": ((b, tgt_len), np.dtype(np.float32))}
   raise ValueError(f"task={task!r} has no batch layout; one of lm, mlm, classification, "
-                   "seq2seq")
+                   "seq2seq, bart_denoising")
