@@ -2,7 +2,7 @@
 
 The model family's registry entry names the task: decoder -> "lm" (next token), bert -> "mlm"
 (masked tokens), vit -> "classification", seq2seq / rnn_seq2seq -> "seq2seq" (teacher-forced
-target tokens).
+target tokens), t5 -> "span_corruption" (the seq2seq layout, made from text).
 Every task reduces to weighted token (or image) cross-entropy: `labels` and `weights` say which
 predictions count, so padding, packed-document boundaries and unmasked MLM positions drop out
 the same way. Eval metrics are sums over batches (not means of batch means), so a padded last
@@ -75,6 +75,10 @@ TASKS = {
     "seq2seq": Task("seq2seq", "tokens", ("src", "tgt_in"), (("src_mask", "src_mask"),),
                     "tgt_out", counted="tgt_out", context=("src", "tgt_out"),
                     sequence_accuracy=True),
+    # T5's objective: seq2seq batches made from text (data/span_corruption.py)
+    "span_corruption": Task("span_corruption", "tokens", ("src", "tgt_in"),
+                            (("src_mask", "src_mask"),), "tgt_out", counted="tgt_out",
+                            context=("src", "tgt_out"), text=True),
 }
 
 

@@ -11,7 +11,8 @@ self-contained (importable by dotted name) and defines, under these names:
                                    model (`GPT2Model` inside `GPT2LMHeadModel` ...); checkpoints
                                    of the base model alone lack it and are normalised to it
   RENAMES: tuple[tuple[str, str], ...]   (regex, replacement) for legacy tensor names
-  STACK: str                       our params subtree holding the layers
+  STACK: str                       our params subtree holding the layers (or STACKS: dict
+                                   subtree -> config key of its layer count, e.g. T5's two)
   KEEP: tuple[str, ...]            tensors `unused` reads after a rule has converted them
   FIXED: dict[str, Any]            block settings (`model.*` keys) the HF architecture cannot
                                    vary, with the one value it has; `save` refuses others
@@ -407,9 +408,10 @@ def save(model_config, params, out_dir: str | os.PathLike, *, overwrite: bool = 
   if isinstance(params, Mapping) and set(params) == {"params"}:
     params = params["params"]
   params = {k: v for k, v in params.items()}
-  stack = conv.STACK
-  if isinstance(params.get(stack), Mapping) and "layers" in params[stack]:
-    params[stack] = unstack_layers(dict(params[stack]), cfg["num_layers"])
+  # STACKS (optional): {params subtree: config key of its layer count}, for several stacks
+  for stack, count in (getattr(conv, "STACKS", None) or {conv.STACK: "num_layers"}).items():
+    if isinstance(params.get(stack), Mapping) and "layers" in params[stack]:
+      params[stack] = unstack_layers(dict(params[stack]), cfg[count])
   flat = {k: np.asarray(jax.device_get(v), np.float32)
           for k, v in traverse_util.flatten_dict(params, sep="/").items()}
   for path, shape in expected.items():
