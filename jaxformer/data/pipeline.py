@@ -7,7 +7,8 @@ batch layout; `data.source` picks where the examples come from:
   text feature (e.g. "tfds:lm1b"), see `jaxformer.data.corpus`;
 - images (classification): "digits" (scikit-learn's bundled 8x8 digits), "mnist:<dir>" (IDX
   files), "images:<root>" (root/<split>/<class>/*.png), or "tfds:<name>" (e.g. "tfds:mnist");
-- synthetic sequence tasks (seq2seq): "synthetic:copy" | "synthetic:reverse" | "synthetic:recall".
+- synthetic sequence tasks (seq2seq): "synthetic:copy" | "synthetic:reverse" | "synthetic:recall";
+- T5's span corruption (span_corruption): the text sources, see `jaxformer.data.span_corruption`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def make_pipeline(config, settings: run_settings.RunSettings, task: str, *, work
   if task in ("lm", "mlm"):
     from jaxformer.data.text import make_text_pipeline
     return make_text_pipeline(data, task, **kw)
+  if task == "span_corruption":
+    from jaxformer.data.span_corruption import SpanCorruptionPipeline
+    return SpanCorruptionPipeline(data, **kw)
   if task == "classification":
     from jaxformer.data.images.pipeline import make_image_pipeline
     return make_image_pipeline(data, **kw)
