@@ -149,8 +149,9 @@ class BlockSettings:
         _fail(f"model.attention_scale={self.attention_scale!r} must be a float > 0 (or None "
               "for 1/sqrt(head_dim))")
       if self.parametrization == "mup":
-        _fail("model.attention_scale is set, but model.parametrization='mup' sets the attention "
-              "scale by its width rule; unset one of them")
+        _fail(f"model.attention_scale={self.attention_scale} is set, but model.parametrization="
+              "'mup' sets the attention scale by its width rule; unset one of them (T5 "
+              "needs attention_scale=1.0: the t5 family has no μP)")
     _rate(self.dropout_rate, "dropout_rate")
     _rate(self.attention_dropout_rate, "attention_dropout_rate")
     if not self.norm_eps > 0:
