@@ -1,5 +1,5 @@
 """T5 (Raffel et al., 2020): `--config=configs/t5.py:{small,base,large,v1_1_small,v1_1_base,
-v1_1_large,cpu}` (default `cpu`).
+v1_1_large,tiny}` (default `tiny`, the CPU run).
 
 Family 't5': pre-norm encoder-decoder with RMS norms, no biases, relative position bias
 (32 buckets, max distance 128) shared by the layers of each stack, unscaled attention logits,
@@ -22,7 +22,7 @@ AdamW, so the optimiser is a stand-in ("rsqrt" schedule); the C4 source is the T
 (`tfds:c4/en`) with a 32000-piece SentencePiece unigram model trained on it (pad 0, EOS 3)
 and the 100 sentinels appended above it (32100 ids of the 32128).
 
-`cpu`: span corruption on tiny Shakespeare (characters: 65 + pad + EOS + 8 sentinels = 75
+`tiny`: span corruption on tiny Shakespeare (characters: 65 + pad + EOS + 8 sentinels = 75
 ids), a 2+2-layer v1.1-style model (d_model 64, d_kv 16), a few minutes on a laptop CPU.
 """
 
@@ -36,7 +36,7 @@ SIZES = {
     "v1_1_small": (8, 512, 6, 64, 1024, True, 76_961_152),
     "v1_1_base": (12, 768, 12, 64, 2048, True, 247_577_856),
     "v1_1_large": (24, 1024, 16, 64, 2816, True, 783_150_080),
-    "cpu": (2, 64, 4, 16, 128, True, None),
+    "tiny": (2, 64, 4, 16, 128, True, None),
 }
 VOCAB = 32128
 CPU_SENTINELS = 8
@@ -51,8 +51,8 @@ def variant(v1_1: bool) -> dict:
 
 def get_config(arg=None):
   name, (layers, d_model, heads, d_kv, d_ff, v1_1, params) = common.select(
-      "t5", arg, SIZES, default="cpu")
-  cpu = name == "cpu"
+      "t5", arg, SIZES, default="tiny")
+  cpu = name == "tiny"
   model = common.model(
       "t5", f"t5-{name}", vocab_size=65 + 2 + CPU_SENTINELS if cpu else VOCAB,
       d_model=d_model, num_encoder_layers=layers, num_decoder_layers=layers, num_heads=heads,

@@ -277,7 +277,7 @@ def test_corrupt_on_the_papers_example():
 def pipeline(tmp_path_factory):
   from jaxformer import run_settings
   from jaxformer.data.pipeline import make_pipeline
-  cfg = t5_configs.get_config("cpu")
+  cfg = t5_configs.get_config("tiny")
   cfg.data.seq_len = 64
   cfg.train.update(batch_size=4, eval_batch_size=4)
   settings = run_settings.parse(cfg)
@@ -307,7 +307,7 @@ def test_pipeline_batches_match_the_layout_and_are_a_function_of_step(pipeline):
 def test_too_few_sentinels_is_refused(tmp_path):
   from jaxformer import run_settings
   from jaxformer.data.pipeline import make_pipeline
-  cfg = t5_configs.get_config("cpu")
+  cfg = t5_configs.get_config("tiny")
   cfg.data.num_sentinels = 3
   with pytest.raises(ValueError, match="data.num_sentinels=3 is fewer than the 6 noise spans"):
     make_pipeline(cfg, run_settings.parse(cfg), "span_corruption", workdir=str(tmp_path))
@@ -318,7 +318,7 @@ def test_too_few_sentinels_is_refused(tmp_path):
 @pytest.mark.slow
 def test_span_corruption_trains_with_falling_eval_loss(tmp_path):
   from jaxformer.train import loop
-  cfg = t5_configs.get_config("cpu")
+  cfg = t5_configs.get_config("tiny")
   cfg.model.update(d_model=32, num_heads=2, mlp_dim=64)
   cfg.data.update(seq_len=48, eval_batches=2)
   cfg.train.update(steps=60, batch_size=16, eval_batch_size=16, eval_every=30, log_every=10,

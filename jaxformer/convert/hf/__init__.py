@@ -23,9 +23,10 @@ Supported architectures (the `architectures` entry of config.json, or its `model
 | MixtralForCausalLM | as Mistral, plus `num_experts`, `experts_per_token` |
 | BertForMaskedLM, BertForPreTraining, BertModel | `family='bert'` |
 | ViTForImageClassification, ViTModel | `family='vit'` (pool='cls') |
+| T5ForConditionalGeneration | `family='t5'` (v1.0: ffn='mlp', tied head; v1.1: ffn='swiglu', activation='gelu', tie_embeddings=False) |
 
 Each family's config and tensor mapping is `jaxformer/convert/hf/<family>.py` (`decoder.py`,
-`bert.py`, `vit.py`), next to which transformers' `models/<name>/modeling_<name>.py` reads.
+`bert.py`, `vit.py`, `t5.py`), next to which transformers' `models/<name>/modeling_<name>.py` reads.
 
 Weights are read from `model.safetensors`, sharded `*.safetensors` with
 `model.safetensors.index.json` (safetensors + NumPy only; bfloat16/float8 tensors are decoded
