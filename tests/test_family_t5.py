@@ -115,13 +115,13 @@ def test_hf_load_gives_transformers_logits_with_padding(loaded, inputs):
   assert (cfg.ffn, cfg.activation) == (("mlp", "relu") if variant == "v1_0" else
                                        ("swiglu", "gelu"))
   src, tgt, mask = inputs
-  got = models.build(cfg).apply({"params": params}, jnp.asarray(src), jnp.asarray(tgt),
-                                src_mask=jnp.asarray(mask))
+  got = jax.jit(models.build(cfg).apply)({"params": params}, jnp.asarray(src),
+                                         jnp.asarray(tgt), src_mask=jnp.asarray(mask))
   np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-4)
   # the scanned layout computes the same
   scanned = {k: stack_layers(v, cfg[f"num_{k}_layers"]) if k in ("encoder", "decoder") else v
              for k, v in params.items()}
-  got_scanned = models.build(dict(cfg, scan_layers=True)).apply(
+  got_scanned = jax.jit(models.build(dict(cfg, scan_layers=True)).apply)(
       {"params": scanned}, jnp.asarray(src), jnp.asarray(tgt), src_mask=jnp.asarray(mask))
   np.testing.assert_allclose(np.asarray(got_scanned), np.asarray(got), atol=1e-5)
 
@@ -143,12 +143,11 @@ def test_hf_refuses_what_t5_cannot_hold(tmp_path):
   cfg = dict(family="t5", vocab_size=20, d_model=16, num_encoder_layers=1,
              num_decoder_layers=1, num_heads=2, mlp_dim=32, activation="gelu_exact",
              ffn="swiglu")
-  params = models.build(cfg).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32),
-                                  jnp.zeros((1, 4), jnp.int32))["params"]
+  # both are refused from the config, before the params are read
   with pytest.raises(ValueError, match="gated-gelu.*model.activation='gelu'"):
-    hf.save(cfg, params, tmp_path / "a")
+    hf.save(cfg, {}, tmp_path / "a")
   with pytest.raises(ValueError, match="model.use_bias=True"):
-    hf.save(dict(cfg, use_bias=True), params, tmp_path / "b")
+    hf.save(dict(cfg, use_bias=True), {}, tmp_path / "b")
 
 
 # ----------------------------------------------------------------------------- counts
@@ -210,8 +209,8 @@ def test_attention_scale_keeps_initial_logits_and_refuses_mup():
   with pytest.raises(ValueError, match="model.attention_scale=1.0 is set, but"):
     BlockSettings(num_heads=2, mlp_dim=8, attention_scale=1.0, parametrization="mup",
                   mup_base_width=8)
-  params = models.build(TINY).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32),
-                                   jnp.zeros((1, 4), jnp.int32))["params"]
+  params = jax.jit(models.build(TINY).init)(jax.random.key(0), jnp.zeros((1, 4), jnp.int32),
+                                            jnp.zeros((1, 4), jnp.int32))["params"]
   qkv = params["encoder"]["layers_0"]["block"]["self_attention"]["qkv"]["kernel"].value
   q_std, k_std = float(jnp.std(qkv[:, 0])), float(jnp.std(qkv[:, 1]))
   assert q_std / k_std == pytest.approx(8 ** -0.5, rel=0.15)
@@ -319,8 +318,9 @@ def test_too_few_sentinels_is_refused(tmp_path):
 def test_span_corruption_trains_with_falling_eval_loss(tmp_path):
   from jaxformer.train import loop
   cfg = t5_configs.get_config("tiny")
-  cfg.model.update(d_model=32, num_heads=2, mlp_dim=64)
-  cfg.data.update(seq_len=48, eval_batches=2)
+  cfg.model.update(d_model=32, num_heads=2, mlp_dim=64, num_encoder_layers=1,
+                   num_decoder_layers=1)
+  cfg.data.update(seq_len=40, eval_batches=2)
   cfg.train.update(steps=60, batch_size=16, eval_batch_size=16, eval_every=30, log_every=10,
                    checkpoint_every=60, attention_maps=False)
   cfg.optim.update(warmup_steps=10)
