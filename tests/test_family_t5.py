@@ -330,3 +330,35 @@ def test_span_corruption_trains_with_falling_eval_loss(tmp_path):
     evals = [r for r in map(json.loads, f) if "eval_loss" in r]
   assert [r["step"] for r in evals] == [30, 60]
   assert evals[-1]["eval_loss"] < evals[0]["eval_loss"] < math.log(cfg.model.vocab_size)
+
+
+# ----------------------------------------------------------------------------- sharding
+
+def test_sharded_over_data_and_model_matches_single_device():
+  import flax.linen as nn
+  from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+  from jaxformer.parallel.rules import MESH_AXES, logical_axis_rules
+  mesh = jax.make_mesh((4, 2, 1), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+  rules = logical_axis_rules()
+  module = models.build(dict(TINY, tie_embeddings=False, ffn="swiglu", activation="gelu"))
+  rng = np.random.default_rng(0)
+  src = jnp.asarray(rng.integers(0, 40, (4, 12)), jnp.int32)
+  tgt = jnp.asarray(rng.integers(0, 40, (4, 6)), jnp.int32)
+  mask = jnp.asarray(np.arange(12)[None] < np.array([[12], [9], [5], [12]]))
+  boxed = jax.jit(module.init)(jax.random.key(0), src, tgt)
+  params = nn.unbox(boxed)["params"]
+  apply = jax.jit(lambda p, s, t, m: module.apply({"params": p}, s, t, src_mask=m))
+  want = apply(params, src, tgt, mask)
+  shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)["params"]
+  assert shardings["encoder_relative_bias"]["embedding"].spec == P(None, "model")
+
+  @jax.jit
+  def sharded_apply(p, s, t, m):
+    with nn.logical_axis_rules(rules):
+      return module.apply({"params": p}, s, t, src_mask=m)
+
+  with jax.set_mesh(mesh):
+    data = NamedSharding(mesh, P("data"))
+    got = sharded_apply(jax.device_put(params, shardings), jax.device_put(src, data),
+                        jax.device_put(tgt, data), jax.device_put(mask, data))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
