@@ -65,7 +65,7 @@ def get_config(arg=None):
         data=common.data("tinyshakespeare", "char", 128, noise_density=0.15,
                          mean_noise_span_length=3.0, num_sentinels=CPU_SENTINELS,
                          eval_batches=8),
-        train=common.train(300, 32, eval_every=100, log_every=25, checkpoint_every=1000,
+        train=common.train(200, 32, eval_every=50, log_every=25, checkpoint_every=1000,
                            eval_batch_size=64),
         optim=common.optim(3e-3, schedule="cosine", warmup_steps=50, weight_decay=0.0,
                            clip=1.0, b2=0.99, min_lr_ratio=0.1))
