@@ -29,6 +29,8 @@ SMALL = {
     "rnn_seq2seq": dict(vocab_size=37, embed_dim=8, hidden_dim=16),
     "bart": dict(vocab_size=37, d_model=16, num_encoder_layers=1, num_decoder_layers=1,
                  num_heads=2, mlp_dim=32, max_len=16, logits_bias=True),
+    "t5": dict(vocab_size=37, d_model=16, num_encoder_layers=1, num_decoder_layers=1,
+               num_heads=2, mlp_dim=32, tie_embeddings=False),
 }
 
 
@@ -40,7 +42,7 @@ def batch_for(task: str, rng: np.random.Generator, cfg: dict) -> dict:
     size = cfg["image_size"]
     return {"images": rng.normal(size=(b, size, size, cfg.get("channels", 3))).astype(
         np.float32), "labels": rng.integers(0, cfg["num_classes"], (b,)).astype(np.int32)}
-  if task in ("seq2seq", "bart_denoising"):
+  if task in ("seq2seq", "bart_denoising", "span_corruption"):
     return {"src": tokens(), "tgt_in": tokens(), "tgt_out": tokens(),
             "src_mask": np.ones((b, t), np.int32)}
   batch = {"inputs": tokens(), "targets": tokens()}

@@ -61,14 +61,22 @@ def train_batch_spec(config, settings: run_settings.RunSettings, task: str,
     size, channels = model["image_size"], model.get("channels", 3)
     return {"images": ((b, size, size, channels), np.dtype(np.float32)),
             "labels": ((b,), np.dtype(np.int32))}
-  if task == "seq2seq":
-    from jaxformer.data.synthetic import task_generator
-    generator = task_generator(config.data)
-    src_len, tgt_len = generator.src_len, generator.tgt_len
+  if task in ("seq2seq", "span_corruption"):
+    if task == "seq2seq":
+      from jaxformer.data.synthetic import task_generator
+      generator = task_generator(config.data)
+      src_len, tgt_len = generator.src_len, generator.tgt_len
+    else:
+      from jaxformer.data import span_corruption
+      if settings.data.seq_len is None:
+        raise ValueError("data.seq_len is not set; span corruption needs it: set "
+                         "--config.data.seq_len=<text tokens per example>")
+      density, mean, _ = span_corruption.options(config.data)
+      src_len, tgt_len = span_corruption.lengths(settings.data.seq_len, density, mean)
     return {"src": ((b, src_len), np.dtype(np.int32)),
             "src_mask": ((b, src_len), np.dtype(np.bool_)),
             "tgt_in": ((b, tgt_len), np.dtype(np.int32)),
             "tgt_out": ((b, tgt_len), np.dtype(np.int32)),
             "weights": ((b, tgt_len), np.dtype(np.float32))}
   raise ValueError(f"task={task!r} has no batch layout; one of lm, mlm, classification, "
-                   "seq2seq, bart_denoising")
+                   "seq2seq, bart_denoising, span_corruption")

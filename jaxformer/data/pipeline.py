@@ -9,6 +9,7 @@ batch layout; `data.source` picks where the examples come from:
   files), "images:<root>" (root/<split>/<class>/*.png), or "tfds:<name>" (e.g. "tfds:mnist");
 - synthetic sequence tasks (seq2seq): "synthetic:copy" | "synthetic:reverse" | "synthetic:recall";
 - BART's denoising (bart_denoising): a text source as for lm/mlm (data/denoising.py).
+- T5's span corruption (span_corruption): the text sources, see `jaxformer.data.span_corruption`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ def make_pipeline(config, settings: run_settings.RunSettings, task: str, *, work
   if task == "bart_denoising":                # BART's text infilling + sentence permutation
     from jaxformer.data.denoising import DenoisingPipeline
     return DenoisingPipeline(data, **kw)
+  if task == "span_corruption":
+    from jaxformer.data.span_corruption import SpanCorruptionPipeline
+    return SpanCorruptionPipeline(data, **kw)
   if task == "classification":
     from jaxformer.data.images.pipeline import make_image_pipeline
     return make_image_pipeline(data, **kw)

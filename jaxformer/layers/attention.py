@@ -121,6 +121,8 @@ class MultiHeadAttention(nn.Module):
   impl: str = "auto"
   block_sizes: tuple[int, int] | None = None    # (block_q, block_k) for impl pallas/blocked
   scale: float | None = None          # logit multiplier; None: 1/sqrt(head_dim)
+  # the query projection's init is multiplied by this (T5: scale 1 with q init / sqrt(d))
+  query_init_scale: float = 1.0
   decode: bool = False
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -150,10 +152,11 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x, context=None, *, mask=None, segment_ids=None, positions=None,
-               deterministic: bool = True):
+               bias=None, deterministic: bool = True):
     """x [B, T, E]; context [B, S, E'] for cross-attention; mask/segment_ids as in
     `dot_product_attention`; positions [B, T] or [T] for RoPE/ALiBi (default 0..T-1, or the
-    cache offset onwards when decoding)."""
+    cache offset onwards when decoding); bias: float broadcastable to [B, H, T, S], added
+    to the logits (e.g. T5's relative position bias)."""
     cross = context is not None
     if x.ndim != 3:
       raise ValueError(f"x must be [batch, length, features]; got shape {x.shape}")
@@ -165,11 +168,15 @@ class MultiHeadAttention(nn.Module):
     d = self.head_dim or x.shape[-1] // h
     kw = dict(use_bias=self.qkv_bias, dtype=self.dtype, param_dtype=self.param_dtype,
               kernel_init=self.kernel_init)
-    if not cross and hkv == h:
+    fused = not cross and hkv == h
+    if self.query_init_scale != 1.0:
+      kw["kernel_init"] = _scaled_query_init(self.kernel_init, self.query_init_scale, fused)
+    if fused:
       qkv = dense((3, h, d), ("embed", "qkv", "heads", "kv"), name="qkv", **kw)(x)
       q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     else:
       q = dense((h, d), ("embed", "heads", "kv"), name="query", **kw)(x)
+      kw["kernel_init"] = self.kernel_init
       kv = dense((2, hkv, d), ("embed", "qkv", "kv_heads", "kv"), name="kv",
                  **kw)(context if cross else x)
       k, v = kv[:, :, 0], kv[:, :, 1]
@@ -196,8 +203,9 @@ class MultiHeadAttention(nn.Module):
           jnp.asarray(positions), k_positions, causal=True,
           window=masks.normalize_window(window))[..., None, :, :])
       causal, window = False, None
-    bias = (pos_ops.alibi_bias(h, positions, k_positions) if self.positions == "alibi"
-            else None)
+    if self.positions == "alibi":
+      alibi = pos_ops.alibi_bias(h, positions, k_positions)
+      bias = alibi if bias is None else bias + alibi
 
     attn = dict(bias=bias, mask=mask, causal=causal, window=window, segment_ids=segment_ids,
                 scale=self.scale)
@@ -245,6 +253,18 @@ class MultiHeadAttention(nn.Module):
     self.put_variable("cache", "cached_value", cv)
     self.put_variable("cache", "cache_index", index + k.shape[1])
     return ck, cv
+
+
+def _scaled_query_init(kernel_init: Callable, multiplier: float, fused: bool) -> Callable:
+  """`kernel_init` with the query kernel (slice 0 of a fused qkv kernel) times multiplier."""
+  def make(in_axis, out_axis):
+    init = kernel_init(in_axis, out_axis)
+
+    def scaled(key, shape, dtype=jnp.float32):
+      w = init(key, shape, dtype)
+      return w.at[:, 0].multiply(multiplier) if fused else w * multiplier
+    return scaled
+  return make
 
 
 class AdditiveAttention(nn.Module):

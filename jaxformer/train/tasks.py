@@ -3,6 +3,7 @@
 The model family's registry entry names the task: decoder -> "lm" (next token), bert -> "mlm"
 (masked tokens), vit -> "classification", seq2seq / rnn_seq2seq -> "seq2seq" (teacher-forced
 target tokens), bart -> "bart_denoising" (the original text from a corrupted copy).
+target tokens), t5 -> "span_corruption" (the seq2seq layout, made from text).
 Every task reduces to weighted token (or image) cross-entropy: `labels` and `weights` say which
 predictions count, so padding, packed-document boundaries and unmasked MLM positions drop out
 the same way. Eval metrics are sums over batches (not means of batch means), so a padded last
@@ -80,6 +81,10 @@ TASKS = {
     "bart_denoising": Task("bart_denoising", "tokens", ("src", "tgt_in"),
                            (("src_mask", "src_mask"),), "tgt_out", counted="tgt_out",
                            context=("src", "tgt_out"), text=True),
+    # T5's objective: seq2seq batches made from text (data/span_corruption.py)
+    "span_corruption": Task("span_corruption", "tokens", ("src", "tgt_in"),
+                            (("src_mask", "src_mask"),), "tgt_out", counted="tgt_out",
+                            context=("src", "tgt_out"), text=True),
 }
 
 
