@@ -13,12 +13,13 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from jaxformer.layers.dense import default_kernel_init, dense
-from jaxformer.ops import masks, positions as pos_ops
+from jaxformer.ops import disentangled, masks, positions as pos_ops
 from jaxformer.ops.attention import (IMPLS, attend, dot_product_attention,
                                      dot_product_attention_weights)
 from jaxformer.parallel.rules import mesh_axes_tuple
 
-POSITIONS = ("none", "rope", "alibi")
+# "disentangled": DeBERTa's c2p + p2c scores from a shared relative table (`rel_positions`)
+POSITIONS = ("none", "rope", "alibi", "disentangled")
 
 
 WEIGHTS_COLLECTION = "attention_weights"   # mutable -> every layer sows its probabilities
@@ -115,7 +116,7 @@ class MultiHeadAttention(nn.Module):
   out_bias: bool = False
   causal: bool = False
   window: int | tuple[int | None, int | None] | None = None
-  positions: str = "none"             # "none" | "rope" | "alibi" (self-attention only)
+  positions: str = "none"             # one of POSITIONS (self-attention only)
   rope_theta: float = 10_000.0
   dropout_rate: float = 0.0           # on the attention probabilities
   impl: str = "auto"
@@ -144,16 +145,23 @@ class MultiHeadAttention(nn.Module):
     if self.dropout_rate and self.impl not in ("xla", "auto"):
       raise ValueError(f"attention dropout (dropout_rate={self.dropout_rate}) needs the "
                        f"probabilities: use impl='xla' or 'auto', not {self.impl!r}")
+    if self.positions == "disentangled" and (hkv != h or self.decode):
+      raise ValueError(f"positions='disentangled' (DeBERTa, an encoder) projects the relative "
+                       f"table with the fused query/key projection and has no KV cache: "
+                       f"num_kv_heads={self.num_kv_heads} must be None or num_heads={h}, and "
+                       f"decode={self.decode} False")
     if self.decode and (cross or not self.causal):
       raise ValueError("decode=True (KV cache) needs causal self-attention: set causal=True "
                        "and call without context")
 
   @nn.compact
   def __call__(self, x, context=None, *, mask=None, segment_ids=None, positions=None,
-               deterministic: bool = True):
+               rel_positions=None, deterministic: bool = True):
     """x [B, T, E]; context [B, S, E'] for cross-attention; mask/segment_ids as in
     `dot_product_attention`; positions [B, T] or [T] for RoPE/ALiBi (default 0..T-1, or the
-    cache offset onwards when decoding)."""
+    cache offset onwards when decoding); rel_positions = (table [R, E], index int [T, T]) for
+    positions="disentangled": the relative-position embeddings shared by the layers and each
+    (query, key)'s row of it (`ops.disentangled.relative_index`)."""
     cross = context is not None
     if x.ndim != 3:
       raise ValueError(f"x must be [batch, length, features]; got shape {x.shape}")
@@ -166,7 +174,8 @@ class MultiHeadAttention(nn.Module):
     kw = dict(use_bias=self.qkv_bias, dtype=self.dtype, param_dtype=self.param_dtype,
               kernel_init=self.kernel_init)
     if not cross and hkv == h:
-      qkv = dense((3, h, d), ("embed", "qkv", "heads", "kv"), name="qkv", **kw)(x)
+      qkv_proj = dense((3, h, d), ("embed", "qkv", "heads", "kv"), name="qkv", **kw)
+      qkv = qkv_proj(x)
       q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     else:
       q = dense((h, d), ("embed", "heads", "kv"), name="query", **kw)(x)
@@ -198,9 +207,19 @@ class MultiHeadAttention(nn.Module):
       causal, window = False, None
     bias = (pos_ops.alibi_bias(h, positions, k_positions) if self.positions == "alibi"
             else None)
+    scale = self.scale
+    if self.positions == "disentangled":
+      # DeBERTa: share_att_key (the table goes through this layer's own q/k projections);
+      # the c2p + p2c scores enter as a bias, all terms scaled by 1/sqrt(3 d).
+      if rel_positions is None:
+        raise ValueError("positions='disentangled' needs rel_positions=(table, index)")
+      table, index = rel_positions
+      rel = qkv_proj(table[None].astype(x.dtype))[0]                 # [R, 3, H, D]
+      scale = (1.0 / math.sqrt(d) if scale is None else scale) / math.sqrt(3.0)
+      bias = disentangled.disentangled_scores(q, k, rel[:, 0], rel[:, 1], index) * scale
 
     attn = dict(bias=bias, mask=mask, causal=causal, window=window, segment_ids=segment_ids,
-                scale=self.scale)
+                scale=scale)
     use_dropout = self.dropout_rate > 0 and not deterministic
     record = self.is_mutable_collection(WEIGHTS_COLLECTION) and not self.is_initializing()
     if record or use_dropout:
