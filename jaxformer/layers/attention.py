@@ -18,7 +18,7 @@ from jaxformer.ops.attention import (IMPLS, attend, dot_product_attention,
                                      dot_product_attention_weights)
 from jaxformer.parallel.rules import mesh_axes_tuple
 
-# "disentangled": DeBERTa's c2p + p2c scores from a shared relative table (`rel_positions`)
+# "disentangled": DeBERTa's c2p + p2c scores from a shared relative table (`rel_embeddings`)
 POSITIONS = ("none", "rope", "alibi", "disentangled")
 
 
@@ -156,12 +156,12 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x, context=None, *, mask=None, segment_ids=None, positions=None,
-               rel_positions=None, deterministic: bool = True):
+               rel_embeddings=None, deterministic: bool = True):
     """x [B, T, E]; context [B, S, E'] for cross-attention; mask/segment_ids as in
     `dot_product_attention`; positions [B, T] or [T] for RoPE/ALiBi (default 0..T-1, or the
-    cache offset onwards when decoding); rel_positions = (table [R, E], index int [T, T]) for
-    positions="disentangled": the relative-position embeddings shared by the layers and each
-    (query, key)'s row of it (`ops.disentangled.relative_index`)."""
+    cache offset onwards when decoding); rel_embeddings [2T - 1, E] for positions=
+    "disentangled": the shared relative table's rows of relative positions -(T-1) .. T-1
+    (`ops.disentangled.relative_rows`)."""
     cross = context is not None
     if x.ndim != 3:
       raise ValueError(f"x must be [batch, length, features]; got shape {x.shape}")
@@ -211,12 +211,11 @@ class MultiHeadAttention(nn.Module):
     if self.positions == "disentangled":
       # DeBERTa: share_att_key (the table goes through this layer's own q/k projections);
       # the c2p + p2c scores enter as a bias, all terms scaled by 1/sqrt(3 d).
-      if rel_positions is None:
-        raise ValueError("positions='disentangled' needs rel_positions=(table, index)")
-      table, index = rel_positions
-      rel = qkv_proj(table[None].astype(x.dtype))[0]                 # [R, 3, H, D]
+      if rel_embeddings is None:
+        raise ValueError("positions='disentangled' needs rel_embeddings [2T - 1, E]")
+      rel = qkv_proj(rel_embeddings[None].astype(x.dtype))[0]        # [2T - 1, 3, H, D]
       scale = (1.0 / math.sqrt(d) if scale is None else scale) / math.sqrt(3.0)
-      bias = disentangled.disentangled_scores(q, k, rel[:, 0], rel[:, 1], index) * scale
+      bias = disentangled.disentangled_scores(q, k, rel[:, 0], rel[:, 1]) * scale
 
     attn = dict(bias=bias, mask=mask, causal=causal, window=window, segment_ids=segment_ids,
                 scale=scale)

@@ -62,10 +62,10 @@ class TransformerBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, context=None, *, mask=None, context_mask=None, segment_ids=None,
-               positions=None, rel_positions=None, deterministic: bool = True):
+               positions=None, rel_embeddings=None, deterministic: bool = True):
     """x [B, T, E]; context [B, S, E'] (needs cross_attention=True); mask / context_mask
     bool broadcastable to [B, H, T, T] / [B, H, T, S]; segment_ids [B, T] for packing;
-    rel_positions: DeBERTa's shared relative table for positions="disentangled"."""
+    rel_embeddings: DeBERTa's shared relative table for positions="disentangled"."""
     if self.cross_attention != (context is not None):
       raise ValueError("pass context exactly when cross_attention=True "
                        f"(cross_attention={self.cross_attention}, context given: "
@@ -76,7 +76,7 @@ class TransformerBlock(nn.Module):
     sublayers = [("self_attention", lambda h: self._attention(
         "self_attention", cross=False, width=width)(
             h, mask=mask, segment_ids=segment_ids, positions=positions,
-            rel_positions=rel_positions, deterministic=deterministic))]
+            rel_embeddings=rel_embeddings, deterministic=deterministic))]
     if self.cross_attention:
       sublayers.append(("cross_attention", lambda h: self._attention(
           "cross_attention", cross=True, width=width)(

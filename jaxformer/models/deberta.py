@@ -7,7 +7,8 @@ position-to-content scores, `ops.disentangled`).
   (norm_rel_ebd="layer_norm"), shared by every layer; each layer projects it with its own
   query and key projections (share_att_key) inside `MultiHeadAttention(positions=
   "disentangled")`, where c2p + p2c enter `dot_product_attention` as a bias and every term is
-  scaled by 1/sqrt(3 d). Only the rows the sequence length can reach are projected.
+  scaled by 1/sqrt(3 d). The layers get the table's rows of the 2T - 1 relative positions
+  of the sequence, so the scores are two products and a relative shift (no gather).
 - Embeddings: token table, learned absolute positions only with position_biased_input=True
   (v3: False), token types only with type_vocab_size set (v3: none), LayerNorm, then padded
   positions zeroed (as the reference implementation does).
@@ -86,19 +87,18 @@ class Deberta(nn.Module):
     self.mlm_bias = self.param("mlm_bias", nn.with_logical_partitioning(
         nn.initializers.zeros, ("vocab",)), (self.vocab_size,), self.param_dtype)
 
-  def relative_positions(self, length: int, deterministic: bool = True):
-    """(table rows [R, E], index int32 [length, length]) for the attention layers: the
-    normalised table cut to the rows this length reaches (all 2 span of them from length
-    span + 1 on), and each (query, key)'s row in the cut."""
-    index = disentangled.relative_index(
-        length, length, span=self.span, buckets=self.position_buckets,
+  def relative_embeddings(self, length: int, deterministic: bool = True):
+    """[2 length - 1, E]: the (normalised) relative table's row of each relative position
+    -(length - 1) .. length - 1, for the attention layers (`ops.disentangled.relative_rows`;
+    a static gather of at most 2 length - 1 rows)."""
+    rows = disentangled.relative_rows(
+        length, span=self.span, buckets=self.position_buckets,
         max_position=self.max_relative_positions or self.max_len)
-    lo, hi = int(index.min()), int(index.max())
     table = self.rel_embed(jnp.arange(2 * self.span))
     if self.rel_embed_norm:
       table = self.rel_norm(table)
-    table = self.dropout(table[lo:hi + 1], deterministic=deterministic)
-    return table, jnp.asarray(index - lo)
+    return self.dropout(jnp.take(table, jnp.asarray(rows), axis=0),
+                        deterministic=deterministic)
 
   def encode(self, tokens, *, token_type_ids=None, attention_mask=None,
              deterministic: bool = True):
@@ -118,8 +118,8 @@ class Deberta(nn.Module):
       x = x * attention_mask[..., None].astype(x.dtype)
       mask = attention_mask.astype(bool)[:, None, None, :]
     x = self.dropout(x, deterministic=deterministic)
-    return self.encoder(x, mask=mask, rel_positions=self.relative_positions(length,
-                                                                            deterministic),
+    return self.encoder(x, mask=mask, rel_embeddings=self.relative_embeddings(length,
+                                                                             deterministic),
                         deterministic=deterministic)
 
   def __call__(self, tokens, *, token_type_ids=None, attention_mask=None,
@@ -146,11 +146,9 @@ def _validate(c: dict):
 
 
 def _attention_flops(cfg: dict, seq_len: int) -> tuple[int, int, int]:
-  """c2p and p2c are two more products per query, each over the relative rows a sequence of
-  seq_len reaches (<= 2 span), on top of QK^T and AV over seq_len keys: keys = T + rows."""
-  span = relative_span(cfg)
-  rows = min(2 * seq_len - 1, 2 * span)
-  return cfg["num_layers"], seq_len + rows, cfg["num_heads"] * head_dim(cfg)
+  """c2p and p2c are two more products per query, each over the 2T - 1 relative positions, on
+  top of QK^T and AV over T keys: keys = T + 2T - 1 in the two-product count."""
+  return cfg["num_layers"], 3 * seq_len - 1, cfg["num_heads"] * head_dim(cfg)
 
 
 FAMILY = Family(

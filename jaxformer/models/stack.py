@@ -28,10 +28,10 @@ class _Layer(nn.Module):
 
   @nn.compact
   def __call__(self, x, context, mask, context_mask, segment_ids, positions,
-               rel_positions=None):
+               rel_embeddings=None):
     x = TransformerBlock(self.settings, **self.wiring, name="block")(
         x, context, mask=mask, context_mask=context_mask, segment_ids=segment_ids,
-        positions=positions, rel_positions=rel_positions, deterministic=self.deterministic)
+        positions=positions, rel_embeddings=rel_embeddings, deterministic=self.deterministic)
     return x, None
 
 
@@ -45,14 +45,14 @@ class BlockStack(nn.Module):
 
   @nn.compact
   def __call__(self, x, context=None, *, mask=None, context_mask=None, segment_ids=None,
-               positions=None, rel_positions=None, deterministic: bool = True):
+               positions=None, rel_embeddings=None, deterministic: bool = True):
     scan, remat_policy = self.settings.scan_layers, self.settings.remat_policy
     layer = _Layer
     if remat_policy != "none":
       layer = nn.remat(layer, policy=REMAT_POLICIES[remat_policy], prevent_cse=not scan)
     kw = dict(settings=self.settings, wiring=FrozenDict(self.wiring or {}),
               deterministic=deterministic)
-    inputs = (context, mask, context_mask, segment_ids, positions, rel_positions)
+    inputs = (context, mask, context_mask, segment_ids, positions, rel_embeddings)
     if scan:
       layer = nn.scan(layer, variable_axes={"params": 0, "cache": 0, "intermediates": 0,
                                                   "attention_weights": 0},
