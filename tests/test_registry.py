@@ -27,6 +27,8 @@ SMALL = {
     "vit": dict(num_classes=5, patch_size=4, image_size=8, d_model=16, num_layers=1,
                 num_heads=2, mlp_dim=32),
     "rnn_seq2seq": dict(vocab_size=37, embed_dim=8, hidden_dim=16),
+    "deberta": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=16,
+                    position_buckets=4, position_biased_input=True, type_vocab_size=2),
 }
 
 
