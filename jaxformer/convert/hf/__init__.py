@@ -22,6 +22,7 @@ Supported architectures (the `architectures` entry of config.json, or its `model
 | MistralForCausalLM | as Llama, plus `window = sliding_window - 1` |
 | MixtralForCausalLM | as Mistral, plus `num_experts`, `experts_per_token` |
 | BertForMaskedLM, BertForPreTraining, BertModel | `family='bert'` |
+| DebertaV2ForMaskedLM, DebertaV2Model | `family='deberta'` (v2/v3: c2p + p2c, shared keys) |
 | ViTForImageClassification, ViTModel | `family='vit'` (pool='cls') |
 
 Each family's config and tensor mapping is `jaxformer/convert/hf/<family>.py` (`decoder.py`,

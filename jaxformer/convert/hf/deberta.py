@@ -5,7 +5,10 @@ Linears (query_proj / key_proj / value_proj), one relative table `encoder.rel_em
 its `encoder.LayerNorm`, the MLM head either legacy (`cls.predictions.transform.*`, the
 decoder tied to the word embeddings, `cls.predictions.bias`; what `save` writes, legacy=True)
 or not (`lm_predictions.lm_head.*`, as the released DeBERTa-v3 checkpoints store it); both
-load to the same parameters. The released checkpoints' replaced-token-detection head
+load to the same parameters. Padding: transformers' DeBERTa also hides every key from padded
+queries (their rows average all values), jaxformer's attention returns zeros there; logits
+agree at real tokens, which is all a masked-LM loss reads. The released checkpoints'
+replaced-token-detection head
 (`mask_predictions.*`) is dropped with a warning; a DebertaV2Model checkpoint gets a freshly
 initialised MLM head (with a warning).
 
@@ -22,6 +25,7 @@ import numpy as np
 
 from jaxformer.convert.hf import core
 from jaxformer.convert.hf.core import Rule
+from jaxformer.models.deberta import relative_span
 
 ARCHITECTURES = {"DebertaV2ForMaskedLM": "deberta", "DebertaV2Model": "deberta"}
 MODEL_TYPES = {"deberta-v2": "DebertaV2ForMaskedLM"}
@@ -66,7 +70,6 @@ def _normal_fill(std: float, seed: int):
 
 
 def rules(kind: str, c: dict, flags: dict) -> list[Rule]:
-  from jaxformer.models.deberta import relative_span
   e, f, v, h = c["d_model"], c["mlp_dim"], c["vocab_size"], c["num_heads"]
   emb = "deberta.embeddings"
   rules = [Rule("embed/embedding", (v, e), (f"{emb}.word_embeddings.weight",), **core.SAME)]
