@@ -93,7 +93,7 @@ def test_relative_index_and_rows_clip_to_the_table():
     disentangled.log_buckets(np.arange(3), 8, 5)
 
 
-@pytest.mark.parametrize("t", [1, 2, 9])
+@pytest.mark.parametrize("t", [1, 9])
 def test_disentangled_scores_and_attention_match_float64(t):
   rng = np.random.default_rng(t)
   b, h, d, span = 2, 3, 4, 4
