@@ -31,6 +31,8 @@ SMALL = {
                  num_heads=2, mlp_dim=32, max_len=16, logits_bias=True),
     "t5": dict(vocab_size=37, d_model=16, num_encoder_layers=1, num_decoder_layers=1,
                num_heads=2, mlp_dim=32, tie_embeddings=False),
+    "deberta": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=16,
+                    position_buckets=4, position_biased_input=True, type_vocab_size=2),
 }
 
 

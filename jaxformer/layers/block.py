@@ -26,7 +26,7 @@ class TransformerBlock(nn.Module):
   settings: BlockSettings
   causal: bool = False
   cross_attention: bool = False
-  positions: str = "none"             # "none" | "rope" | "alibi" (self-attention)
+  positions: str = "none"             # attention.POSITIONS (self-attention)
   rope_theta: float = 10_000.0
   decode: bool = False
   dtype: Any = jnp.float32
@@ -66,10 +66,11 @@ class TransformerBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, context=None, *, mask=None, context_mask=None, segment_ids=None,
-               positions=None, bias=None, deterministic: bool = True):
+               positions=None, bias=None, rel_embeddings=None, deterministic: bool = True):
     """x [B, T, E]; context [B, S, E'] (needs cross_attention=True); mask / context_mask
     bool broadcastable to [B, H, T, T] / [B, H, T, S]; segment_ids [B, T] for packing;
-    bias float broadcastable to [B, H, T, T], added to the self-attention logits."""
+    bias float broadcastable to [B, H, T, T], added to the self-attention logits;
+    rel_embeddings: DeBERTa's shared relative table for positions="disentangled"."""
     if self.cross_attention != (context is not None):
       raise ValueError("pass context exactly when cross_attention=True "
                        f"(cross_attention={self.cross_attention}, context given: "
@@ -80,7 +81,7 @@ class TransformerBlock(nn.Module):
     sublayers = [("self_attention", lambda h: self._attention(
         "self_attention", cross=False, width=width)(
             h, mask=mask, segment_ids=segment_ids, positions=positions, bias=bias,
-            deterministic=deterministic))]
+            rel_embeddings=rel_embeddings, deterministic=deterministic))]
     if self.cross_attention:
       sublayers.append(("cross_attention", lambda h: self._attention(
           "cross_attention", cross=True, width=width)(

@@ -22,6 +22,7 @@ Supported architectures (the `architectures` entry of config.json, or its `model
 | MistralForCausalLM | as Llama, plus `window = sliding_window - 1` |
 | MixtralForCausalLM | as Mistral, plus `num_experts`, `experts_per_token` |
 | BertForMaskedLM, BertForPreTraining, BertModel | `family='bert'` |
+| DebertaV2ForMaskedLM, DebertaV2Model | `family='deberta'` (v2/v3: c2p + p2c, shared keys) |
 | ViTForImageClassification, ViTModel | `family='vit'` (pool='cls') |
 | BartForConditionalGeneration, BartModel | `family='bart'` (post-LN; `final_logits_bias` -> `logits_bias`) |
 | T5ForConditionalGeneration | `family='t5'` (v1.0: ffn='mlp', tied head; v1.1: ffn='swiglu', activation='gelu', tie_embeddings=False) |
