@@ -10,8 +10,9 @@ before anything compiles.
 from __future__ import annotations
 
 from jaxformer.layers.settings import BlockSettings, MoESettings
-from jaxformer.models import bert, gpt, rnn_seq2seq, seq2seq, vit
+from jaxformer.models import bert, electra, gpt, rnn_seq2seq, seq2seq, vit
 from jaxformer.models.bert import Bert
+from jaxformer.models.electra import Electra
 from jaxformer.models.family import Family, image_inputs, token_inputs
 from jaxformer.models.gpt import DecoderLM
 from jaxformer.models.registry import (ConfigField, build, config_as_dict, config_fields, get,
@@ -20,10 +21,10 @@ from jaxformer.models.rnn_seq2seq import RnnSeq2Seq
 from jaxformer.models.seq2seq import EncoderDecoder
 from jaxformer.models.vit import ViT
 
-for _module in (gpt, bert, seq2seq, vit, rnn_seq2seq):
+for _module in (gpt, bert, seq2seq, vit, rnn_seq2seq, electra):
   register(_module.FAMILY)
 
 __all__ = ["build", "config_as_dict", "config_fields", "with_defaults", "get", "names",
            "register", "unregister",
            "Family", "ConfigField", "token_inputs", "image_inputs", "BlockSettings",
-           "MoESettings", "DecoderLM", "Bert", "EncoderDecoder", "ViT", "RnnSeq2Seq"]
+           "MoESettings", "DecoderLM", "Bert", "Electra", "EncoderDecoder", "ViT", "RnnSeq2Seq"]

@@ -23,6 +23,7 @@ Supported architectures (the `architectures` entry of config.json, or its `model
 | MixtralForCausalLM | as Mistral, plus `num_experts`, `experts_per_token` |
 | BertForMaskedLM, BertForPreTraining, BertModel | `family='bert'` |
 | ViTForImageClassification, ViTModel | `family='vit'` (pool='cls') |
+| ElectraForPreTraining, ElectraForMaskedLM | `family='electra'`, role='discriminator' / 'generator' |
 
 Each family's config and tensor mapping is `jaxformer/convert/hf/<family>.py` (`decoder.py`,
 `bert.py`, `vit.py`), next to which transformers' `models/<name>/modeling_<name>.py` reads.
