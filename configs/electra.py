@@ -50,15 +50,15 @@ def get_config(arg=None):
       num_layers=disc[0], num_heads=disc[2], mlp_dim=disc[3], embedding_size=embedding,
       role="pretraining", generator_num_layers=gen[0], generator_d_model=gen[1],
       generator_num_heads=gen[2], generator_mlp_dim=gen[3], disc_weight=50.0,
-      max_len=128 if tiny else 512, type_vocab_size=2, norm_eps=1e-12,
+      max_len=64 if tiny else 512, type_vocab_size=2, norm_eps=1e-12,
       activation="gelu_exact", dropout_rate=0.0 if tiny else 0.1,
       attention_dropout_rate=0.0 if tiny else 0.1, dtype="float32" if tiny else "bfloat16")
   if tiny:
     return common.config(
         model=model,
-        data=common.data("tinyshakespeare", "char", 128, mask_rate=0.15, eval_batches=10),
-        train=common.train(1500, 32, eval_every=250, log_every=50, checkpoint_every=500),
-        optim=common.optim(2e-3, schedule="linear", warmup_steps=100, weight_decay=0.01,
+        data=common.data("tinyshakespeare", "char", 64, mask_rate=0.15, eval_batches=10),
+        train=common.train(1500, 16, eval_every=250, log_every=50, checkpoint_every=500),
+        optim=common.optim(4e-3, schedule="linear", warmup_steps=50, weight_decay=0.01,
                            b2=0.999, min_lr_ratio=0.0))
   small = name == "small"
   return common.config(
