@@ -23,10 +23,15 @@ Table 6: Adam, lr 5e-4 (small) / 2e-4 (base), weight decay 0.01, 10k warmup step
 linear decay, batch 128 (small) / 256 (base), 1M / 766k steps, mask 15%, λ = 50, sequence
 length 128 (small) / 512 (base).
 
-`tiny`: a CPU run on the bundled tiny Shakespeare (characters; vocab 65 + [MASK] = 66): a
-2-layer discriminator of width 64 and a 2-layer generator of width 32 over 32-wide
-embeddings, a few minutes on a laptop; eval reports the detection accuracy against the
-all-original baseline (`eval_accuracy`, `eval_disc_baseline`) and the generator's MLM accuracy.
+`tiny`: a CPU run on the bundled tiny Shakespeare (characters; vocab 65 + [MASK] = 66,
+64-character windows, batch 16, 1500 steps): a 2-layer discriminator of width 64 and a 2-layer
+generator of width 32 over 32-wide embeddings; eval reports the detection accuracy against
+the all-original baseline (`eval_accuracy`, `eval_disc_baseline`) and the generator's MLM
+accuracy. Measured (2 shared CPU cores, ~9 min): eval_loss 23.59 -> 22.94 and generator MLM
+accuracy 0.172 -> 0.210 from step 250 to 1500, but detection accuracy stays at the
+all-original baseline (0.864): at this scale both encoders sit on the masked-LM plateau
+(unigram-level predictions), where the generator's replacements are only detectable from
+context; a discriminator trained alone on unigram-sampled replacements stays there as long.
 """
 
 from configs import common
