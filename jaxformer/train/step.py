@@ -38,6 +38,8 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
 
   def weighted_sums(params, batch, rng, aux_scale):
     """(sum of objective * w [+ aux * aux_scale], (sum nll * w, sum correct * w, moe))."""
+    if task.objective is not None:          # its own loss (tasks.Task.objective)
+      return task.objective.train_sums(module, params, batch, rng)
     args, kwargs = task.model_args(batch)
     apply = lambda **extra: module.apply({"params": params}, *args, **kwargs,
                                          deterministic=False, rngs={"dropout": rng}, **extra)
@@ -103,6 +105,8 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
 def make_eval_step(module, task: Task):
   """(params, batch) -> sums of nll / correct / count (see tasks.eval_sums)."""
   def eval_step(params, batch):
+    if task.objective is not None:
+      return task.objective.eval_sums(module, params, batch)
     args, kwargs = task.model_args(batch)
     logits = module.apply({"params": params}, *args, **kwargs, deterministic=True)
     return eval_sums(task, logits, batch)

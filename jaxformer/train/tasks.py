@@ -2,8 +2,9 @@
 
 The model family's registry entry names the task: decoder -> "lm" (next token), bert -> "mlm"
 (masked tokens), vit -> "classification", seq2seq / rnn_seq2seq -> "seq2seq" (teacher-forced
-target tokens), bart -> "bart_denoising" (the original text from a corrupted copy).
-target tokens), t5 -> "span_corruption" (the seq2seq layout, made from text).
+target tokens), bart -> "bart_denoising" (the original text from a corrupted copy), t5 ->
+"span_corruption" (the seq2seq layout, made from text), electra -> "rtd" (replaced-token
+detection on the mlm batches, `rtd.py`).
 Every task reduces to weighted token (or image) cross-entropy: `labels` and `weights` say which
 predictions count, so padding, packed-document boundaries and unmasked MLM positions drop out
 the same way. Eval metrics are sums over batches (not means of batch means), so a padded last
@@ -13,6 +14,7 @@ batch or uneven batches give the exact split-level value.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,7 @@ import numpy as np
 
 from jaxformer.data.batching import VALID
 from jaxformer import models
+from jaxformer.train.rtd import ReplacedTokenDetection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +41,16 @@ class Task:
   samples: bool = False            # a language model: text is sampled at evals and the end
   step_accuracy: bool = False      # each logged step records its accuracy too
   sequence_accuracy: bool = False  # evals also count the sequences right in every token
+  layout: str | None = None        # the batch layout the data pipeline builds (None: name)
+  # An objective that is not the cross-entropy of the model's logits against `labels`
+  # (rtd.ReplacedTokenDetection): its train_sums(module, params, batch, rng) -> (objective
+  # sum, (nll sum, correct sum, metrics)), eval_sums(module, params, batch) -> sums and
+  # finalize(totals) -> eval metrics replace the cross-entropy ones in the steps.
+  objective: Any = None
+
+  @property
+  def batch_layout(self) -> str:
+    return self.layout or self.name
 
   def token_lengths(self, batch: dict) -> tuple[int, int] | None:
     """(tokens counted per example, context length) of `batch`, or None (see `counted`)."""
@@ -85,6 +98,11 @@ TASKS = {
     "span_corruption": Task("span_corruption", "tokens", ("src", "tgt_in"),
                             (("src_mask", "src_mask"),), "tgt_out", counted="tgt_out",
                             context=("src", "tgt_out"), text=True),
+    # ELECTRA: generator MLM + λ x replaced-token detection, on the mlm batches (rtd.py)
+    "rtd": Task("rtd", "tokens", ("inputs",),
+                (("attention_mask", "attention_mask"), ("token_type_ids", "token_type_ids")),
+                "targets", counted="inputs", context=("inputs",), text=True, layout="mlm",
+                objective=ReplacedTokenDetection()),
 }
 
 
@@ -121,6 +139,8 @@ def eval_sums(task: Task, logits, batch) -> dict:
 
 
 def finalize_eval(task: Task, totals: dict) -> dict:
+  if task.objective is not None:
+    return task.objective.finalize(totals)
   count = max(float(totals["count"]), 1e-9)
   loss = float(totals["nll"]) / count
   out = {"eval_loss": loss, "eval_accuracy": float(totals["correct"]) / count}

@@ -26,6 +26,7 @@ Supported architectures (the `architectures` entry of config.json, or its `model
 | ViTForImageClassification, ViTModel | `family='vit'` (pool='cls') |
 | BartForConditionalGeneration, BartModel | `family='bart'` (post-LN; `final_logits_bias` -> `logits_bias`) |
 | T5ForConditionalGeneration | `family='t5'` (v1.0: ffn='mlp', tied head; v1.1: ffn='swiglu', activation='gelu', tie_embeddings=False) |
+| ElectraForPreTraining, ElectraForMaskedLM | `family='electra'`, role='discriminator' / 'generator' |
 
 Each family's config and tensor mapping is `jaxformer/convert/hf/<family>.py` (`decoder.py`,
 `bert.py`, `vit.py`, `bart.py`, `t5.py`), next to which transformers' `models/<name>/modeling_<name>.py` reads.
