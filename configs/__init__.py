@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 # Config files with published sizes (each has SIZES: the valid `arg` names).
-MODULES = ("gpt2", "gpt3", "llama", "mixtral", "bert", "vit", "transformer")
+MODULES = ("gpt2", "gpt3", "llama", "mixtral", "bert", "vit", "transformer", "roberta")
 
 
 def _module(name: str):
