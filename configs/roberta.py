@@ -39,7 +39,7 @@ def get_config(arg=None):
         model=model,
         data=common.data("tinyshakespeare", "char", TINY_SEQ_LEN, mask_rate=0.15,
                          eval_batches=10),
-        train=common.train(600, 32, eval_every=100, log_every=20, checkpoint_every=200),
+        train=common.train(400, 32, eval_every=100, log_every=20, checkpoint_every=200),
         optim=common.optim(2e-3, warmup_steps=60, b2=0.98, weight_decay=0.01,
                            min_lr_ratio=0.1))
   model = common.model(

@@ -321,6 +321,19 @@ def test_sentence_pairs_layout_labels_masks_and_determinism(tmp_path):
   assert len(evals) == 20 and "valid" in evals[0] and evals[0]["nsp_labels"].shape == (8,)
 
 
+def test_batch_spec_matches_the_nsp_pipelines_first_batch(tmp_path):
+  """What `plan` compiles without data is the layout the pipeline gives."""
+  from jaxformer.data.batch_spec import train_batch_spec
+  from jaxformer.data.pipeline import make_pipeline
+  cfg = _nsp_config()
+  cfg.train.batch_size = 4
+  settings = config_checks.validate(cfg)
+  task = tasks.task_for(cfg.model)
+  batch = make_pipeline(cfg, settings, task.name, workdir=str(tmp_path / "run")).train_batch(0)
+  spec = train_batch_spec(cfg, settings, task.name, models.with_defaults(cfg.model))
+  assert spec == {k: (tuple(v.shape), np.asarray(v).dtype) for k, v in batch.items()}
+
+
 def test_nsp_pipeline_needs_eval_batches(tmp_path):
   cfg = _nsp_config()
   cfg.data.eval_batches = None
@@ -399,19 +412,80 @@ def _evals(workdir):
   return [r for r in read(os.path.join(workdir, "metrics.jsonl")) if "eval_loss" in r]
 
 
+def _alphabet_run(cfg, tmp_path, *, vocab: int, steps: int = 150):
+  """`cfg` shrunk to a 150-step CPU run on a text of repeated alphabets (26 symbols), where
+  both objectives are learnable in that many steps: a masked letter follows from its
+  neighbours, and B follows A exactly when B's first letter succeeds A's last."""
+  text = tmp_path / "alphabet.txt"
+  text.write_text("abcdefghijklmnopqrstuvwxyz" * 800)
+  cfg.data.update(source=str(text), seq_len=16, eval_batches=4)
+  cfg.model.update(vocab_size=vocab, d_model=32, mlp_dim=64)
+  cfg.train.update(steps=steps, batch_size=32, eval_every=50, log_every=25, checkpoint_every=1000,
+                   attention_maps=False)
+  cfg.optim.update(lr=3e-3, warmup_steps=20)
+  loop.train(cfg, str(tmp_path / "run"))
+  return _evals(tmp_path / "run")
+
+
 @pytest.mark.slow
 def test_roberta_trains_masked_token_accuracy_rises(tmp_path):
   cfg = configs.get_config("roberta", "tiny")
-  cfg.train.update(steps=150, eval_every=75, attention_maps=False)
-  loop.train(cfg, str(tmp_path / "run"))
-  evals = _evals(tmp_path / "run")
-  assert evals[-1]["eval_accuracy"] > evals[0]["eval_accuracy"] + 0.05, evals
+  cfg.model.update(pad_id=27, max_len=16 + 28)          # 26 letters, [MASK] 26, <pad> 27
+  evals = _alphabet_run(cfg, tmp_path, vocab=28)
+  assert evals[-1]["eval_accuracy"] > evals[0]["eval_accuracy"] + 0.1, evals
+  assert evals[-1]["eval_loss"] < evals[0]["eval_loss"], evals
 
 
 @pytest.mark.slow
 def test_bert_nsp_trains_next_sentence_accuracy_rises(tmp_path):
   cfg = bert_nsp_shakespeare.get_config("tiny")
-  cfg.train.update(attention_maps=False)
-  loop.train(cfg, str(tmp_path / "run"))
-  evals = _evals(tmp_path / "run")
-  assert evals[-1]["eval_nsp_accuracy"] > 0.6 and evals[-1]["eval_nsp_loss"] < 0.65, evals
+  cfg.model.max_len = 16
+  evals = _alphabet_run(cfg, tmp_path, vocab=29)        # + [MASK] 26, [CLS] 27, [SEP] 28
+  assert evals[-1]["eval_nsp_accuracy"] > max(0.7, evals[0]["eval_nsp_accuracy"] + 0.1), evals
+  assert evals[-1]["eval_nsp_loss"] < evals[0]["eval_nsp_loss"] - 0.1, evals
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["roberta", "bert_nsp"])
+def test_tensor_and_data_parallel_steps_equal_one_device(family):
+  """Sharded over data x model (4 x 2 of the suite's 8 CPU devices) a step gives the loss and
+  parameters of one device: the new parameters (nsp_head, RoBERTa's tables) carry logical
+  axes the mesh rules map."""
+  from jaxformer.parallel import ShardingPlan
+  from tests.sharded_gpt import constant_lr, host_state, train
+  cfg = (configs.get_config("roberta", "tiny") if family == "roberta"
+         else bert_nsp_shakespeare.get_config("tiny"))
+  cfg.model.update(d_model=32, mlp_dim=64, attention_impl="xla")
+  cfg = constant_lr(cfg)
+  rng = np.random.default_rng(0)
+  batches = []
+  for _ in range(2):
+    batch = _nsp_batch(rng, b=8, t=8)
+    batch["inputs"] %= 66
+    batch["targets"] %= 66
+    if family == "roberta":
+      batch = {k: batch[k] for k in ("inputs", "targets", "weights")}
+    batches.append(batch)
+  start = host_state(cfg)
+  one = ShardingPlan.from_config(dict(data=1, model=1, expert=1), jax.devices()[:1])
+  mesh = ShardingPlan.from_config(dict(data=4, model=2, expert=1), jax.devices())
+  losses_1, state_1, _ = train(one, cfg, batches, start)
+  losses_8, state_8, _ = train(mesh, cfg, batches, start)
+  np.testing.assert_allclose(losses_8, losses_1, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
+               jax.device_get(state_8["params"]), jax.device_get(state_1["params"]))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("importlib").util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed: no compile-only TPU devices")
+def test_plan_compiles_both_for_a_tpu_topology():
+  """`plan` (the train step compiled for v5e 2x2 from the batch layout alone) with tensor
+  parallelism: RoBERTa's MLM and BERT's MLM + NSP steps."""
+  from jaxformer.train import planning
+  for cfg in (configs.get_config("roberta", "tiny"), bert_nsp_shakespeare.get_config("tiny")):
+    cfg.model.update(dtype="bfloat16", vocab_size=128)
+    cfg.mesh.update(data=2, model=2)
+    cfg.train.batch_size = 8
+    p = planning.plan(cfg, "v5e:2x2")
+    assert p.fits and p.chips == 4 and p.per_chip_bytes["params"] > 0
