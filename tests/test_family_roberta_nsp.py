@@ -455,7 +455,7 @@ def test_tensor_and_data_parallel_steps_equal_one_device(family):
   from tests.sharded_gpt import constant_lr, host_state, train
   cfg = (configs.get_config("roberta", "tiny") if family == "roberta"
          else bert_nsp_shakespeare.get_config("tiny"))
-  cfg.model.update(d_model=32, mlp_dim=64, attention_impl="xla")
+  cfg.model.update(d_model=32, mlp_dim=64, vocab_size=68, attention_impl="xla")
   cfg = constant_lr(cfg)
   rng = np.random.default_rng(0)
   batches = []

@@ -57,7 +57,9 @@ class Bert(nn.Module):
     self.dropout = nn.Dropout(self.block.dropout_rate)
     self.embed = Embed(self.vocab_size, self.d_model, name="embed", **kw)
     self.pos_embed = LearnedPositionEmbedding(self.max_len, self.d_model, name="pos_embed", **kw)
-    self.type_embed = Embed(self.type_vocab_size, self.d_model, name="type_embed", **kw)
+    # (a table of 1-2 rows: not split over the "vocab" mesh axis, which need not divide it)
+    self.type_embed = Embed(self.type_vocab_size, self.d_model, name="type_embed",
+                            axes=(None, "embed"), **kw)
     self.embed_norm = LayerNorm(eps, name="embed_norm", **kw)
     self.encoder = BlockStack(self.num_layers, self.block, kw, name="encoder")
     if self.with_pooler:

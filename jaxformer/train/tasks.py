@@ -1,7 +1,9 @@
 """What each task feeds the model and how its loss and eval metrics are computed.
 
-The model family's registry entry names the task: decoder -> "lm" (next token), bert -> "mlm"
-(masked tokens; "mlm_nsp" with model.nsp=True: plus next-sentence prediction), vit -> "classification", seq2seq / rnn_seq2seq -> "seq2seq" (teacher-forced
+The model family's registry entry names the task: decoder -> "lm" (next token), bert and
+roberta -> "mlm" (masked tokens; bert with model.nsp=True -> "mlm_nsp": plus next-sentence
+prediction, whose eval adds eval_nsp_loss / eval_nsp_accuracy while eval_loss stays the
+masked-token loss), vit -> "classification", seq2seq / rnn_seq2seq -> "seq2seq" (teacher-forced
 target tokens).
 Every task reduces to weighted token (or image) cross-entropy: `labels` and `weights` say which
 predictions count, so padding, packed-document boundaries and unmasked MLM positions drop out

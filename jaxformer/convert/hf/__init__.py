@@ -27,7 +27,8 @@ Supported architectures (the `architectures` entry of config.json, or its `model
 | ViTForImageClassification, ViTModel | `family='vit'` (pool='cls') |
 
 Each family's config and tensor mapping is `jaxformer/convert/hf/<family>.py` (`decoder.py`,
-`bert.py`, `roberta.py`, `vit.py`), next to which transformers' `models/<name>/modeling_<name>.py` reads.
+`bert.py`, `roberta.py`, `vit.py`), next to which transformers'
+`models/<name>/modeling_<name>.py` reads.
 
 Weights are read from `model.safetensors`, sharded `*.safetensors` with
 `model.safetensors.index.json` (safetensors + NumPy only; bfloat16/float8 tensors are decoded
