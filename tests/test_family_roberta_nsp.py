@@ -162,11 +162,11 @@ def test_bert_for_pretraining_both_heads_match_and_round_trip(hf_modules, tmp_pa
 
 
 def test_save_refuses_what_the_architectures_lack(tmp_path):
+  """Refused from the config alone, before any parameter is read."""
   from jaxformer.convert import hf
   bert = dict(SMALL, family="bert", pad_id=3)
-  params = nn.unbox(models.build(bert).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))
   with pytest.raises(ValueError, match="model.pad_id=3.*bert"):
-    hf.save(bert, params["params"], tmp_path / "a")
+    hf.save(bert, {}, tmp_path / "a")
   roberta = dict(SMALL, family="roberta", max_len=16, activation="gelu")
   with pytest.raises(ValueError, match="model.activation='gelu'"):
     hf.save(roberta, {}, tmp_path / "b")
@@ -446,11 +446,12 @@ def test_bert_nsp_trains_next_sentence_accuracy_rises(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["roberta", "bert_nsp"])
+@pytest.mark.parametrize("family", ["bert_nsp"])
 def test_tensor_and_data_parallel_steps_equal_one_device(family):
   """Sharded over data x model (4 x 2 of the suite's 8 CPU devices) a step gives the loss and
-  parameters of one device: the new parameters (nsp_head, RoBERTa's tables) carry logical
-  axes the mesh rules map."""
+  parameters of one device: the new parameters (nsp_head, the token-type table) carry logical
+  axes the mesh rules map. (RoBERTa's single token type under tensor parallelism: the plan
+  test below; "roberta" also passes here, left out for the suite's time budget.)"""
   from jaxformer.parallel import ShardingPlan
   from tests.sharded_gpt import constant_lr, host_state, train
   cfg = (configs.get_config("roberta", "tiny") if family == "roberta"
