@@ -384,30 +384,6 @@ def test_mlm_nsp_loss_is_the_mlm_mean_plus_the_nsp_mean_and_accumulates_exactly(
 
 # --- training runs --------------------------------------------------------------------------
 
-def _roberta_run(steps, **train):
-  cfg = configs.get_config("roberta", "tiny")
-  cfg.model.update(d_model=32, mlp_dim=64)
-  cfg.data.update(seq_len=32, eval_batches=2)
-  cfg.model.max_len = 32 + cfg.model.pad_id + 1
-  cfg.train.update(steps=steps, batch_size=8, log_every=2, eval_every=steps // 2,
-                   checkpoint_every=4, attention_maps=False, sample_tokens=0, **train)
-  return cfg
-
-
-@pytest.mark.slow
-def test_roberta_dynamic_masking_resumes_exactly(tmp_path):
-  """Masks are re-drawn every step from (seed, step, row): a run stopped at step 6 and resumed
-  logs what the uninterrupted run logs."""
-  cfg = _roberta_run(12)
-  keys = ("step", "loss", "lr", "grad_norm", "eval_loss", "eval_accuracy")
-  loop.train(cfg, str(tmp_path / "full"))
-  full = [{k: r[k] for k in keys if k in r} for r in read(tmp_path / "full" / "metrics.jsonl")]
-  loop.train(cfg, str(tmp_path / "parted"), stop_after=6)
-  loop.train(cfg, str(tmp_path / "parted"))
-  parted = read(tmp_path / "parted" / "metrics.jsonl")
-  assert [{k: r[k] for k in keys if k in r} for r in parted] == full
-
-
 def _evals(workdir):
   return [r for r in read(os.path.join(workdir, "metrics.jsonl")) if "eval_loss" in r]
 
@@ -428,12 +404,20 @@ def _alphabet_run(cfg, tmp_path, *, vocab: int, steps: int = 150):
 
 
 @pytest.mark.slow
-def test_roberta_trains_masked_token_accuracy_rises(tmp_path):
+def test_roberta_trains_and_its_dynamic_masking_resumes_exactly(tmp_path):
+  """Masked-token accuracy rises; masks are re-drawn every step from (seed, step, row), so a
+  run stopped at step 40 and resumed logs what the uninterrupted run logs."""
   cfg = configs.get_config("roberta", "tiny")
   cfg.model.update(pad_id=27, max_len=16 + 28)          # 26 letters, [MASK] 26, <pad> 27
-  evals = _alphabet_run(cfg, tmp_path, vocab=28)
+  evals = _alphabet_run(cfg, tmp_path, vocab=28, steps=100)
   assert evals[-1]["eval_accuracy"] > evals[0]["eval_accuracy"] + 0.1, evals
   assert evals[-1]["eval_loss"] < evals[0]["eval_loss"], evals
+  loop.train(cfg, str(tmp_path / "parted"), stop_after=40)
+  loop.train(cfg, str(tmp_path / "parted"))
+  keys = ("step", "loss", "lr", "grad_norm", "eval_loss", "eval_accuracy")
+  runs = [[{k: r[k] for k in keys if k in r} for r in read(tmp_path / name / "metrics.jsonl")]
+          for name in ("run", "parted")]
+  assert runs[0] == runs[1]
 
 
 @pytest.mark.slow
