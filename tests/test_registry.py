@@ -21,7 +21,10 @@ from jaxformer.train import tasks
 SMALL = {
     "decoder": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=16,
                     tie_embeddings=False),
-    "bert": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=16),
+    "bert": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=16,
+                 nsp=True),                     # every head present (nsp_head too)
+    "roberta": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32,
+                    max_len=16, with_pooler=True),
     "seq2seq": dict(vocab_size=37, d_model=16, num_encoder_layers=1, num_decoder_layers=1,
                     num_heads=2, mlp_dim=32),
     "vit": dict(num_classes=5, patch_size=4, image_size=8, d_model=16, num_layers=1,
@@ -54,8 +57,10 @@ def batch_for(task: str, rng: np.random.Generator, cfg: dict) -> dict:
     return {"src": tokens(), "tgt_in": tokens(), "tgt_out": tokens(),
             "src_mask": np.ones((b, t), np.int32)}
   batch = {"inputs": tokens(), "targets": tokens()}
-  if task == "mlm":
+  if task in ("mlm", "mlm_nsp"):
     batch["weights"] = (rng.random((b, t)) < 0.5).astype(np.float32)
+  if task == "mlm_nsp":
+    batch["nsp_labels"] = rng.integers(0, 2, (b,)).astype(np.int32)
   return batch
 
 

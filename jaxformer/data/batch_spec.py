@@ -37,15 +37,17 @@ def train_batch_spec(config, settings: run_settings.RunSettings, task: str,
   """{key: (global shape, dtype)} of the train batch of `task` for `config`; `model` is the
   model config with its defaults filled in (image size and channels for images)."""
   b = settings.train.batch_size
-  if task in ("lm", "mlm"):
+  if task in ("lm", "mlm", "mlm_nsp"):
     t = settings.data.seq_len
     if t is None:
       raise ValueError("data.seq_len is not set; a text source needs it: set "
                        "--config.data.seq_len=<tokens per example>")
     tokens = ((b, t), np.dtype(np.int32))
     spec = {"inputs": tokens, "targets": tokens}
-    if task == "mlm":
+    if task in ("mlm", "mlm_nsp"):
       spec["weights"] = ((b, t), np.dtype(np.float32))
+    if task == "mlm_nsp":                        # sentence pairs (data/text.py NSPPipeline)
+      spec.update(token_type_ids=tokens, nsp_labels=((b,), np.dtype(np.int32)))
     elif lm_packing(config) == "packed":
       spec.update({k: tokens for k in _PACKED_KEYS}, weights=((b, t), np.dtype(np.float32)))
     return spec

@@ -1,7 +1,9 @@
 """What each task feeds the model and how its loss and eval metrics are computed.
 
-The model family's registry entry names the task: decoder -> "lm" (next token), bert -> "mlm"
-(masked tokens), vit -> "classification", seq2seq / rnn_seq2seq -> "seq2seq" (teacher-forced
+The model family's registry entry names the task: decoder -> "lm" (next token), bert and
+roberta -> "mlm" (masked tokens; bert with model.nsp=True -> "mlm_nsp": plus next-sentence
+prediction, whose eval adds eval_nsp_loss / eval_nsp_accuracy while eval_loss stays the
+masked-token loss), vit -> "classification", seq2seq / rnn_seq2seq -> "seq2seq" (teacher-forced
 target tokens), bart -> "bart_denoising" (the original text from a corrupted copy), t5 ->
 "span_corruption" (the seq2seq layout, made from text), electra -> "rtd" (replaced-token
 detection on the mlm batches, `rtd.py`).
@@ -51,6 +53,9 @@ class Task:
   @property
   def batch_layout(self) -> str:
     return self.layout or self.name
+  # BERT's next-sentence prediction: the batch key of the per-example labels; the model
+  # returns {'mlm': token logits, 'nsp': [B, 2]} and the loss adds the NSP cross-entropy
+  nsp_labels: str | None = None
 
   def token_lengths(self, batch: dict) -> tuple[int, int] | None:
     """(tokens counted per example, context length) of `batch`, or None (see `counted`)."""
@@ -84,6 +89,10 @@ TASKS = {
                 (("attention_mask", "attention_mask"),
                  ("token_type_ids", "token_type_ids")), "targets",
                 counted="inputs", context=("inputs",), text=True),
+    "mlm_nsp": Task("mlm_nsp", "tokens", ("inputs",),
+                    (("attention_mask", "attention_mask"),
+                     ("token_type_ids", "token_type_ids")), "targets",
+                    counted="inputs", context=("inputs",), text=True, nsp_labels="nsp_labels"),
     "classification": Task("classification", "images", ("images",), (), "labels",
                            step_accuracy=True),
     "seq2seq": Task("seq2seq", "tokens", ("src", "tgt_in"), (("src_mask", "src_mask"),),
@@ -107,7 +116,20 @@ TASKS = {
 
 
 def task_for(model_config) -> Task:
-  return TASKS[models.get(model_config.get("family")).task]
+  task = models.get(model_config.get("family")).task
+  if task == "mlm" and model_config.get("nsp"):      # BERT with its next-sentence head
+    task = "mlm_nsp"
+  return TASKS[task]
+
+
+def nsp_sums(task: Task, logits, batch) -> dict:
+  """Sums of next-sentence nll / correct / count over the (valid) rows of a batch."""
+  labels = batch[task.nsp_labels]
+  rows = batch[VALID] if VALID in batch else jnp.ones(labels.shape, jnp.float32)
+  _, nll = cross_entropy(logits, labels)
+  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  return {"nsp_nll": jnp.sum(nll * rows), "nsp_correct": jnp.sum(correct * rows),
+          "nsp_count": jnp.sum(rows)}
 
 
 def cross_entropy(logits, labels, *, label_smoothing: float = 0.0, z_loss: float = 0.0):
@@ -127,10 +149,15 @@ def cross_entropy(logits, labels, *, label_smoothing: float = 0.0, z_loss: float
 
 def eval_sums(task: Task, logits, batch) -> dict:
   """Sums over one batch that `finalize_eval` turns into split-level metrics."""
+  extra = {}
+  if task.nsp_labels is not None:
+    extra = nsp_sums(task, logits["nsp"], batch)
+    logits = logits["mlm"]
   labels, w = batch[task.labels], task.weights(batch)
   _, nll = cross_entropy(logits, labels)
   correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-  sums = {"nll": jnp.sum(nll * w), "correct": jnp.sum(correct * w), "count": jnp.sum(w)}
+  sums = {"nll": jnp.sum(nll * w), "correct": jnp.sum(correct * w), "count": jnp.sum(w),
+          **extra}
   if task.sequence_accuracy:       # a sequence is right when all its weighted tokens are
     row_ok = jnp.all((correct > 0) | (w == 0), axis=-1).astype(jnp.float32)
     rows = batch[VALID] if VALID in batch else jnp.ones(row_ok.shape, jnp.float32)
@@ -146,6 +173,10 @@ def finalize_eval(task: Task, totals: dict) -> dict:
   out = {"eval_loss": loss, "eval_accuracy": float(totals["correct"]) / count}
   if task.text:
     out["eval_perplexity"] = float(np.exp(min(loss, 80.0)))
+  if "nsp_count" in totals:
+    n = max(float(totals["nsp_count"]), 1e-9)
+    out["eval_nsp_loss"] = float(totals["nsp_nll"]) / n
+    out["eval_nsp_accuracy"] = float(totals["nsp_correct"]) / n
   if "seq_count" in totals:
     out["eval_sequence_accuracy"] = float(totals["seq_correct"]) / max(
         float(totals["seq_count"]), 1e-9)

@@ -385,7 +385,8 @@ def save(model_config, params, out_dir: str | os.PathLike, *, overwrite: bool = 
 
   A decoder becomes GPT2LMHeadModel (positions='learned', norm='layernorm'), else
   LlamaForCausalLM, MistralForCausalLM (window set) or MixtralForCausalLM (num_experts > 0);
-  bert -> BertForMaskedLM (the pooler is written too); vit -> ViTForImageClassification;
+  bert -> BertForMaskedLM (the pooler is written too), BertForPreTraining with nsp=True;
+  roberta -> RobertaForMaskedLM; vit -> ViTForImageClassification;
   bart -> BartForConditionalGeneration.
   `params` may be scanned (a `layers` subtree), boxed, or wrapped as {'params': ...}.
 
