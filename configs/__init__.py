@@ -10,7 +10,8 @@ from __future__ import annotations
 import importlib
 
 # Config files with published sizes (each has SIZES: the valid `arg` names).
-MODULES = ("gpt2", "gpt3", "llama", "mixtral", "bert", "vit", "transformer")
+MODULES = ("gpt2", "gpt3", "llama", "mixtral", "bert", "roberta", "vit", "transformer",
+           "t5", "deberta")
 
 
 def _module(name: str):

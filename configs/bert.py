@@ -3,7 +3,10 @@
 Post-norm encoder, learned positions (512), token-type embeddings (2), LayerNorm eps 1e-12,
 exact (erf) GELU, pooler, MLM head tied to the token embedding; WordPiece vocab 30522
 (uncased). `reference.params` is the Hugging Face `BertModel` count (embeddings + encoder +
-pooler, no MLM head), compared with `scaling.count_params(...)['backbone']`.
+pooler, no MLM head), compared with `scaling.count_params(...)['backbone']`;
+`reference.pretraining_params` is `BertForPreTraining`'s, the `total` of the same model with
+`--config.model.nsp=True` (BERT's next-sentence head; trained on sentence pairs, see
+configs/bert_nsp_shakespeare.py).
 
 Pre-training recipe from the paper: batch 256 x 512 tokens (we use the 128-token phase's
 length as the default `seq_len`), 1M steps, Adam lr 1e-4, b1 0.9, b2 0.999, weight decay
@@ -20,6 +23,9 @@ SIZES = {
     "large": (24, 1024, 16, 4096, 335_141_888),
     "tiny": (2, 64, 4, 256, None),
 }
+# HF BertForPreTraining num_parameters(): the model with --config.model.nsp=True (pooler, MLM
+# and next-sentence heads), compared with count_params(...)['total'].
+PRETRAINING_PARAMS = {"base": 110_106_428, "large": 336_226_108}
 
 
 def get_config(arg=None):
@@ -45,4 +51,5 @@ def get_config(arg=None):
       optim=common.optim(1e-4, schedule="linear", warmup_steps=10_000, weight_decay=0.01,
                          b2=0.999, eps=1e-6, min_lr_ratio=0.0),
       reference=common.reference(params, source=f"Hugging Face BertModel (bert-{name}-uncased,"
-                                 " with pooler)", params_key="backbone"))
+                                 " with pooler)", params_key="backbone",
+                                 pretraining_params=PRETRAINING_PARAMS[name]))

@@ -1,12 +1,14 @@
 """Parameter counts of every published config vs. the published numbers, and FLOPs/token.
 
-For each named size in configs/{gpt2,gpt3,bert,vit,transformer,llama,mixtral}.py this builds
+For each named size in configs/{gpt2,gpt3,bert,roberta,vit,transformer,llama,mixtral,t5}.py this builds
 the model from `config.model`, counts its parameters with `jaxformer.scaling.count_params`
 (jax.eval_shape: no memory, a few seconds for everything, GPT-3 175B included) and prints a
 Markdown table:
 
 - count: which key is compared: 'total' for language models, 'backbone' (no task head) for
-  BERT (Hugging Face BertModel, pooler included) and ViT, 'total' and 'active' for Mixtral.
+  BERT (Hugging Face BertModel, pooler included) and ViT, 'total' and 'active' for Mixtral,
+  'total' for RoBERTa (RobertaForMaskedLM) and for BERT with `model.nsp=True`
+  (BertForPreTraining: pooler, MLM and next-sentence heads).
 - reference: exact counts of the reference implementations (Hugging Face / timm) where we
   have them, otherwise the paper's rounded numbers (marked "~"); "exact" references must
   match to the parameter, and the script exits with status 1 if one does not.
@@ -36,15 +38,18 @@ MODELS = [
     ("gpt2", ("small", "medium", "large", "xl"), "GPT-2 "),
     ("gpt3", ("small", "medium", "large", "xl", "2.7b", "6.7b", "13b", "175b"), "GPT-3 "),
     ("bert", ("base", "large"), "BERT-"),
+    ("roberta", ("base", "large"), "RoBERTa-"),
     ("vit", ("Ti/16", "S/16", "B/16", "B/32", "L/16", "L/32", "H/14"), "ViT-"),
     ("transformer", ("base", "big"), "Transformer "),
     ("llama", ("llama2-7b", "llama3-8b", "mistral-7b"), ""),
     ("mixtral", ("8x7b",), "Mixtral-"),
+    ("t5", ("small", "base", "large", "v1_1_small", "v1_1_base", "v1_1_large"), "T5-"),
 ]
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 LABELS = {"llama2-7b": "Llama-2-7B", "llama3-8b": "Llama-3-8B", "mistral-7b": "Mistral-7B",
           "xl": "XL", "8x7b": "8x7B", "2.7b": "2.7B", "6.7b": "6.7B", "13b": "13B",
-          "175b": "175B"}
+          "175b": "175B", "v1_1_small": "v1.1-small", "v1_1_base": "v1.1-base",
+          "v1_1_large": "v1.1-large"}
 
 FOOTNOTES = """\
 Notes:
@@ -71,6 +76,11 @@ def context_length(cfg) -> int:
     return (m.image_size // m.patch_size) ** 2 + (1 if m.pool == "cls" else 0)
   if m.family in ("seq2seq", "rnn_seq2seq"):
     return cfg.data.seq_len
+  if m.family == "t5":                  # span corruption: the encoder input length (512)
+    from jaxformer.data import span_corruption
+    return span_corruption.lengths(cfg.data.seq_len)[0]
+  if m.get("pad_id") is not None:       # RoBERTa: positions start past the padding id
+    return m.max_len - m.pad_id - 1
   return m.max_len
 
 
@@ -104,6 +114,11 @@ def rows():
     else:
       yield dict(base, key=ref.params_key, ours=counts[ref.params_key], ref=ref.params,
                  exact=True)
+    if ref.get("pretraining_params"):   # BERT with its next-sentence head (BertForPreTraining)
+      nsp = dict(cfg.model.to_dict(), nsp=True)
+      yield dict(base, label=label + " (+ NSP head)", key="total",
+                 ours=scaling.count_params(nsp)["total"], ref=ref.pretraining_params,
+                 exact=True, flops=scaling.flops_per_token(nsp, ctx))
     if module == "mixtral":
       yield dict(base, label=label + " (active)", key="active", ours=counts["active"],
                  ref=ref.active_params, exact=False)

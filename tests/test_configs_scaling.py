@@ -226,7 +226,8 @@ def _inputs(cfg, batch=2):
                         jnp.float32),)
   length = min(cfg.data.seq_len or 16, 16)
   tokens = jnp.asarray(rng.integers(0, m.vocab_size, (batch, length)), jnp.int32)
-  return (tokens, tokens[:, :-1]) if m.family == "seq2seq" else (tokens,)
+  two = len(models.get(m.family).example_inputs(models.with_defaults(m), 1, 2)) == 2
+  return (tokens, tokens[:, :-1]) if two else (tokens,)      # encoder-decoders: src, tgt
 
 
 def _expected_shape(cfg, inputs):

@@ -21,13 +21,28 @@ from jaxformer.train import tasks
 SMALL = {
     "decoder": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=16,
                     tie_embeddings=False),
-    "bert": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=16),
+    "bert": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=16,
+                 nsp=True),                     # every head present (nsp_head too)
+    "roberta": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32,
+                    max_len=16, with_pooler=True),
     "seq2seq": dict(vocab_size=37, d_model=16, num_encoder_layers=1, num_decoder_layers=1,
                     num_heads=2, mlp_dim=32),
     "vit": dict(num_classes=5, patch_size=4, image_size=8, d_model=16, num_layers=1,
                 num_heads=2, mlp_dim=32),
     "rnn_seq2seq": dict(vocab_size=37, embed_dim=8, hidden_dim=16),
+    "bart": dict(vocab_size=37, d_model=16, num_encoder_layers=1, num_decoder_layers=1,
+                 num_heads=2, mlp_dim=32, max_len=16, logits_bias=True),
+    "t5": dict(vocab_size=37, d_model=16, num_encoder_layers=1, num_decoder_layers=1,
+               num_heads=2, mlp_dim=32, tie_embeddings=False),
+    "deberta": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=16,
+                    position_buckets=4, position_biased_input=True, type_vocab_size=2),
+    "electra": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=16,
+                    embedding_size=8, generator_d_model=8, generator_num_heads=1),
 }
+# What a Hugging Face round trip changes of SMALL (ELECTRA's joint pretraining model is two
+# HF models; its discriminator is one).
+HF_SMALL = {"electra": dict(role="discriminator", generator_d_model=None,
+                            generator_num_heads=None)}
 
 
 def batch_for(task: str, rng: np.random.Generator, cfg: dict) -> dict:
@@ -38,12 +53,14 @@ def batch_for(task: str, rng: np.random.Generator, cfg: dict) -> dict:
     size = cfg["image_size"]
     return {"images": rng.normal(size=(b, size, size, cfg.get("channels", 3))).astype(
         np.float32), "labels": rng.integers(0, cfg["num_classes"], (b,)).astype(np.int32)}
-  if task == "seq2seq":
+  if task in ("seq2seq", "bart_denoising", "span_corruption"):
     return {"src": tokens(), "tgt_in": tokens(), "tgt_out": tokens(),
             "src_mask": np.ones((b, t), np.int32)}
   batch = {"inputs": tokens(), "targets": tokens()}
-  if task == "mlm":
+  if task in ("mlm", "mlm_nsp"):
     batch["weights"] = (rng.random((b, t)) < 0.5).astype(np.float32)
+  if task == "mlm_nsp":
+    batch["nsp_labels"] = rng.integers(0, 2, (b,)).astype(np.int32)
   return batch
 
 
@@ -57,7 +74,7 @@ def one_step(config: ConfigDict) -> dict:
   module, tx, init_boxed = train_state.train_state_fns(config)
   state = nn.unbox(init_boxed())
   task = tasks.task_for(config.model)
-  batch = batch_for(task.name, np.random.default_rng(0), config.model.to_dict())
+  batch = batch_for(task.batch_layout, np.random.default_rng(0), config.model.to_dict())
   fn = jax.jit(step_lib.make_train_step(module, tx, task))
   new_state, metrics = fn(state, batch, jax.random.key(1))
   assert bool(metrics["finite"]) and np.isfinite(float(metrics["loss"]))
@@ -90,7 +107,7 @@ def test_family_inits_counts_and_trains_one_step(family):
 @pytest.mark.parametrize("family", [f for f in sorted(SMALL) if models.get(f).hf_converter])
 def test_family_with_a_converter_round_trips_through_hugging_face(family, tmp_path):
   from jaxformer.convert import hf
-  cfg = dict(SMALL[family], family=family)
+  cfg = dict(SMALL[family], family=family, **HF_SMALL.get(family, {}))
   params = nn.unbox(models.build(cfg).init(
       jax.random.key(0), *[jnp.zeros(s.shape, s.dtype) for s in scaling.dummy_inputs(cfg)]))
   params = params["params"]

@@ -37,30 +37,48 @@ def train_batch_spec(config, settings: run_settings.RunSettings, task: str,
   """{key: (global shape, dtype)} of the train batch of `task` for `config`; `model` is the
   model config with its defaults filled in (image size and channels for images)."""
   b = settings.train.batch_size
-  if task in ("lm", "mlm"):
+  if task in ("lm", "mlm", "mlm_nsp"):
     t = settings.data.seq_len
     if t is None:
       raise ValueError("data.seq_len is not set; a text source needs it: set "
                        "--config.data.seq_len=<tokens per example>")
     tokens = ((b, t), np.dtype(np.int32))
     spec = {"inputs": tokens, "targets": tokens}
-    if task == "mlm":
+    if task in ("mlm", "mlm_nsp"):
       spec["weights"] = ((b, t), np.dtype(np.float32))
+    if task == "mlm_nsp":                        # sentence pairs (data/text.py NSPPipeline)
+      spec.update(token_type_ids=tokens, nsp_labels=((b,), np.dtype(np.int32)))
     elif lm_packing(config) == "packed":
       spec.update({k: tokens for k in _PACKED_KEYS}, weights=((b, t), np.dtype(np.float32)))
     return spec
+  if task == "bart_denoising":          # data/denoising.py: windows of seq_len, both sides
+    t = settings.data.seq_len
+    if t is None:
+      raise ValueError("data.seq_len is not set; a text source needs it: set "
+                       "--config.data.seq_len=<tokens per example>")
+    tokens = ((b, t), np.dtype(np.int32))
+    return {"src": tokens, "src_mask": ((b, t), np.dtype(np.bool_)), "tgt_in": tokens,
+            "tgt_out": tokens, "weights": ((b, t), np.dtype(np.float32))}
   if task == "classification":
     size, channels = model["image_size"], model.get("channels", 3)
     return {"images": ((b, size, size, channels), np.dtype(np.float32)),
             "labels": ((b,), np.dtype(np.int32))}
-  if task == "seq2seq":
-    from jaxformer.data.synthetic import task_generator
-    generator = task_generator(config.data)
-    src_len, tgt_len = generator.src_len, generator.tgt_len
+  if task in ("seq2seq", "span_corruption"):
+    if task == "seq2seq":
+      from jaxformer.data.synthetic import task_generator
+      generator = task_generator(config.data)
+      src_len, tgt_len = generator.src_len, generator.tgt_len
+    else:
+      from jaxformer.data import span_corruption
+      if settings.data.seq_len is None:
+        raise ValueError("data.seq_len is not set; span corruption needs it: set "
+                         "--config.data.seq_len=<text tokens per example>")
+      density, mean, _ = span_corruption.options(config.data)
+      src_len, tgt_len = span_corruption.lengths(settings.data.seq_len, density, mean)
     return {"src": ((b, src_len), np.dtype(np.int32)),
             "src_mask": ((b, src_len), np.dtype(np.bool_)),
             "tgt_in": ((b, tgt_len), np.dtype(np.int32)),
             "tgt_out": ((b, tgt_len), np.dtype(np.int32)),
             "weights": ((b, tgt_len), np.dtype(np.float32))}
   raise ValueError(f"task={task!r} has no batch layout; one of lm, mlm, classification, "
-                   "seq2seq")
+                   "seq2seq, bart_denoising, span_corruption")

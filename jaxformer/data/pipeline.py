@@ -2,12 +2,14 @@
 
 The task (the model family's registry entry names it, see `jaxformer.train.tasks`) fixes the
 batch layout; `data.source` picks where the examples come from:
-- text (tasks lm, mlm): "tinyshakespeare" (bundled), a file, directory or glob of .txt /
+- text (tasks lm, mlm, mlm_nsp): "tinyshakespeare" (bundled), a file, directory or glob of .txt /
   .jsonl / .parquet (optionally .gz), a saved Hugging Face dataset, or "tfds:<name>" with a
   text feature (e.g. "tfds:lm1b"), see `jaxformer.data.corpus`;
 - images (classification): "digits" (scikit-learn's bundled 8x8 digits), "mnist:<dir>" (IDX
   files), "images:<root>" (root/<split>/<class>/*.png), or "tfds:<name>" (e.g. "tfds:mnist");
-- synthetic sequence tasks (seq2seq): "synthetic:copy" | "synthetic:reverse" | "synthetic:recall".
+- synthetic sequence tasks (seq2seq): "synthetic:copy" | "synthetic:reverse" | "synthetic:recall";
+- BART's denoising (bart_denoising): a text source as for lm/mlm (data/denoising.py).
+- T5's span corruption (span_corruption): the text sources, see `jaxformer.data.span_corruption`.
 """
 
 from __future__ import annotations
@@ -26,9 +28,15 @@ def make_pipeline(config, settings: run_settings.RunSettings, task: str, *, work
             eval_batch_size=train.eval_batch_size or train.batch_size,
             process_index=process_index, process_count=process_count, workdir=workdir,
             data_dir=settings.data.data_dir)
-  if task in ("lm", "mlm"):
+  if task in ("lm", "mlm", "mlm_nsp"):
     from jaxformer.data.text import make_text_pipeline
     return make_text_pipeline(data, task, **kw)
+  if task == "bart_denoising":                # BART's text infilling + sentence permutation
+    from jaxformer.data.denoising import DenoisingPipeline
+    return DenoisingPipeline(data, **kw)
+  if task == "span_corruption":
+    from jaxformer.data.span_corruption import SpanCorruptionPipeline
+    return SpanCorruptionPipeline(data, **kw)
   if task == "classification":
     from jaxformer.data.images.pipeline import make_image_pipeline
     return make_image_pipeline(data, **kw)

@@ -1,4 +1,5 @@
-"""Text pipelines for language modelling (LM) and BERT masked LM (MLM), one constructor each.
+"""Text pipelines for language modelling (LM), BERT masked LM (MLM) and BERT's MLM with
+next-sentence prediction (sentence pairs, `NSPPipeline`), one constructor each.
 
 `make_text_pipeline(config.data, task, seed=..., global_batch_size=..., eval_batch_size=...,
 workdir=..., data_dir=...)` gives a `batching.Pipeline`: `train_batch(step)` is this process's
@@ -49,7 +50,7 @@ from jaxformer.data.corpus.work import ROLES
 SPLIT_IDS = dict(zip(ROLES, (0, 1)))         # the split_id of the window RNG
 EVAL_SEED = 0                                 # eval windows and masks: the same for every run seed
 PACKING_MODES = ("stream", "packed")
-TASKS = ("lm", "mlm")
+TASKS = ("lm", "mlm", "mlm_nsp")
 MLM_MASK_FRACTION, MLM_RANDOM_FRACTION = 0.8, 0.1    # of the selected positions (BERT)
 
 
@@ -85,12 +86,16 @@ def stream_windows(stream: TokenStream, *, seed: int, split_id: int, step: int,
 
 
 def bert_mask(tokens: np.ndarray, rng: np.random.Generator, *, rate: float, mask_id: int,
-              vocab_size: int) -> dict[str, np.ndarray]:
-  """BERT masking of one row: select each position with prob `rate` (at least one); selected
-  -> 80% `mask_id`, 10% a random id in [0, vocab_size), 10% unchanged."""
+              vocab_size: int, maskable: np.ndarray | None = None) -> dict[str, np.ndarray]:
+  """BERT masking of one row: select each position with prob `rate` (at least one; only
+  where `maskable`, if given: not [CLS]/[SEP]); selected -> 80% `mask_id`, 10% a random id in
+  [0, vocab_size), 10% unchanged."""
   selected = rng.random(tokens.shape) < rate
+  if maskable is not None:
+    selected &= maskable
   if not selected.any():
-    selected[rng.integers(len(tokens))] = True
+    candidates = np.arange(len(tokens)) if maskable is None else np.flatnonzero(maskable)
+    selected[candidates[rng.integers(len(candidates))]] = True
   action = rng.random(tokens.shape)
   random_ids = rng.integers(0, vocab_size, size=tokens.shape, dtype=np.int32)
   inputs = np.where(selected & (action < MLM_MASK_FRACTION), mask_id, tokens)
@@ -245,6 +250,75 @@ class MLMPipeline(_StreamMixin, _TextPipeline):
     return {**batch, batching.VALID: np.ones(len(batch["inputs"]), np.float32)}
 
 
+class NSPPipeline(MLMPipeline):
+  """BERT pre-training: masked LM plus next-sentence prediction on sentence pairs
+  `[CLS] A [SEP] B [SEP]` of exactly seq_len tokens: {'inputs' (masked), 'targets', 'weights'
+  (1 at masked positions, never at [CLS]/[SEP]), 'token_type_ids' (0 for [CLS] A [SEP], 1 for
+  B [SEP]), 'nsp_labels' (0: B follows A, 1: B is random, as transformers' BertForPreTraining
+  labels them)}.
+
+  As in the BERT paper, a "sentence" is a span of contiguous text, not a linguistic sentence:
+  A starts at a random position of the split's token stream and has a uniform random length
+  in [1, seq_len - 4] (B gets the rest); with probability 1/2 B is the text right after A,
+  else a span from a random position at least seq_len tokens away from A. Every row is a pure
+  function of (seed, split, step, global row), so resumed runs and any process count read
+  the same pairs. [CLS]/[SEP] are the tokenizer's bos/eos ids where it has them, else new ids
+  after the vocabulary (after [MASK]): the char tokenizer's 65 symbols give a vocab of 68.
+  Evaluation needs `data.eval_batches` (random pairs drawn with the eval seed)."""
+  task = "mlm_nsp"
+
+  def __init__(self, data_config, **kw):
+    super().__init__(data_config, **kw)
+    if data_config.get("eval_batches") is None:
+      raise ValueError("data.eval_batches is not set: next-sentence prediction evaluates on "
+                       "random sentence pairs; set --config.data.eval_batches=<batches>")
+    if self.seq_len < 5:
+      raise ValueError(f"data.seq_len={self.seq_len} is too short for [CLS] A [SEP] B [SEP] "
+                       "with non-empty A and B; use data.seq_len >= 5")
+    size = self.info["vocab_size"]
+    self.cls_id, self.sep_id = self.tokenizer.bos_id, self.tokenizer.eos_id
+    if self.cls_id is None:
+      self.cls_id, size = size, size + 1
+    if self.sep_id is None:
+      self.sep_id, size = size, size + 1
+    self.info = {"vocab_size": size}
+
+  def _pair(self, role: str, step: int, row: int) -> dict[str, np.ndarray]:
+    stream = self.streams[role]
+    seed = self.seed if role == "train" else EVAL_SEED
+    rng = np.random.default_rng([seed, SPLIT_IDS[role], step, row])
+    budget = self.seq_len - 3                     # tokens of A and B together
+    first = int(rng.integers(1, budget))          # A's length
+    start = int(rng.integers(0, len(stream) - budget))
+    is_random = bool(rng.random() < 0.5)
+    b_start = start + first
+    if is_random:         # B starts anywhere but within seq_len tokens of the pair's text
+      ends = len(stream) - (budget - first)       # B's possible starts: [0, ends)
+      lo, hi = max(start - self.seq_len, 0), min(start + budget + self.seq_len, ends)
+      allowed = ends - max(hi - lo, 0)
+      if allowed > 0:
+        b_start = int(rng.integers(0, allowed))
+        b_start += (hi - lo) if b_start >= lo else 0
+      else:                                       # a split too small to stay away
+        b_start = int(rng.integers(0, ends))
+    a = stream.read(start, first)
+    b = stream.read(b_start, budget - first)
+    cls, sep = np.array([self.cls_id]), np.array([self.sep_id])
+    tokens = np.concatenate([cls, a, sep, b, sep]).astype(np.int32)
+    types = np.zeros(self.seq_len, np.int32)
+    types[first + 2:] = 1
+    maskable = np.ones(self.seq_len, bool)
+    maskable[[0, first + 1, self.seq_len - 1]] = False
+    masked = bert_mask(tokens, rng, rate=self.mask_rate, mask_id=self.mask_id,
+                       vocab_size=self.tokenizer.vocab_size, maskable=maskable)
+    return {**masked, "token_type_ids": types, "nsp_labels": np.int32(is_random)}
+
+  def _masked_batch(self, role: str, step: int, batch_size: int) -> dict[str, np.ndarray]:
+    rows = self._rows(batch_size)
+    pairs = [self._pair(role, step, r) for r in range(rows.start, rows.stop)]
+    return {k: np.stack([p[k] for p in pairs]) for k in pairs[0]}
+
+
 def _packed_example(row: np.ndarray) -> dict[str, np.ndarray]:
   """A packed row [3, seq_len + 1] -> next-token example with segment-aware weights."""
   tokens, segments, positions = row
@@ -278,12 +352,12 @@ class LMPackedPipeline(_TextPipeline):
 
 
 def make_text_pipeline(data_config, task: str = "lm", **kw) -> _TextPipeline:
-  """The pipeline for `task` ('lm' | 'mlm') and `data.packing` (default: 'stream' for a
+  """The pipeline for `task` ('lm' | 'mlm' | 'mlm_nsp') and `data.packing` (default: 'stream' for a
   single text file, 'packed' for documents); `kw` are the constructor's keyword arguments."""
   if task not in TASKS:
     raise ValueError(f"task={task!r} must be one of {TASKS}")
-  if task == "mlm":
-    return MLMPipeline(data_config, **kw)
+  if task in ("mlm", "mlm_nsp"):
+    return (MLMPipeline if task == "mlm" else NSPPipeline)(data_config, **kw)
   mode = data_config.get("packing") or (
       "stream" if sources.resolve(data_config.get("source")).one_text else "packed")
   if mode not in PACKING_MODES:

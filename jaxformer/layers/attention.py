@@ -13,12 +13,13 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from jaxformer.layers.dense import default_kernel_init, dense
-from jaxformer.ops import masks, positions as pos_ops
+from jaxformer.ops import disentangled, masks, positions as pos_ops
 from jaxformer.ops.attention import (IMPLS, attend, dot_product_attention,
                                      dot_product_attention_weights)
 from jaxformer.parallel.rules import mesh_axes_tuple
 
-POSITIONS = ("none", "rope", "alibi")
+# "disentangled": DeBERTa's c2p + p2c scores from a shared relative table (`rel_embeddings`)
+POSITIONS = ("none", "rope", "alibi", "disentangled")
 
 
 WEIGHTS_COLLECTION = "attention_weights"   # mutable -> every layer sows its probabilities
@@ -115,12 +116,14 @@ class MultiHeadAttention(nn.Module):
   out_bias: bool = False
   causal: bool = False
   window: int | tuple[int | None, int | None] | None = None
-  positions: str = "none"             # "none" | "rope" | "alibi" (self-attention only)
+  positions: str = "none"             # one of POSITIONS (self-attention only)
   rope_theta: float = 10_000.0
   dropout_rate: float = 0.0           # on the attention probabilities
   impl: str = "auto"
   block_sizes: tuple[int, int] | None = None    # (block_q, block_k) for impl pallas/blocked
   scale: float | None = None          # logit multiplier; None: 1/sqrt(head_dim)
+  # the query projection's init is multiplied by this (T5: scale 1 with q init / sqrt(d))
+  query_init_scale: float = 1.0
   decode: bool = False
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -144,16 +147,24 @@ class MultiHeadAttention(nn.Module):
     if self.dropout_rate and self.impl not in ("xla", "auto"):
       raise ValueError(f"attention dropout (dropout_rate={self.dropout_rate}) needs the "
                        f"probabilities: use impl='xla' or 'auto', not {self.impl!r}")
+    if self.positions == "disentangled" and (hkv != h or self.decode):
+      raise ValueError(f"positions='disentangled' (DeBERTa, an encoder) projects the relative "
+                       f"table with the fused query/key projection and has no KV cache: "
+                       f"num_kv_heads={self.num_kv_heads} must be None or num_heads={h}, and "
+                       f"decode={self.decode} False")
     if self.decode and (cross or not self.causal):
       raise ValueError("decode=True (KV cache) needs causal self-attention: set causal=True "
                        "and call without context")
 
   @nn.compact
   def __call__(self, x, context=None, *, mask=None, segment_ids=None, positions=None,
-               deterministic: bool = True):
+               bias=None, rel_embeddings=None, deterministic: bool = True):
     """x [B, T, E]; context [B, S, E'] for cross-attention; mask/segment_ids as in
     `dot_product_attention`; positions [B, T] or [T] for RoPE/ALiBi (default 0..T-1, or the
-    cache offset onwards when decoding)."""
+    cache offset onwards when decoding); bias: float broadcastable to [B, H, T, S], added
+    to the logits (e.g. T5's relative position bias); rel_embeddings [2T - 1, E] for
+    positions="disentangled": the shared relative table's rows of relative positions
+    -(T-1) .. T-1 (`ops.disentangled.relative_rows`)."""
     cross = context is not None
     if x.ndim != 3:
       raise ValueError(f"x must be [batch, length, features]; got shape {x.shape}")
@@ -165,11 +176,16 @@ class MultiHeadAttention(nn.Module):
     d = self.head_dim or x.shape[-1] // h
     kw = dict(use_bias=self.qkv_bias, dtype=self.dtype, param_dtype=self.param_dtype,
               kernel_init=self.kernel_init)
-    if not cross and hkv == h:
-      qkv = dense((3, h, d), ("embed", "qkv", "heads", "kv"), name="qkv", **kw)(x)
+    fused = not cross and hkv == h
+    if self.query_init_scale != 1.0:
+      kw["kernel_init"] = _scaled_query_init(self.kernel_init, self.query_init_scale, fused)
+    if fused:
+      qkv_proj = dense((3, h, d), ("embed", "qkv", "heads", "kv"), name="qkv", **kw)
+      qkv = qkv_proj(x)
       q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     else:
       q = dense((h, d), ("embed", "heads", "kv"), name="query", **kw)(x)
+      kw["kernel_init"] = self.kernel_init
       kv = dense((2, hkv, d), ("embed", "qkv", "kv_heads", "kv"), name="kv",
                  **kw)(context if cross else x)
       k, v = kv[:, :, 0], kv[:, :, 1]
@@ -196,11 +212,22 @@ class MultiHeadAttention(nn.Module):
           jnp.asarray(positions), k_positions, causal=True,
           window=masks.normalize_window(window))[..., None, :, :])
       causal, window = False, None
-    bias = (pos_ops.alibi_bias(h, positions, k_positions) if self.positions == "alibi"
-            else None)
+    if self.positions == "alibi":
+      alibi = pos_ops.alibi_bias(h, positions, k_positions)
+      bias = alibi if bias is None else bias + alibi
+    scale = self.scale
+    if self.positions == "disentangled":
+      # DeBERTa: share_att_key (the table goes through this layer's own q/k projections);
+      # the c2p + p2c scores enter as a bias, all terms scaled by 1/sqrt(3 d).
+      if rel_embeddings is None:
+        raise ValueError("positions='disentangled' needs rel_embeddings [2T - 1, E]")
+      rel = qkv_proj(rel_embeddings[None].astype(x.dtype))[0]        # [2T - 1, 3, H, D]
+      scale = (1.0 / math.sqrt(d) if scale is None else scale) / math.sqrt(3.0)
+      scores = disentangled.disentangled_scores(q, k, rel[:, 0], rel[:, 1]) * scale
+      bias = scores if bias is None else bias + scores
 
     attn = dict(bias=bias, mask=mask, causal=causal, window=window, segment_ids=segment_ids,
-                scale=self.scale)
+                scale=scale)
     use_dropout = self.dropout_rate > 0 and not deterministic
     record = self.is_mutable_collection(WEIGHTS_COLLECTION) and not self.is_initializing()
     if record or use_dropout:
@@ -245,6 +272,18 @@ class MultiHeadAttention(nn.Module):
     self.put_variable("cache", "cached_value", cv)
     self.put_variable("cache", "cache_index", index + k.shape[1])
     return ck, cv
+
+
+def _scaled_query_init(kernel_init: Callable, multiplier: float, fused: bool) -> Callable:
+  """`kernel_init` with the query kernel (slice 0 of a fused qkv kernel) times multiplier."""
+  def make(in_axis, out_axis):
+    init = kernel_init(in_axis, out_axis)
+
+    def scaled(key, shape, dtype=jnp.float32):
+      w = init(key, shape, dtype)
+      return w.at[:, 0].multiply(multiplier) if fused else w * multiplier
+    return scaled
+  return make
 
 
 class AdditiveAttention(nn.Module):

@@ -26,7 +26,7 @@ class TransformerBlock(nn.Module):
   settings: BlockSettings
   causal: bool = False
   cross_attention: bool = False
-  positions: str = "none"             # "none" | "rope" | "alibi" (self-attention)
+  positions: str = "none"             # attention.POSITIONS (self-attention)
   rope_theta: float = 10_000.0
   decode: bool = False
   dtype: Any = jnp.float32
@@ -40,13 +40,17 @@ class TransformerBlock(nn.Module):
 
   def _attention(self, name, *, cross, width):
     s = self.settings
+    scale, query_init = parametrization.attention_scale(s, width), 1.0
+    if s.attention_scale is not None:   # a fixed logit scale (T5: 1); q's init makes up for it
+      scale = s.attention_scale
+      query_init = (s.head_dim or width // s.num_heads) ** -0.5 / scale
     return MultiHeadAttention(
         num_heads=s.num_heads, head_dim=s.head_dim, num_kv_heads=s.num_kv_heads,
         qkv_bias=s.qkv_bias_or_default, out_bias=s.use_bias, causal=self.causal and not cross,
         window=None if cross else s.window, positions="none" if cross else self.positions,
         rope_theta=self.rope_theta, dropout_rate=s.attention_dropout_rate,
         impl=s.attention_impl, block_sizes=s.attention_block_sizes,
-        scale=parametrization.attention_scale(s, width), decode=self.decode and not cross,
+        scale=scale, query_init_scale=query_init, decode=self.decode and not cross,
         dtype=self.dtype, param_dtype=self.param_dtype, name=name)
 
   def _ffn(self, width):
@@ -62,9 +66,11 @@ class TransformerBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, context=None, *, mask=None, context_mask=None, segment_ids=None,
-               positions=None, deterministic: bool = True):
+               positions=None, bias=None, rel_embeddings=None, deterministic: bool = True):
     """x [B, T, E]; context [B, S, E'] (needs cross_attention=True); mask / context_mask
-    bool broadcastable to [B, H, T, T] / [B, H, T, S]; segment_ids [B, T] for packing."""
+    bool broadcastable to [B, H, T, T] / [B, H, T, S]; segment_ids [B, T] for packing;
+    bias float broadcastable to [B, H, T, T], added to the self-attention logits;
+    rel_embeddings: DeBERTa's shared relative table for positions="disentangled"."""
     if self.cross_attention != (context is not None):
       raise ValueError("pass context exactly when cross_attention=True "
                        f"(cross_attention={self.cross_attention}, context given: "
@@ -74,8 +80,8 @@ class TransformerBlock(nn.Module):
     width = x.shape[-1]
     sublayers = [("self_attention", lambda h: self._attention(
         "self_attention", cross=False, width=width)(
-            h, mask=mask, segment_ids=segment_ids, positions=positions,
-            deterministic=deterministic))]
+            h, mask=mask, segment_ids=segment_ids, positions=positions, bias=bias,
+            rel_embeddings=rel_embeddings, deterministic=deterministic))]
     if self.cross_attention:
       sublayers.append(("cross_attention", lambda h: self._attention(
           "cross_attention", cross=True, width=width)(

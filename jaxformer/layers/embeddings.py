@@ -19,10 +19,12 @@ class Embed(nn.Module):
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   embedding_init: Callable = nn.initializers.normal(stddev=0.02)
+  # logical axes of the table: a small one (token types) is not split over "vocab"
+  axes: tuple[str | None, str | None] = ("vocab", "embed")
 
   def setup(self):
     self.embedding = self.param(
-        "embedding", nn.with_logical_partitioning(self.embedding_init, ("vocab", "embed")),
+        "embedding", nn.with_logical_partitioning(self.embedding_init, self.axes),
         (self.num_embeddings, self.features), self.param_dtype)
 
   def __call__(self, ids):

@@ -119,6 +119,10 @@ class BlockSettings:
   # "standard" | "mup" (layers/parametrization.py): how init, LRs and multipliers follow width
   parametrization: str = "standard"
   mup_base_width: int | None = None   # μP: the d_model whose tuned hyperparameters transfer
+  # a fixed attention logit multiplier (T5: 1.0, no 1/sqrt(d_head)); None: 1/sqrt(d_head)
+  # (μP: its width rule). When set, the query projection's init is multiplied by
+  # 1/(sqrt(d_head) * attention_scale), so the logits start as with the default scale.
+  attention_scale: float | None = None
 
   def __post_init__(self):
     check_positive_int(self.num_heads, "num_heads")
@@ -139,6 +143,15 @@ class BlockSettings:
             "narrow proxy whose learning rate you tuned (e.g. 64)")
     if self.activation is not None:
       _choice(self.activation, "activation", ACTIVATIONS)
+    if self.attention_scale is not None:
+      if isinstance(self.attention_scale, bool) or not isinstance(
+          self.attention_scale, (int, float)) or not self.attention_scale > 0:
+        _fail(f"model.attention_scale={self.attention_scale!r} must be a float > 0 (or None "
+              "for 1/sqrt(head_dim))")
+      if self.parametrization == "mup":
+        _fail(f"model.attention_scale={self.attention_scale} is set, but model.parametrization="
+              "'mup' sets the attention scale by its width rule; unset one of them (T5 "
+              "needs attention_scale=1.0: the t5 family has no μP)")
     _rate(self.dropout_rate, "dropout_rate")
     _rate(self.attention_dropout_rate, "attention_dropout_rate")
     if not self.norm_eps > 0:

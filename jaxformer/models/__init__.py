@@ -10,20 +10,27 @@ before anything compiles.
 from __future__ import annotations
 
 from jaxformer.layers.settings import BlockSettings, MoESettings
-from jaxformer.models import bert, gpt, rnn_seq2seq, seq2seq, vit
+from jaxformer.models import (bart, bert, deberta, electra, gpt, rnn_seq2seq, roberta, seq2seq,
+                              t5, vit)
+from jaxformer.models.bart import Bart
 from jaxformer.models.bert import Bert
+from jaxformer.models.deberta import Deberta
+from jaxformer.models.electra import Electra
 from jaxformer.models.family import Family, image_inputs, token_inputs
 from jaxformer.models.gpt import DecoderLM
 from jaxformer.models.registry import (ConfigField, build, config_as_dict, config_fields, get,
                                        names, register, unregister, with_defaults)
 from jaxformer.models.rnn_seq2seq import RnnSeq2Seq
+from jaxformer.models.roberta import Roberta
 from jaxformer.models.seq2seq import EncoderDecoder
+from jaxformer.models.t5 import T5
 from jaxformer.models.vit import ViT
 
-for _module in (gpt, bert, seq2seq, vit, rnn_seq2seq):
+for _module in (gpt, bert, roberta, seq2seq, vit, rnn_seq2seq, bart, t5, deberta, electra):
   register(_module.FAMILY)
 
 __all__ = ["build", "config_as_dict", "config_fields", "with_defaults", "get", "names",
            "register", "unregister",
            "Family", "ConfigField", "token_inputs", "image_inputs", "BlockSettings",
-           "MoESettings", "DecoderLM", "Bert", "EncoderDecoder", "ViT", "RnnSeq2Seq"]
+           "MoESettings", "DecoderLM", "Bert", "Roberta", "EncoderDecoder", "ViT", "RnnSeq2Seq",
+           "Bart", "T5", "Deberta", "Electra"]

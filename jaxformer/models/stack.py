@@ -27,10 +27,12 @@ class _Layer(nn.Module):
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, x, context, mask, context_mask, segment_ids, positions):
+  def __call__(self, x, context, mask, context_mask, segment_ids, positions, bias=None,
+               rel_embeddings=None):
     x = TransformerBlock(self.settings, **self.wiring, name="block")(
         x, context, mask=mask, context_mask=context_mask, segment_ids=segment_ids,
-        positions=positions, deterministic=self.deterministic)
+        positions=positions, bias=bias, rel_embeddings=rel_embeddings,
+        deterministic=self.deterministic)
     return x, None
 
 
@@ -44,14 +46,17 @@ class BlockStack(nn.Module):
 
   @nn.compact
   def __call__(self, x, context=None, *, mask=None, context_mask=None, segment_ids=None,
-               positions=None, deterministic: bool = True):
+               positions=None, bias=None, rel_embeddings=None, deterministic: bool = True):
+    """`bias` (float, broadcastable to [B, H, T, T]) is added to every layer's self-attention
+    logits: one bias shared by the stack (T5's relative position bias); `rel_embeddings`:
+    DeBERTa's relative table rows, shared by the stack's layers."""
     scan, remat_policy = self.settings.scan_layers, self.settings.remat_policy
     layer = _Layer
     if remat_policy != "none":
       layer = nn.remat(layer, policy=REMAT_POLICIES[remat_policy], prevent_cse=not scan)
     kw = dict(settings=self.settings, wiring=FrozenDict(self.wiring or {}),
               deterministic=deterministic)
-    inputs = (context, mask, context_mask, segment_ids, positions)
+    inputs = (context, mask, context_mask, segment_ids, positions, bias, rel_embeddings)
     if scan:
       layer = nn.scan(layer, variable_axes={"params": 0, "cache": 0, "intermediates": 0,
                                                   "attention_weights": 0},

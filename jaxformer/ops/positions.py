@@ -86,3 +86,40 @@ def alibi_bias(num_heads: int, q_positions, k_positions) -> jax.Array:
     k_positions = k_positions[None]
   dist = jnp.abs(q_positions[:, :, None] - k_positions[:, None, :]).astype(jnp.float32)
   return -alibi_slopes(num_heads)[None, :, None, None] * dist[:, None]
+
+
+def relative_position_buckets(q_positions, k_positions, *, bidirectional: bool,
+                              num_buckets: int = 32, max_distance: int = 128) -> jax.Array:
+  """T5's relative-position buckets (Raffel et al., 2020, Sec. 2.1) as int32 [..., Tq, Tk].
+
+  The relative position is r = k_pos - q_pos. Bidirectional (encoder): half of the buckets
+  are for keys after the query (r > 0), half for the rest, each half indexed by |r|;
+  unidirectional (causal decoder): every bucket is for r <= 0, indexed by -r (keys after
+  the query share bucket 0 with r = 0, and a causal mask hides them). Within a half of n
+  buckets, distances below n/2 get one bucket each and the rest log-spaced buckets up to
+  `max_distance`, beyond which all distances share the last bucket:
+  bucket(d) = n/2 + floor(log(d / (n/2)) / log(max_distance / (n/2)) * (n - n/2)).
+  The log is taken in float32, as the reference implementations do.
+  """
+  if num_buckets < 2 or (bidirectional and num_buckets < 4):
+    raise ValueError(f"num_buckets={num_buckets} is too small: needs >= 2 (>= 4 "
+                     "bidirectional, two halves of >= 2)")
+  q_positions, k_positions = jnp.asarray(q_positions), jnp.asarray(k_positions)
+  rel = k_positions[..., None, :].astype(jnp.int32) - q_positions[..., :, None].astype(jnp.int32)
+  n = num_buckets
+  offset = jnp.zeros_like(rel)
+  if bidirectional:
+    n //= 2
+    offset = jnp.where(rel > 0, n, 0)
+    distance = jnp.abs(rel)
+  else:
+    distance = jnp.maximum(-rel, 0)
+  exact = n // 2
+  if max_distance <= exact:
+    raise ValueError(f"max_distance={max_distance} must exceed the {exact} exactly-bucketed "
+                     f"distances of num_buckets={num_buckets}")
+  ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / np.float32(exact))
+  far = exact + (ratio / np.float32(math.log(max_distance / exact))
+                 * np.float32(n - exact)).astype(jnp.int32)
+  far = jnp.minimum(far, n - 1)
+  return (offset + jnp.where(distance < exact, distance, far)).astype(jnp.int32)

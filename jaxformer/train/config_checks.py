@@ -82,10 +82,14 @@ def check_model_matches_data(config, info: dict):
   learned = m.get("max_len") is not None and full.get("positions", "learned") == "learned"
   lengths = {"data.seq_len": config.data.get("seq_len"), "source length": info.get("src_len"),
              "target length": info.get("tgt_len")}
+  offset = full.get("pad_id")      # RoBERTa's positions run from pad_id + 1 to length + pad_id
+  offset = 0 if offset is None else offset + 1
   for name, length in lengths.items():
-    if learned and length is not None and length > m.max_len:
+    if learned and length is not None and length + offset > m.max_len:
       raise ValueError(f"{name}={length} exceeds model.max_len={m.max_len} (the learned "
-                       "position table); lower the length or raise model.max_len")
+                       "position table" + (f", whose first {offset} rows model.pad_id="
+                       f"{offset - 1} skips" if offset else "") + "); lower the length or "
+                       "raise model.max_len")
 
 
 # Model fields that change how the model is computed, not its parameters or function: a run

@@ -139,7 +139,7 @@ def _log(run: setup.Run, steps: setup.Steps, writers: setup.Writers, done: int, 
             "grad_norm": float(m["grad_norm"]), "skipped": int(m["skipped"])}
   if run.task.step_accuracy:
     record["accuracy"] = float(m["accuracy"])
-  for key in (k for k in m if k.startswith("moe_")):
+  for key in (k for k in m if k.startswith(("moe_", "nsp_"))):
     value = jax.device_get(m[key])
     record[key] = value.tolist() if value.ndim else float(value)
   writers.bar.update(done, record)

@@ -212,7 +212,7 @@ def _rough_seconds(cfg, settings, plan, chip, param_bytes: int) -> float:
   model = models.with_defaults(cfg.model)
   task = tasks.task_for(cfg.model)
   batch = {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in train_batch_spec(
-      cfg, settings, task.name, model).items()}
+      cfg, settings, task.batch_layout, model).items()}
   flops = progress.flops_per_step(cfg.model, task, batch, 1) / plan.mesh.devices.size
   recompute = {"none": 1.0, "dots": 1.1, "dots_no_batch": 1.15, "full": 4 / 3}
   flops *= recompute.get(model.get("remat_policy", "none"), 1.0)

@@ -73,7 +73,8 @@ def build_program(config, devices: Sequence[Any], settings=None) -> Program:
   abstract = jax.eval_shape(init_boxed)
   state_shardings = plan.state_shardings(abstract)
   state = plan.restore_target(abstract)
-  spec = train_batch_spec(config, settings, task.name, models.with_defaults(config.model))
+  spec = train_batch_spec(config, settings, task.batch_layout,
+                          models.with_defaults(config.model))
   batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=plan.batch_sharding(len(shape)))
            for k, (shape, dtype) in spec.items()}
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=plan.replicated)

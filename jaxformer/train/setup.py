@@ -71,7 +71,7 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
   if t.eval_batch_size:
     plan.check_batch_size(t.eval_batch_size, "train.eval_batch_size")
   pipeline = parallel.process_zero_first(     # dataset and tokenizer made once, by process 0
-      lambda: make_pipeline(config, settings, task.name, workdir=workdir,
+      lambda: make_pipeline(config, settings, task.batch_layout, workdir=workdir,
                             process_index=jax.process_index(),
                             process_count=jax.process_count()),
       "preparing the data")

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxformer.layers.moe import MOE_COLLECTION, collect_moe
-from jaxformer.train.tasks import Task, cross_entropy, eval_sums
+from jaxformer.train.tasks import Task, cross_entropy, eval_sums, nsp_sums
 
 
 def _split_micro(batch: dict, n: int) -> dict:
@@ -32,12 +32,17 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
   optimizer untouched and counts as skipped (reset to 0 by the next good step).
 
   Mixture-of-experts models add their weighted auxiliary losses (load balancing, router
-  z-loss; weights on the model config) to the objective and report `moe_*` metrics.
+  z-loss; weights on the model config) to the objective and report `moe_*` metrics; BERT
+  with next-sentence prediction (task 'mlm_nsp') adds the NSP cross-entropy's mean over rows
+  (so the objective is HF BertForPreTraining's MLM mean + NSP mean) and reports `nsp_loss`,
+  `nsp_accuracy`.
   """
   moe = getattr(getattr(module, "block", None), "moe", None)     # MoESettings or None
 
   def weighted_sums(params, batch, rng, aux_scale):
     """(sum of objective * w [+ aux * aux_scale], (sum nll * w, sum correct * w, moe))."""
+    if task.objective is not None:          # its own loss (tasks.Task.objective)
+      return task.objective.train_sums(module, params, batch, rng)
     args, kwargs = task.model_args(batch)
     apply = lambda **extra: module.apply({"params": params}, *args, **kwargs,
                                          deterministic=False, rngs={"dropout": rng}, **extra)
@@ -48,6 +53,13 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
                                      z_loss_weight=moe.z_loss_weight)
     else:
       logits = apply()
+    if task.nsp_labels is not None:    # + next-sentence loss (mean over rows, as HF's)
+      sums = nsp_sums(task, logits["nsp"], batch)
+      count = jnp.maximum(sums["nsp_count"], 1.0)
+      aux = aux + sums["nsp_nll"] / count
+      moe_metrics = {**moe_metrics, "nsp_loss": sums["nsp_nll"] / count,
+                     "nsp_accuracy": sums["nsp_correct"] / count}
+      logits = logits["mlm"]
     labels, w = batch[task.labels], task.weights(batch)
     objective, nll = cross_entropy(logits, labels, label_smoothing=label_smoothing,
                                    z_loss=z_loss)
@@ -103,6 +115,8 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
 def make_eval_step(module, task: Task):
   """(params, batch) -> sums of nll / correct / count (see tasks.eval_sums)."""
   def eval_step(params, batch):
+    if task.objective is not None:
+      return task.objective.eval_sums(module, params, batch)
     args, kwargs = task.model_args(batch)
     logits = module.apply({"params": params}, *args, **kwargs, deterministic=True)
     return eval_sums(task, logits, batch)

@@ -1,8 +1,12 @@
 """What each task feeds the model and how its loss and eval metrics are computed.
 
-The model family's registry entry names the task: decoder -> "lm" (next token), bert -> "mlm"
-(masked tokens), vit -> "classification", seq2seq / rnn_seq2seq -> "seq2seq" (teacher-forced
-target tokens).
+The model family's registry entry names the task: decoder -> "lm" (next token), bert and
+roberta -> "mlm" (masked tokens; bert with model.nsp=True -> "mlm_nsp": plus next-sentence
+prediction, whose eval adds eval_nsp_loss / eval_nsp_accuracy while eval_loss stays the
+masked-token loss), vit -> "classification", seq2seq / rnn_seq2seq -> "seq2seq" (teacher-forced
+target tokens), bart -> "bart_denoising" (the original text from a corrupted copy), t5 ->
+"span_corruption" (the seq2seq layout, made from text), electra -> "rtd" (replaced-token
+detection on the mlm batches, `rtd.py`).
 Every task reduces to weighted token (or image) cross-entropy: `labels` and `weights` say which
 predictions count, so padding, packed-document boundaries and unmasked MLM positions drop out
 the same way. Eval metrics are sums over batches (not means of batch means), so a padded last
@@ -12,6 +16,7 @@ batch or uneven batches give the exact split-level value.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +24,7 @@ import numpy as np
 
 from jaxformer.data.batching import VALID
 from jaxformer import models
+from jaxformer.train.rtd import ReplacedTokenDetection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +43,19 @@ class Task:
   samples: bool = False            # a language model: text is sampled at evals and the end
   step_accuracy: bool = False      # each logged step records its accuracy too
   sequence_accuracy: bool = False  # evals also count the sequences right in every token
+  layout: str | None = None        # the batch layout the data pipeline builds (None: name)
+  # An objective that is not the cross-entropy of the model's logits against `labels`
+  # (rtd.ReplacedTokenDetection): its train_sums(module, params, batch, rng) -> (objective
+  # sum, (nll sum, correct sum, metrics)), eval_sums(module, params, batch) -> sums and
+  # finalize(totals) -> eval metrics replace the cross-entropy ones in the steps.
+  objective: Any = None
+
+  @property
+  def batch_layout(self) -> str:
+    return self.layout or self.name
+  # BERT's next-sentence prediction: the batch key of the per-example labels; the model
+  # returns {'mlm': token logits, 'nsp': [B, 2]} and the loss adds the NSP cross-entropy
+  nsp_labels: str | None = None
 
   def token_lengths(self, batch: dict) -> tuple[int, int] | None:
     """(tokens counted per example, context length) of `batch`, or None (see `counted`)."""
@@ -70,16 +89,47 @@ TASKS = {
                 (("attention_mask", "attention_mask"),
                  ("token_type_ids", "token_type_ids")), "targets",
                 counted="inputs", context=("inputs",), text=True),
+    "mlm_nsp": Task("mlm_nsp", "tokens", ("inputs",),
+                    (("attention_mask", "attention_mask"),
+                     ("token_type_ids", "token_type_ids")), "targets",
+                    counted="inputs", context=("inputs",), text=True, nsp_labels="nsp_labels"),
     "classification": Task("classification", "images", ("images",), (), "labels",
                            step_accuracy=True),
     "seq2seq": Task("seq2seq", "tokens", ("src", "tgt_in"), (("src_mask", "src_mask"),),
                     "tgt_out", counted="tgt_out", context=("src", "tgt_out"),
                     sequence_accuracy=True),
+    # BART's denoising (data/denoising.py): corrupted text in, the original text out; the
+    # seq2seq batch layout on a text corpus.
+    "bart_denoising": Task("bart_denoising", "tokens", ("src", "tgt_in"),
+                           (("src_mask", "src_mask"),), "tgt_out", counted="tgt_out",
+                           context=("src", "tgt_out"), text=True),
+    # T5's objective: seq2seq batches made from text (data/span_corruption.py)
+    "span_corruption": Task("span_corruption", "tokens", ("src", "tgt_in"),
+                            (("src_mask", "src_mask"),), "tgt_out", counted="tgt_out",
+                            context=("src", "tgt_out"), text=True),
+    # ELECTRA: generator MLM + λ x replaced-token detection, on the mlm batches (rtd.py)
+    "rtd": Task("rtd", "tokens", ("inputs",),
+                (("attention_mask", "attention_mask"), ("token_type_ids", "token_type_ids")),
+                "targets", counted="inputs", context=("inputs",), text=True, layout="mlm",
+                objective=ReplacedTokenDetection()),
 }
 
 
 def task_for(model_config) -> Task:
-  return TASKS[models.get(model_config.get("family")).task]
+  task = models.get(model_config.get("family")).task
+  if task == "mlm" and model_config.get("nsp"):      # BERT with its next-sentence head
+    task = "mlm_nsp"
+  return TASKS[task]
+
+
+def nsp_sums(task: Task, logits, batch) -> dict:
+  """Sums of next-sentence nll / correct / count over the (valid) rows of a batch."""
+  labels = batch[task.nsp_labels]
+  rows = batch[VALID] if VALID in batch else jnp.ones(labels.shape, jnp.float32)
+  _, nll = cross_entropy(logits, labels)
+  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  return {"nsp_nll": jnp.sum(nll * rows), "nsp_correct": jnp.sum(correct * rows),
+          "nsp_count": jnp.sum(rows)}
 
 
 def cross_entropy(logits, labels, *, label_smoothing: float = 0.0, z_loss: float = 0.0):
@@ -99,10 +149,15 @@ def cross_entropy(logits, labels, *, label_smoothing: float = 0.0, z_loss: float
 
 def eval_sums(task: Task, logits, batch) -> dict:
   """Sums over one batch that `finalize_eval` turns into split-level metrics."""
+  extra = {}
+  if task.nsp_labels is not None:
+    extra = nsp_sums(task, logits["nsp"], batch)
+    logits = logits["mlm"]
   labels, w = batch[task.labels], task.weights(batch)
   _, nll = cross_entropy(logits, labels)
   correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-  sums = {"nll": jnp.sum(nll * w), "correct": jnp.sum(correct * w), "count": jnp.sum(w)}
+  sums = {"nll": jnp.sum(nll * w), "correct": jnp.sum(correct * w), "count": jnp.sum(w),
+          **extra}
   if task.sequence_accuracy:       # a sequence is right when all its weighted tokens are
     row_ok = jnp.all((correct > 0) | (w == 0), axis=-1).astype(jnp.float32)
     rows = batch[VALID] if VALID in batch else jnp.ones(row_ok.shape, jnp.float32)
@@ -111,11 +166,17 @@ def eval_sums(task: Task, logits, batch) -> dict:
 
 
 def finalize_eval(task: Task, totals: dict) -> dict:
+  if task.objective is not None:
+    return task.objective.finalize(totals)
   count = max(float(totals["count"]), 1e-9)
   loss = float(totals["nll"]) / count
   out = {"eval_loss": loss, "eval_accuracy": float(totals["correct"]) / count}
   if task.text:
     out["eval_perplexity"] = float(np.exp(min(loss, 80.0)))
+  if "nsp_count" in totals:
+    n = max(float(totals["nsp_count"]), 1e-9)
+    out["eval_nsp_loss"] = float(totals["nsp_nll"]) / n
+    out["eval_nsp_accuracy"] = float(totals["nsp_correct"]) / n
   if "seq_count" in totals:
     out["eval_sequence_accuracy"] = float(totals["seq_correct"]) / max(
         float(totals["seq_count"]), 1e-9)

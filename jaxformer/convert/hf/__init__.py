@@ -21,11 +21,18 @@ Supported architectures (the `architectures` entry of config.json, or its `model
 | LlamaForCausalLM | `family='decoder'`, positions='rope', norm='rmsnorm', ffn='swiglu' |
 | MistralForCausalLM | as Llama, plus `window = sliding_window - 1` |
 | MixtralForCausalLM | as Mistral, plus `num_experts`, `experts_per_token` |
-| BertForMaskedLM, BertForPreTraining, BertModel | `family='bert'` |
+| BertForMaskedLM, BertModel | `family='bert'` |
+| BertForPreTraining | `family='bert'`, nsp=True (MLM + next-sentence heads) |
+| RobertaForMaskedLM, RobertaModel | `family='roberta'` (pad_id = pad_token_id) |
+| DebertaV2ForMaskedLM, DebertaV2Model | `family='deberta'` (v2/v3: c2p + p2c, shared keys) |
 | ViTForImageClassification, ViTModel | `family='vit'` (pool='cls') |
+| BartForConditionalGeneration, BartModel | `family='bart'` (post-LN; `final_logits_bias` -> `logits_bias`) |
+| T5ForConditionalGeneration | `family='t5'` (v1.0: ffn='mlp', tied head; v1.1: ffn='swiglu', activation='gelu', tie_embeddings=False) |
+| ElectraForPreTraining, ElectraForMaskedLM | `family='electra'`, role='discriminator' / 'generator' |
 
 Each family's config and tensor mapping is `jaxformer/convert/hf/<family>.py` (`decoder.py`,
-`bert.py`, `vit.py`), next to which transformers' `models/<name>/modeling_<name>.py` reads.
+`bert.py`, `roberta.py`, `vit.py`, `bart.py`, `t5.py`, `deberta.py`, `electra.py`), next to
+which transformers' `models/<name>/modeling_<name>.py` reads.
 
 Weights are read from `model.safetensors`, sharded `*.safetensors` with
 `model.safetensors.index.json` (safetensors + NumPy only; bfloat16/float8 tensors are decoded
@@ -45,7 +52,7 @@ that `jaxformer.ops.positions.apply_rope` uses, so no permutation of q/k rows is
 Every tensor a model needs must be in the checkpoint (else ValueError naming it) and every
 tensor in the checkpoint must be used, except known buffers (attn.bias / masked_bias,
 rotary inv_freq, position_ids) and a few heads jaxformer has no place for, which are dropped
-with a warning (BERT's next-sentence head, ViTModel's pooler). Parameters ours has and the
+with a warning (ViTModel's pooler). Parameters ours has and the
 checkpoint legitimately lacks are filled: absent biases with zeros (e.g. Llama with
 mlp_bias=True but attention_bias=False), BERT's pooler / MLM head (BertModel /
 BertForMaskedLM checkpoints) with a fresh init (with a warning), ViTModel's classifier with

@@ -11,7 +11,8 @@ self-contained (importable by dotted name) and defines, under these names:
                                    model (`GPT2Model` inside `GPT2LMHeadModel` ...); checkpoints
                                    of the base model alone lack it and are normalised to it
   RENAMES: tuple[tuple[str, str], ...]   (regex, replacement) for legacy tensor names
-  STACK: str                       our params subtree holding the layers
+  STACK: str | dict[str, str]      our params subtree holding the layers, or subtree -> the
+                                   config key of its layer count (encoder-decoders)
   KEEP: tuple[str, ...]            tensors `unused` reads after a rule has converted them
   FIXED: dict[str, Any]            block settings (`model.*` keys) the HF architecture cannot
                                    vary, with the one value it has; `save` refuses others
@@ -384,7 +385,9 @@ def save(model_config, params, out_dir: str | os.PathLike, *, overwrite: bool = 
 
   A decoder becomes GPT2LMHeadModel (positions='learned', norm='layernorm'), else
   LlamaForCausalLM, MistralForCausalLM (window set) or MixtralForCausalLM (num_experts > 0);
-  bert -> BertForMaskedLM (the pooler is written too); vit -> ViTForImageClassification.
+  bert -> BertForMaskedLM (the pooler is written too), BertForPreTraining with nsp=True;
+  roberta -> RobertaForMaskedLM; vit -> ViTForImageClassification;
+  bart -> BartForConditionalGeneration.
   `params` may be scanned (a `layers` subtree), boxed, or wrapped as {'params': ...}.
 
   out_dir must not hold a training run (its config.json would be lost). A checkpoint already
@@ -407,9 +410,11 @@ def save(model_config, params, out_dir: str | os.PathLike, *, overwrite: bool = 
   if isinstance(params, Mapping) and set(params) == {"params"}:
     params = params["params"]
   params = {k: v for k, v in params.items()}
-  stack = conv.STACK
-  if isinstance(params.get(stack), Mapping) and "layers" in params[stack]:
-    params[stack] = unstack_layers(dict(params[stack]), cfg["num_layers"])
+  # STACK: one subtree (num_layers layers), or {subtree: its layer-count key} (two stacks)
+  stacks = conv.STACK if isinstance(conv.STACK, Mapping) else {conv.STACK: "num_layers"}
+  for stack, count in stacks.items():
+    if isinstance(params.get(stack), Mapping) and "layers" in params[stack]:
+      params[stack] = unstack_layers(dict(params[stack]), cfg[count])
   flat = {k: np.asarray(jax.device_get(v), np.float32)
           for k, v in traverse_util.flatten_dict(params, sep="/").items()}
   for path, shape in expected.items():

@@ -34,6 +34,7 @@ _FLOAT_KEYS = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps", "rope_the
                "resid_pdrop", "attn_pdrop", "attention_dropout", "hidden_dropout_prob",
                "attention_probs_dropout_prob", "initializer_range")
 _NULLABLE = ("n_inner", "head_dim", "num_key_value_heads", "sliding_window", "rope_theta")
+_ZERO_OK = ("type_vocab_size",)       # DeBERTa-v2/v3: 0 = no token-type embeddings
 
 
 class HFConfig(dict):
@@ -70,6 +71,7 @@ def _check_numbers(config: dict, file: str):
     if key in _INT_KEYS:
       ok = is_int(value) or (key in ("image_size", "patch_size") and isinstance(value, list)
                              and len(value) > 0 and all(map(is_int, value)))
+      ok = ok or (key in _ZERO_OK and value == 0 and not isinstance(value, bool))
       want = "an integer > 0"
     else:
       ok = (isinstance(value, (int, float)) and not isinstance(value, bool)

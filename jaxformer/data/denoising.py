@@ -1,0 +1,207 @@
+"""BART's denoising objective (Lewis et al., 2020, section 2.2): corrupted text in, the
+original text out.
+
+Two noising functions, in this order (as in BART's best configuration):
+- sentence permutation: the example is cut into sentences after every delimiter token
+  (`data.sentence_delimiters`, e.g. ".!?") and the sentences are shuffled;
+- text infilling: `mask_ratio` (30 %) of the tokens are masked in spans whose lengths are
+  drawn from Poisson(lambda = 3); each span is replaced by a single mask token, and a span of
+  length 0 inserts a mask token (the model must also learn how many tokens a mask hides).
+
+How spans are drawn (`text_infilling`): M = round(mask_ratio * n) tokens are masked exactly.
+Span lengths are drawn i.i.d. from Poisson(lambda) until they sum to >= M and the last one is
+cut so they sum to M (so it is >= 1). The spans go into distinct gaps between the n - M
+unmasked tokens, chosen uniformly, so two spans never touch (each shows as its own mask
+token). Zero-length spans (insertions) are dropped only where they would not fit: where
+there are more spans than gaps, or where they would make the corrupted text longer than the
+original (so the source fits the example's length; both are rare at the default rates).
+`mask_ratio` must be <= 0.5, which leaves every non-empty span a gap.
+
+Batches: `DenoisingPipeline` reads random windows of `data.seq_len` tokens of a text corpus
+(the stream mode of data/text.py: a pure function of seed and step, so a resumed run reads
+what an uninterrupted one would), and gives the seq2seq layout
+{'src' (corrupted, padded), 'src_mask', 'tgt_in' (start token + original[:-1]),
+'tgt_out' (original), 'weights' (ones)}. Noise is a pure function of (seed, split, step, global
+row); eval windows and noise use EVAL_SEED, as MLM's do. The mask, decoder start and padding
+ids are the tokenizer's (`<mask>`, its bos, `<pad>`) where it has them, else appended after
+its vocabulary in that order (char-level Shakespeare: 65 + 3 = 68).
+
+Not modelled: fairseq's `mask_random` (a fraction of the mask tokens replaced by random
+tokens) and document rotation (BART found rotation hurt).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxformer.data import batching
+from jaxformer.data.text import EVAL_SEED, SPLIT_IDS, _StreamMixin, _TextPipeline
+
+DEFAULTS = dict(mask_ratio=0.3, poisson_lambda=3.0, permute_sentences=True,
+                sentence_delimiters=".!?")
+
+
+def span_lengths(rng: np.random.Generator, num_to_mask: int, lam: float) -> np.ndarray:
+  """Poisson(lam) span lengths, drawn until they sum to >= num_to_mask, the last cut so the
+  sum is exactly num_to_mask; zeros (insertions) stay where they were drawn."""
+  if num_to_mask <= 0:
+    return np.zeros(0, np.int64)
+  drawn = []
+  total = 0
+  while total < num_to_mask:            # usually one draw: num_to_mask spans of mean lam
+    chunk = rng.poisson(lam, size=max(8, int(num_to_mask / max(lam, 1e-3)) + 8))
+    drawn.append(chunk)
+    total += int(chunk.sum())
+  lengths = np.concatenate(drawn)
+  csum = np.cumsum(lengths)
+  last = int(np.searchsorted(csum, num_to_mask))      # first index with csum >= num_to_mask
+  lengths = lengths[:last + 1].copy()
+  lengths[-1] -= int(csum[last]) - num_to_mask
+  return lengths
+
+
+def text_infilling(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int,
+                   mask_ratio: float = 0.3, lam: float = 3.0) -> tuple[np.ndarray, np.ndarray]:
+  """(corrupted tokens, masked [n] bool: which original tokens a mask hides); see the module
+  docstring for how spans are drawn and placed."""
+  tokens = np.asarray(tokens)
+  n = len(tokens)
+  num_to_mask = int(round(mask_ratio * n))
+  lengths = span_lengths(rng, num_to_mask, lam)
+  unmasked = n - num_to_mask
+  zeros = np.flatnonzero(lengths == 0)
+  # insertions that do not fit: more spans than gaps, or a source longer than the original
+  excess = max(len(lengths) - (unmasked + 1), len(lengths) - num_to_mask, 0)
+  if excess:
+    lengths = np.delete(lengths, rng.choice(zeros, size=excess, replace=False))
+  slots = np.sort(rng.choice(unmasked + 1, size=len(lengths), replace=False))
+  slot_len = np.zeros(unmasked + 1, np.int64)
+  has_span = np.zeros(unmasked + 1, bool)
+  slot_len[slots], has_span[slots] = lengths, True
+  # Original layout: gap j's span (slot_len[j] tokens), then unmasked token j (j < unmasked).
+  before = np.cumsum(slot_len)                      # masked tokens up to and including gap j
+  keep_pos = np.arange(unmasked) + before[:unmasked]
+  masked = np.ones(n, bool)
+  masked[keep_pos] = False
+  # Corrupted layout: gap j's mask token (if any), then unmasked token j.
+  masks_upto = np.cumsum(has_span)
+  out = np.empty(unmasked + int(has_span.sum()), tokens.dtype)
+  out[np.arange(unmasked) + masks_upto[:unmasked]] = tokens[keep_pos]
+  span_slots = np.flatnonzero(has_span)
+  out[span_slots + masks_upto[span_slots] - 1] = mask_id
+  return out, masked
+
+
+def permute_sentences(tokens: np.ndarray, rng: np.random.Generator,
+                      delimiter_ids) -> np.ndarray:
+  """The sentences of `tokens` (each ending after a delimiter token, the last one wherever the
+  tokens end) in a random order."""
+  tokens = np.asarray(tokens)
+  ends = np.flatnonzero(np.isin(tokens, np.asarray(list(delimiter_ids))))
+  pieces = [p for p in np.split(tokens, ends + 1) if len(p)]
+  if len(pieces) < 2:
+    return tokens.copy()
+  return np.concatenate([pieces[i] for i in rng.permutation(len(pieces))])
+
+
+def bart_noise(tokens: np.ndarray, rng: np.random.Generator, *, mask_id: int,
+               delimiter_ids=(), mask_ratio: float = 0.3, lam: float = 3.0,
+               permute: bool = True) -> np.ndarray:
+  """Sentence permutation (if `permute`), then text infilling."""
+  if permute and len(delimiter_ids):
+    tokens = permute_sentences(tokens, rng, delimiter_ids)
+  return text_infilling(tokens, rng, mask_id=mask_id, mask_ratio=mask_ratio, lam=lam)[0]
+
+
+def denoising_example(original: np.ndarray, corrupted: np.ndarray, *, start_id: int,
+                      pad_id: int) -> dict[str, np.ndarray]:
+  """The seq2seq record: src = corrupted padded to len(original) with pad_id, src_mask,
+  tgt_in = start + original[:-1], tgt_out = original, weights = 1."""
+  n = len(original)
+  if len(corrupted) > n:
+    raise ValueError(f"corrupted text of {len(corrupted)} tokens is longer than the original "
+                     f"({n})")
+  src = np.full(n, pad_id, np.int32)
+  src[:len(corrupted)] = corrupted
+  tgt_in = np.concatenate([[start_id], original[:-1]]).astype(np.int32)
+  return {"src": src, "src_mask": np.arange(n) < len(corrupted), "tgt_in": tgt_in,
+          "tgt_out": np.asarray(original, np.int32), "weights": np.ones(n, np.float32)}
+
+
+def noise_options(data_config) -> dict:
+  """The objective's `data.*` keys, checked (errors name the key and the fix)."""
+  get = lambda key: DEFAULTS[key] if data_config.get(key) is None else data_config.get(key)
+  ratio, lam = get("mask_ratio"), get("poisson_lambda")
+  if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 0.5:
+    raise ValueError(f"data.mask_ratio={ratio!r} must be in [0, 0.5] (BART: 0.3); above 0.5 "
+                     "the spans no longer fit between unmasked tokens")
+  if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam > 0:
+    raise ValueError(f"data.poisson_lambda={lam!r} must be > 0 (BART: 3.0, the mean span "
+                     "length)")
+  permute, delimiters = get("permute_sentences"), get("sentence_delimiters")
+  if not isinstance(permute, bool):
+    raise ValueError(f"data.permute_sentences={permute!r} must be True or False")
+  if not isinstance(delimiters, str):
+    raise ValueError(f"data.sentence_delimiters={delimiters!r} must be a string of the "
+                     "characters that end a sentence, e.g. '.!?'")
+  return dict(mask_ratio=float(ratio), lam=float(lam), permute=permute,
+              delimiters=delimiters)
+
+
+class DenoisingPipeline(_StreamMixin, _TextPipeline):
+  """BART denoising batches on stream windows of `data.seq_len` tokens (module docstring)."""
+  task = "bart_denoising"
+
+  def __init__(self, data_config, **kw):
+    if data_config.get("packing") == "packed":
+      raise ValueError("data.packing='packed' is for task 'lm'; BART's denoising reads stream "
+                       "windows (set data.packing='stream' or leave it unset)")
+    options = noise_options(data_config)
+    super().__init__(data_config, **kw)
+    tok, vocab = self.tokenizer, self.tokenizer.vocab_size
+    extra = []
+
+    def special(existing):
+      if existing is not None:
+        return existing
+      extra.append(vocab + len(extra))
+      return extra[-1]
+
+    self.mask_id = special(tok.mask_id)
+    self.start_id = special(tok.bos_id)
+    self.pad_id = special(tok.pad_id)
+    self.info = {"vocab_size": vocab + len(extra)}
+    self.delimiter_ids = []
+    for char in options["delimiters"] if options["permute"] else "":
+      ids = tok.encode(char)
+      if len(ids) != 1:
+        raise ValueError(f"data.sentence_delimiters: {char!r} is {len(ids)} tokens of "
+                         f"data.tokenizer={data_config.tokenizer!r}, not one; give delimiters "
+                         "the tokenizer keeps as single tokens (or "
+                         "data.permute_sentences=False)")
+      self.delimiter_ids.append(int(ids[0]))
+    self.noise = dict(mask_ratio=options["mask_ratio"], lam=options["lam"],
+                      permute=options["permute"])
+    self._load_streams(self.seq_len)
+
+  def _record(self, window: np.ndarray, key: list[int]) -> dict[str, np.ndarray]:
+    seed = self.seed if key[0] == SPLIT_IDS["train"] else EVAL_SEED
+    corrupted = bart_noise(window, np.random.default_rng([seed, *key]), mask_id=self.mask_id,
+                           delimiter_ids=self.delimiter_ids, **self.noise)
+    return denoising_example(window, corrupted, start_id=self.start_id, pad_id=self.pad_id)
+
+  def _batch(self, role: str, step: int, batch_size: int) -> dict[str, np.ndarray]:
+    windows = self._windows(role, step, batch_size)
+    first = self._rows(batch_size).start
+    rows = [self._record(w, [SPLIT_IDS[role], step, first + r]) for r, w in enumerate(windows)]
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+  def _example(self, window: np.ndarray, index: int) -> dict[str, np.ndarray]:
+    return self._record(window, [SPLIT_IDS["validation"], index])
+
+  def train_batch(self, step: int) -> dict[str, np.ndarray]:
+    return self._batch("train", step, self.global_batch_size)
+
+  def _eval_batch(self, i: int) -> dict[str, np.ndarray]:
+    batch = self._batch("validation", i, self.eval_batch_size)
+    return {**batch, batching.VALID: np.ones(len(batch["src"]), np.float32)}

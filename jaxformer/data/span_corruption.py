@@ -1,0 +1,189 @@
+"""T5's span-corruption objective (Raffel et al., 2020, Sec. 3.1.4 and 3.3.4) on text.
+
+A window of `seq_len` tokens gets `round(seq_len * noise_density)` noise tokens in
+`round(noise / mean_noise_span_length)` spans. Both the noise and the non-noise tokens are
+split into that many spans at random: a uniformly random composition of each count into
+positive parts ("random segmentation"), the spans then alternating non-noise, noise,
+non-noise, ..., as T5 lays them out (so the window ends in a noise span). The encoder input
+keeps the non-noise tokens with each noise span replaced by one sentinel; the target lists
+every sentinel followed by the span it replaced; both end with EOS:
+
+    tokens   Thank you for inviting me to your party last week
+    inputs   Thank you <S0> me to your party <S1> week <EOS>
+    targets  <S0> for inviting <S1> last <EOS>
+
+The lengths are fixed by seq_len (`lengths`), so batches need no padding. Sentinels are the
+top ids of the data's vocabulary: sentinel k is `vocab_size - 1 - k`, with `num_sentinels`
+(T5: 100 "extra ids") ids appended after the tokenizer's vocabulary and, where the tokenizer
+has none, a pad id (T5's decoder start id) and an EOS id before them. The decoder input is
+the target shifted right behind the pad id (T5's `decoder_start_token_id`).
+
+`data` keys: `noise_density` (0.15), `mean_noise_span_length` (3.0), `num_sentinels` (100);
+the text source keys of `jaxformer.data.text`. Batches: {'src', 'src_mask', 'tgt_in',
+'tgt_out', 'weights'} (the seq2seq layout); a pure function of (seed, split, step, row).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxformer.data import batching
+from jaxformer.data.text import EVAL_SEED, SPLIT_IDS, _StreamMixin, _TextPipeline
+
+NOISE_DENSITY, MEAN_NOISE_SPAN_LENGTH, NUM_SENTINELS = 0.15, 3.0, 100
+
+
+def span_counts(length: int, noise_density: float = NOISE_DENSITY,
+                mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH) -> tuple[int, int]:
+  """(noise tokens, noise spans) of a window of `length` tokens (length >= 2): at least one
+  noise and one non-noise token, and no more spans than either count allows."""
+  if length < 2:
+    raise ValueError(f"span corruption needs windows of >= 2 tokens; got {length}")
+  noise = min(max(int(round(length * noise_density)), 1), length - 1)
+  spans = max(int(round(noise / mean_noise_span_length)), 1)
+  return noise, min(spans, noise, length - noise)
+
+
+def lengths(length: int, noise_density: float = NOISE_DENSITY,
+            mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH) -> tuple[int, int]:
+  """(encoder input length, target length) of a window of `length` tokens: non-noise tokens +
+  one sentinel per span + EOS, and noise tokens + one sentinel per span + EOS."""
+  noise, spans = span_counts(length, noise_density, mean_noise_span_length)
+  return length - noise + spans + 1, noise + spans + 1
+
+
+def random_segmentation(total: int, parts: int, rng: np.random.Generator) -> np.ndarray:
+  """`total` split into `parts` positive integers, every such composition equally likely:
+  the parts - 1 cut points are a uniformly random subset of the total - 1 gaps."""
+  if not 1 <= parts <= total:
+    raise ValueError(f"cannot split {total} items into {parts} non-empty parts")
+  cuts = np.sort(rng.choice(np.arange(1, total), size=parts - 1, replace=False))
+  return np.diff(np.concatenate([[0], cuts, [total]])).astype(np.int64)
+
+
+def noise_mask(length: int, rng: np.random.Generator, *,
+               noise_density: float = NOISE_DENSITY,
+               mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH) -> np.ndarray:
+  """bool [length], True at noise tokens: spans alternate non-noise, noise, ... (see module)."""
+  noise, spans = span_counts(length, noise_density, mean_noise_span_length)
+  noise_lengths = random_segmentation(noise, spans, rng)
+  keep_lengths = random_segmentation(length - noise, spans, rng)
+  span_lengths = np.stack([keep_lengths, noise_lengths], axis=1).reshape(-1)
+  is_noise = np.tile([False, True], spans)
+  return np.repeat(is_noise, span_lengths)
+
+
+def corrupt(tokens: np.ndarray, mask: np.ndarray, *, vocab_size: int,
+            eos_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """(inputs, targets) of `tokens` with noise `mask`: each noise span -> one sentinel in the
+  inputs; the targets list each sentinel then its span; both end with `eos_id`. Sentinel k
+  (k-th span) is `vocab_size - 1 - k`."""
+  tokens, mask = np.asarray(tokens), np.asarray(mask, bool)
+  starts = mask & ~np.concatenate([[False], mask[:-1]])       # first token of each noise span
+  sentinels = vocab_size - 1 - np.arange(int(starts.sum()))
+  inputs = tokens.copy()
+  inputs[starts] = sentinels
+  inputs = inputs[~mask | starts]
+  # the noise tokens, with each span's sentinel inserted before its first token
+  targets = np.insert(tokens[mask], np.flatnonzero(starts[mask]), sentinels)
+  eos = np.asarray([eos_id], tokens.dtype)
+  return (np.concatenate([inputs, eos]).astype(np.int32),
+          np.concatenate([targets, eos]).astype(np.int32))
+
+
+def reconstruct(inputs, targets, *, vocab_size: int, num_sentinels: int,
+                eos_id: int) -> np.ndarray:
+  """The original tokens from (inputs, targets): each sentinel of the inputs replaced by the
+  tokens that follow it in the targets (the inverse of `corrupt`)."""
+  is_sentinel = lambda i: vocab_size - num_sentinels <= i < vocab_size
+  spans, current = {}, None
+  for i in map(int, targets):
+    if i == eos_id:
+      break
+    if is_sentinel(i):
+      current = spans.setdefault(i, [])
+    elif current is not None:
+      current.append(i)
+  out = []
+  for i in map(int, inputs):
+    if i == eos_id:
+      break
+    out.extend(spans.get(i, []) if is_sentinel(i) else [i])
+  return np.asarray(out, np.int32)
+
+
+def example(tokens: np.ndarray, rng: np.random.Generator, *, vocab_size: int, eos_id: int,
+            pad_id: int, noise_density: float = NOISE_DENSITY,
+            mean_noise_span_length: float = MEAN_NOISE_SPAN_LENGTH) -> dict[str, np.ndarray]:
+  """One seq2seq example of the window `tokens`: src, src_mask, tgt_in (pad id + target[:-1]),
+  tgt_out, weights."""
+  mask = noise_mask(len(tokens), rng, noise_density=noise_density,
+                    mean_noise_span_length=mean_noise_span_length)
+  src, tgt = corrupt(tokens, mask, vocab_size=vocab_size, eos_id=eos_id)
+  return {"src": src, "src_mask": np.ones(src.shape, bool),
+          "tgt_in": np.concatenate([[pad_id], tgt[:-1]]).astype(np.int32), "tgt_out": tgt,
+          "weights": np.ones(tgt.shape, np.float32)}
+
+
+def options(data_config) -> tuple[float, float, int]:
+  """(noise_density, mean_noise_span_length, num_sentinels) from `data`, checked."""
+  density = data_config.get("noise_density", NOISE_DENSITY)
+  mean = data_config.get("mean_noise_span_length", MEAN_NOISE_SPAN_LENGTH)
+  sentinels = data_config.get("num_sentinels", NUM_SENTINELS)
+  if not isinstance(density, (int, float)) or not 0.0 < density < 1.0:
+    raise ValueError(f"data.noise_density={density!r} must be in (0, 1), e.g. 0.15 (T5)")
+  if not isinstance(mean, (int, float)) or not mean >= 1.0:
+    raise ValueError(f"data.mean_noise_span_length={mean!r} must be >= 1, e.g. 3 (T5)")
+  if isinstance(sentinels, bool) or not isinstance(sentinels, int) or sentinels < 1:
+    raise ValueError(f"data.num_sentinels={sentinels!r} must be an int >= 1 (T5: 100)")
+  return float(density), float(mean), sentinels
+
+
+class SpanCorruptionPipeline(_StreamMixin, _TextPipeline):
+  """T5 span corruption on random stream windows of `data.seq_len` tokens (see module)."""
+  task = "span_corruption"
+
+  def __init__(self, data_config, **kw):
+    super().__init__(data_config, **kw)
+    if data_config.get("packing") == "packed":
+      raise ValueError("data.packing='packed' is for task 'lm'; span corruption reads stream "
+                       "windows (set data.packing='stream')")
+    self.noise_density, self.mean_span, self.num_sentinels = options(data_config)
+    noise, spans = span_counts(self.seq_len, self.noise_density, self.mean_span)
+    if spans > self.num_sentinels:
+      raise ValueError(f"data.num_sentinels={self.num_sentinels} is fewer than the {spans} "
+                       f"noise spans of a data.seq_len={self.seq_len} window; raise it to "
+                       f">= {spans}")
+    tok = self.tokenizer
+    next_id = tok.vocab_size
+    self.pad_id, self.eos_id = tok.pad_id, tok.eos_id
+    if self.pad_id is None:
+      self.pad_id, next_id = next_id, next_id + 1
+    if self.eos_id is None:
+      self.eos_id, next_id = next_id, next_id + 1
+    self.vocab_size = next_id + self.num_sentinels
+    src_len, tgt_len = lengths(self.seq_len, self.noise_density, self.mean_span)
+    self.info = {"vocab_size": self.vocab_size, "src_len": src_len, "tgt_len": tgt_len}
+    self._load_streams(self.seq_len)
+
+  def _corrupt(self, window: np.ndarray, key: list[int]) -> dict[str, np.ndarray]:
+    seed = self.seed if key[0] == SPLIT_IDS["train"] else EVAL_SEED
+    return example(window, np.random.default_rng([seed, *key]), vocab_size=self.vocab_size,
+                   eos_id=self.eos_id, pad_id=self.pad_id, noise_density=self.noise_density,
+                   mean_noise_span_length=self.mean_span)
+
+  def _batch(self, role: str, step: int, batch_size: int) -> dict[str, np.ndarray]:
+    windows = self._windows(role, step, batch_size)
+    first = self._rows(batch_size).start
+    rows = [self._corrupt(w, [SPLIT_IDS[role], step, first + r]) for r, w in enumerate(windows)]
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+  def _example(self, window: np.ndarray, index: int) -> dict[str, np.ndarray]:
+    return self._corrupt(window, [SPLIT_IDS["validation"], index])
+
+  def train_batch(self, step: int) -> dict[str, np.ndarray]:
+    return self._batch("train", step, self.global_batch_size)
+
+  def _eval_batch(self, i: int) -> dict[str, np.ndarray]:
+    batch = self._batch("validation", i, self.eval_batch_size)
+    return {**batch, batching.VALID: np.ones(len(batch["src"]), np.float32)}
