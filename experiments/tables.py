@@ -1,7 +1,7 @@
 """Parameter counts of every published config vs. the published numbers, and FLOPs/token.
 
-For each named size in configs/{gpt2,gpt3,bert,roberta,vit,transformer,llama,mixtral,t5}.py this builds
-the model from `config.model`, counts its parameters with `jaxformer.scaling.count_params`
+For each named size in configs/{gpt2,gpt3,bert,roberta,vit,transformer,llama,mixtral,t5,bart,
+deberta}.py this builds the model from `config.model`, counts its parameters with `jaxformer.scaling.count_params`
 (jax.eval_shape: no memory, a few seconds for everything, GPT-3 175B included) and prints a
 Markdown table:
 
@@ -44,12 +44,14 @@ MODELS = [
     ("llama", ("llama2-7b", "llama3-8b", "mistral-7b"), ""),
     ("mixtral", ("8x7b",), "Mixtral-"),
     ("t5", ("small", "base", "large", "v1_1_small", "v1_1_base", "v1_1_large"), "T5-"),
+    ("bart", ("base", "large"), "BART-"),
+    ("deberta", ("v3_small", "v3_base"), "DeBERTa-"),
 ]
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 LABELS = {"llama2-7b": "Llama-2-7B", "llama3-8b": "Llama-3-8B", "mistral-7b": "Mistral-7B",
           "xl": "XL", "8x7b": "8x7B", "2.7b": "2.7B", "6.7b": "6.7B", "13b": "13B",
           "175b": "175B", "v1_1_small": "v1.1-small", "v1_1_base": "v1.1-base",
-          "v1_1_large": "v1.1-large"}
+          "v1_1_large": "v1.1-large", "v3_small": "v3-small", "v3_base": "v3-base"}
 
 FOOTNOTES = """\
 Notes:
@@ -74,7 +76,7 @@ def context_length(cfg) -> int:
   m = cfg.model
   if m.family == "vit":
     return (m.image_size // m.patch_size) ** 2 + (1 if m.pool == "cls" else 0)
-  if m.family in ("seq2seq", "rnn_seq2seq"):
+  if m.family in ("seq2seq", "rnn_seq2seq", "bart"):
     return cfg.data.seq_len
   if m.family == "t5":                  # span corruption: the encoder input length (512)
     from jaxformer.data import span_corruption
