@@ -33,7 +33,8 @@ import jax.numpy as jnp
 
 from jaxformer.layers import Embed, LayerNorm, LearnedPositionEmbedding
 from jaxformer.layers.settings import BlockSettings
-from jaxformer.models.family import Family, head_dim, token_inputs
+from jaxformer.models import seq2seq
+from jaxformer.models.family import Family, token_inputs
 from jaxformer.models.stack import BlockStack
 
 POSITION_OFFSET = 2            # BART's learned positions start at row 2
@@ -106,17 +107,8 @@ class Bart(nn.Module):
 
   def __call__(self, src_tokens, tgt_tokens, *, src_mask=None, deterministic: bool = True):
     """src [B, S], tgt [B, T] (teacher forcing), src_mask [B, S] (1 = real) -> [B, T, vocab]."""
-    for name, t in (("src_tokens", src_tokens), ("tgt_tokens", tgt_tokens)):
-      if t.ndim != 2:
-        raise ValueError(f"{name} must be [batch, length]; got shape {t.shape}")
-    encoded = self.encode(src_tokens, src_mask=src_mask, deterministic=deterministic)
-    return self.decode(encoded, tgt_tokens, src_mask=src_mask, deterministic=deterministic)
-
-
-def _attention_flops(cfg: dict, seq_len: int) -> tuple[int, int, int]:
-  """Encoder self-, decoder self- and decoder cross-attention, source and target of seq_len."""
-  width = cfg["num_heads"] * head_dim(cfg)
-  return cfg["num_encoder_layers"] + 2 * cfg["num_decoder_layers"], seq_len, width
+    return seq2seq.teacher_forced(self, src_tokens, tgt_tokens, src_mask=src_mask,
+                                  deterministic=deterministic)
 
 
 def _validate(c: dict):
@@ -137,5 +129,5 @@ FAMILY = Family(
     heads=("final_logits_bias",),           # the output projection is tied to `embed`
     block_defaults=dict(pre_norm=False, use_bias=True, qkv_bias=True, norm_eps=1e-5,
                         activation="gelu_exact", dropout_rate=0.1, attention_dropout_rate=0.0),
-    embedding_lookups=2, attention_flops=_attention_flops, validate=_validate,
+    embedding_lookups=2, attention_flops=seq2seq.attention_flops, validate=_validate,
     hf_converter="jaxformer.convert.hf.bart")

@@ -63,15 +63,23 @@ class EncoderDecoder(nn.Module):
 
   def __call__(self, src_tokens, tgt_tokens, *, src_mask=None, deterministic: bool = True):
     """src [B, S], tgt [B, T] (teacher forcing), src_mask [B, S] (1 = real) -> [B, T, vocab]."""
-    for name, t in (("src_tokens", src_tokens), ("tgt_tokens", tgt_tokens)):
-      if t.ndim != 2:
-        raise ValueError(f"{name} must be [batch, length]; got shape {t.shape}")
-    encoded = self.encode(src_tokens, src_mask=src_mask, deterministic=deterministic)
-    return self.decode(encoded, tgt_tokens, src_mask=src_mask, deterministic=deterministic)
+    return teacher_forced(self, src_tokens, tgt_tokens, src_mask=src_mask,
+                          deterministic=deterministic)
 
 
-def _attention_flops(cfg: dict, seq_len: int) -> tuple[int, int, int]:
-  """Encoder self-, decoder self- and decoder cross-attention, source and target of seq_len."""
+def teacher_forced(model, src_tokens, tgt_tokens, *, src_mask=None, deterministic=True):
+  """An encoder-decoder's forward pass (`model.encode`, then `model.decode` of the target
+  inputs), the shapes checked first: what every encoder-decoder family's __call__ does."""
+  for name, t in (("src_tokens", src_tokens), ("tgt_tokens", tgt_tokens)):
+    if t.ndim != 2:
+      raise ValueError(f"{name} must be [batch, length]; got shape {t.shape}")
+  encoded = model.encode(src_tokens, src_mask=src_mask, deterministic=deterministic)
+  return model.decode(encoded, tgt_tokens, src_mask=src_mask, deterministic=deterministic)
+
+
+def attention_flops(cfg: dict, seq_len: int) -> tuple[int, int, int]:
+  """Encoder self-, decoder self- and decoder cross-attention, source and target of seq_len
+  (every encoder-decoder family's `Family.attention_flops`)."""
   width = cfg["num_heads"] * head_dim(cfg)
   return cfg["num_encoder_layers"] + 2 * cfg["num_decoder_layers"], seq_len, width
 
@@ -90,4 +98,4 @@ FAMILY = Family(
     embeddings=("embed",), heads=(),           # the output head is tied to `embed`
     block_defaults=dict(pre_norm=False, qkv_bias=True, norm_eps=1e-6, activation="relu",
                         dropout_rate=0.1),
-    embedding_lookups=2, attention_flops=_attention_flops, validate=_validate)
+    embedding_lookups=2, attention_flops=attention_flops, validate=_validate)

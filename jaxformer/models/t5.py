@@ -35,7 +35,8 @@ import jax.numpy as jnp
 from jaxformer.layers import Embed, make_norm
 from jaxformer.layers.dense import dense
 from jaxformer.layers.settings import BlockSettings
-from jaxformer.models.family import Family, head_dim, token_inputs
+from jaxformer.models import seq2seq
+from jaxformer.models.family import Family, token_inputs
 from jaxformer.models.stack import BlockStack
 from jaxformer.ops import positions as pos_ops
 
@@ -115,17 +116,8 @@ class T5(nn.Module):
   def __call__(self, src_tokens, tgt_tokens, *, src_mask=None, deterministic: bool = True):
     """src [B, S], tgt [B, T] (decoder inputs, teacher forcing), src_mask [B, S] (1 = real)
     -> logits [B, T, vocab]."""
-    for name, t in (("src_tokens", src_tokens), ("tgt_tokens", tgt_tokens)):
-      if t.ndim != 2:
-        raise ValueError(f"{name} must be [batch, length]; got shape {t.shape}")
-    encoded = self.encode(src_tokens, src_mask=src_mask, deterministic=deterministic)
-    return self.decode(encoded, tgt_tokens, src_mask=src_mask, deterministic=deterministic)
-
-
-def _attention_flops(cfg: dict, seq_len: int) -> tuple[int, int, int]:
-  """Encoder self-, decoder self- and decoder cross-attention, source and target of seq_len."""
-  width = cfg["num_heads"] * head_dim(cfg)
-  return cfg["num_encoder_layers"] + 2 * cfg["num_decoder_layers"], seq_len, width
+    return seq2seq.teacher_forced(self, src_tokens, tgt_tokens, src_mask=src_mask,
+                                  deterministic=deterministic)
 
 
 def _validate(c: dict):
@@ -155,5 +147,5 @@ FAMILY = Family(
     block_defaults=dict(pre_norm=True, use_bias=False, qkv_bias=False, norm="rmsnorm",
                         norm_eps=1e-6, ffn="mlp", activation="relu", dropout_rate=0.1,
                         attention_dropout_rate=0.1, attention_scale=1.0),
-    embedding_lookups=2, attention_flops=_attention_flops, validate=_validate,
+    embedding_lookups=2, attention_flops=seq2seq.attention_flops, validate=_validate,
     hf_converter="jaxformer.convert.hf.t5")

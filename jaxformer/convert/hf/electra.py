@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxformer.convert.hf import core
+from jaxformer.convert.hf import bert, core
 from jaxformer.convert.hf.core import Rule
 
 ARCHITECTURES = {"ElectraForPreTraining": "discriminator", "ElectraForMaskedLM": "generator"}
@@ -75,17 +75,8 @@ def from_hf(arch: str, kind: str, hc: dict, tensors) -> tuple[dict, dict]:
   core.require_values(arch, hc, (("position_embedding_type", "absolute"),
                                  ("is_decoder", False), ("add_cross_attention", False),
                                  ("tie_word_embeddings", True)))
-  d, h = core.width_and_heads(arch, hc, "hidden_size", "num_attention_heads")
-  cfg = dict(vocab_size=hc.get("vocab_size", 30522), d_model=d,
-             embedding_size=hc.get("embedding_size", 128), role=kind,
-             num_layers=hc.get("num_hidden_layers", 12), num_heads=h,
-             mlp_dim=hc.get("intermediate_size", 1024),
-             max_len=hc.get("max_position_embeddings", 512),
-             type_vocab_size=hc.get("type_vocab_size", 2),
-             norm_eps=float(hc.get("layer_norm_eps", 1e-12)),
-             activation=core.act_from_hf(hc.get("hidden_act", "gelu"), "hidden_act"),
-             dropout_rate=float(hc.get("hidden_dropout_prob", 0.1)),
-             attention_dropout_rate=float(hc.get("attention_probs_dropout_prob", 0.1)))
+  cfg = dict(bert.encoder_config(hc, arch), embedding_size=hc.get("embedding_size", 128),
+             role=kind, mlp_dim=hc.get("intermediate_size", 1024))   # ElectraConfig's default
   return cfg, {}
 
 
