@@ -34,8 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxformer.data import batching
-from jaxformer.data.text import EVAL_SEED, SPLIT_IDS, _StreamMixin, _TextPipeline
+from jaxformer.data.text import _KeyedWindowsMixin, _TextPipeline
 
 DEFAULTS = dict(mask_ratio=0.3, poisson_lambda=3.0, permute_sentences=True,
                 sentence_delimiters=".!?")
@@ -148,7 +147,7 @@ def noise_options(data_config) -> dict:
               delimiters=delimiters)
 
 
-class DenoisingPipeline(_StreamMixin, _TextPipeline):
+class DenoisingPipeline(_KeyedWindowsMixin, _TextPipeline):
   """BART denoising batches on stream windows of `data.seq_len` tokens (module docstring)."""
   task = "bart_denoising"
 
@@ -184,24 +183,7 @@ class DenoisingPipeline(_StreamMixin, _TextPipeline):
                       permute=options["permute"])
     self._load_streams(self.seq_len)
 
-  def _record(self, window: np.ndarray, key: list[int]) -> dict[str, np.ndarray]:
-    seed = self.seed if key[0] == SPLIT_IDS["train"] else EVAL_SEED
-    corrupted = bart_noise(window, np.random.default_rng([seed, *key]), mask_id=self.mask_id,
-                           delimiter_ids=self.delimiter_ids, **self.noise)
+  def _transform(self, window: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    corrupted = bart_noise(window, rng, mask_id=self.mask_id, delimiter_ids=self.delimiter_ids,
+                           **self.noise)
     return denoising_example(window, corrupted, start_id=self.start_id, pad_id=self.pad_id)
-
-  def _batch(self, role: str, step: int, batch_size: int) -> dict[str, np.ndarray]:
-    windows = self._windows(role, step, batch_size)
-    first = self._rows(batch_size).start
-    rows = [self._record(w, [SPLIT_IDS[role], step, first + r]) for r, w in enumerate(windows)]
-    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
-
-  def _example(self, window: np.ndarray, index: int) -> dict[str, np.ndarray]:
-    return self._record(window, [SPLIT_IDS["validation"], index])
-
-  def train_batch(self, step: int) -> dict[str, np.ndarray]:
-    return self._batch("train", step, self.global_batch_size)
-
-  def _eval_batch(self, i: int) -> dict[str, np.ndarray]:
-    batch = self._batch("validation", i, self.eval_batch_size)
-    return {**batch, batching.VALID: np.ones(len(batch["src"]), np.float32)}

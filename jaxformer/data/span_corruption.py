@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxformer.data import batching
-from jaxformer.data.text import EVAL_SEED, SPLIT_IDS, _StreamMixin, _TextPipeline
+from jaxformer.data.text import _KeyedWindowsMixin, _TextPipeline
 
 NOISE_DENSITY, MEAN_NOISE_SPAN_LENGTH, NUM_SENTINELS = 0.15, 3.0, 100
 
@@ -139,7 +138,7 @@ def options(data_config) -> tuple[float, float, int]:
   return float(density), float(mean), sentinels
 
 
-class SpanCorruptionPipeline(_StreamMixin, _TextPipeline):
+class SpanCorruptionPipeline(_KeyedWindowsMixin, _TextPipeline):
   """T5 span corruption on random stream windows of `data.seq_len` tokens (see module)."""
   task = "span_corruption"
 
@@ -166,24 +165,7 @@ class SpanCorruptionPipeline(_StreamMixin, _TextPipeline):
     self.info = {"vocab_size": self.vocab_size, "src_len": src_len, "tgt_len": tgt_len}
     self._load_streams(self.seq_len)
 
-  def _corrupt(self, window: np.ndarray, key: list[int]) -> dict[str, np.ndarray]:
-    seed = self.seed if key[0] == SPLIT_IDS["train"] else EVAL_SEED
-    return example(window, np.random.default_rng([seed, *key]), vocab_size=self.vocab_size,
-                   eos_id=self.eos_id, pad_id=self.pad_id, noise_density=self.noise_density,
+  def _transform(self, window: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return example(window, rng, vocab_size=self.vocab_size, eos_id=self.eos_id,
+                   pad_id=self.pad_id, noise_density=self.noise_density,
                    mean_noise_span_length=self.mean_span)
-
-  def _batch(self, role: str, step: int, batch_size: int) -> dict[str, np.ndarray]:
-    windows = self._windows(role, step, batch_size)
-    first = self._rows(batch_size).start
-    rows = [self._corrupt(w, [SPLIT_IDS[role], step, first + r]) for r, w in enumerate(windows)]
-    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
-
-  def _example(self, window: np.ndarray, index: int) -> dict[str, np.ndarray]:
-    return self._corrupt(window, [SPLIT_IDS["validation"], index])
-
-  def train_batch(self, step: int) -> dict[str, np.ndarray]:
-    return self._batch("train", step, self.global_batch_size)
-
-  def _eval_batch(self, i: int) -> dict[str, np.ndarray]:
-    batch = self._batch("validation", i, self.eval_batch_size)
-    return {**batch, batching.VALID: np.ones(len(batch["src"]), np.float32)}

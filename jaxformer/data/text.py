@@ -187,6 +187,34 @@ class _StreamMixin:
     return (self._eval_batch(i) for i in range(num))
 
 
+class _KeyedWindowsMixin(_StreamMixin):
+  """Pipelines whose example is a random function of one stream window (masking, span
+  corruption, denoising): the generator of a row is keyed by (seed, split, step, global row),
+  the eval seed for evaluation, so a row does not depend on the process count or on
+  resuming. Subclasses define `_transform(window, rng) -> dict of arrays`."""
+
+  def _keyed(self, window: np.ndarray, key: list[int]) -> dict[str, np.ndarray]:
+    seed = self.seed if key[0] == SPLIT_IDS["train"] else EVAL_SEED
+    return self._transform(window, np.random.default_rng([seed, *key]))
+
+  def _keyed_batch(self, role: str, step: int, batch_size: int) -> dict[str, np.ndarray]:
+    windows = self._windows(role, step, batch_size)
+    first = self._rows(batch_size).start
+    rows = [self._keyed(w, [SPLIT_IDS[role], step, first + r]) for r, w in enumerate(windows)]
+    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+  def _example(self, window: np.ndarray, index: int) -> dict[str, np.ndarray]:
+    return self._keyed(window, [SPLIT_IDS["validation"], index])
+
+  def train_batch(self, step: int) -> dict[str, np.ndarray]:
+    return self._keyed_batch("train", step, self.global_batch_size)
+
+  def _eval_batch(self, i: int) -> dict[str, np.ndarray]:
+    batch = self._keyed_batch("validation", i, self.eval_batch_size)
+    rows = len(next(iter(batch.values())))
+    return {**batch, batching.VALID: np.ones(rows, np.float32)}
+
+
 class LMStreamPipeline(_StreamMixin, _TextPipeline):
   """Next-token prediction on random windows of the token stream: {'inputs', 'targets'}."""
 
@@ -207,7 +235,7 @@ class LMStreamPipeline(_StreamMixin, _TextPipeline):
             batching.VALID: np.ones(len(windows), np.float32)}
 
 
-class MLMPipeline(_StreamMixin, _TextPipeline):
+class MLMPipeline(_KeyedWindowsMixin, _TextPipeline):
   """BERT masked LM on stream windows of seq_len tokens: {'inputs' (masked), 'targets',
   'weights' (1 at selected positions)}. Masking is a pure function of (seed, split, step,
   global row), so it does not depend on the process count either."""
@@ -228,26 +256,9 @@ class MLMPipeline(_StreamMixin, _TextPipeline):
       self.info = {"vocab_size": self.tokenizer.vocab_size + 1}
     self._load_streams(self.seq_len)
 
-  def _mask(self, tokens: np.ndarray, key: list[int]) -> dict[str, np.ndarray]:
-    seed = self.seed if key[0] == SPLIT_IDS["train"] else EVAL_SEED
-    return bert_mask(tokens, np.random.default_rng([seed, *key]), rate=self.mask_rate,
-                     mask_id=self.mask_id, vocab_size=self.tokenizer.vocab_size)
-
-  def _masked_batch(self, role: str, step: int, batch_size: int) -> dict[str, np.ndarray]:
-    windows = self._windows(role, step, batch_size)
-    first = self._rows(batch_size).start
-    rows = [self._mask(w, [SPLIT_IDS[role], step, first + r]) for r, w in enumerate(windows)]
-    return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
-
-  def _example(self, window: np.ndarray, index: int) -> dict[str, np.ndarray]:
-    return self._mask(window, [SPLIT_IDS["validation"], index])
-
-  def train_batch(self, step: int) -> dict[str, np.ndarray]:
-    return self._masked_batch("train", step, self.global_batch_size)
-
-  def _eval_batch(self, i: int) -> dict[str, np.ndarray]:
-    batch = self._masked_batch("validation", i, self.eval_batch_size)
-    return {**batch, batching.VALID: np.ones(len(batch["inputs"]), np.float32)}
+  def _transform(self, tokens: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return bert_mask(tokens, rng, rate=self.mask_rate, mask_id=self.mask_id,
+                     vocab_size=self.tokenizer.vocab_size)
 
 
 class NSPPipeline(MLMPipeline):
@@ -313,7 +324,7 @@ class NSPPipeline(MLMPipeline):
                        vocab_size=self.tokenizer.vocab_size, maskable=maskable)
     return {**masked, "token_type_ids": types, "nsp_labels": np.int32(is_random)}
 
-  def _masked_batch(self, role: str, step: int, batch_size: int) -> dict[str, np.ndarray]:
+  def _keyed_batch(self, role: str, step: int, batch_size: int) -> dict[str, np.ndarray]:
     rows = self._rows(batch_size)
     pairs = [self._pair(role, step, r) for r in range(rows.start, rows.stop)]
     return {k: np.stack([p[k] for p in pairs]) for k in pairs[0]}
