@@ -455,7 +455,16 @@ def test_emd_gradients_match_float64_differences_in_both_layouts():
                jax.tree.map(np.asarray, scan_grads), want)
 
 
-def test_emd_counts_config_checks_and_hf_refusal(tmp_path):
+def test_emd_dropout_counts_config_checks_and_hf_refusal(tmp_path):
+  # Training with dropout traces in both layouts (the passes draw their own dropout keys).
+  tokens = jax.ShapeDtypeStruct((2, EMD_T), jnp.int32)
+  for scan in (False, True):
+    module = models.build(dict(EMD, dropout_rate=0.1, attention_dropout_rate=0.1,
+                               scan_layers=scan))
+    shapes = jax.eval_shape(lambda t: module.init_with_output(
+        {"params": jax.random.key(0), "dropout": jax.random.key(1)}, t,
+        deterministic=False)[0], tokens)
+    assert shapes.shape == (2, EMD_T, VOCAB)
   on, off = scaling.count_params(EMD), scaling.count_params(SMALL)
   table = EMD["max_len"] * EMD["d_model"]
   assert on["total"] == off["total"] + table

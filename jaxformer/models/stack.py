@@ -7,9 +7,9 @@ the two layouts, and the outputs are identical.
 
 `repeat_last` (DeBERTa's enhanced mask decoder) runs the last layer again after the stack,
 with the same params (no new ones), on a query stream that attends over the last layer's
-input: unscanned, by calling the `layers_{L-1}` module again; scanned, by applying the layer
-body to the last slice of the stacked `layers` params (the scan carries the layer input
-along, so the last layer's input comes out of the scan without stacking every layer's).
+input: one layer body applied to the `layers_{L-1}` params, or scanned to the last slice of
+the stacked `layers` params (the scan carries the layer input along, so the last layer's
+input comes out of the scan without stacking every layer's).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class BlockStack(nn.Module):
     the last layer `repeat_last` times as q = layer(q, kv_inputs=h) (queries and residual
     from q, keys and values from h, the same masks and relative positions), and return
     (the stack's output, q). The passes are not recorded in the intermediates /
-    attention_weights collections when the layers are scanned."""
+    attention_weights collections (attention maps show the stack's own last layer)."""
     scan, remat_policy = self.settings.scan_layers, self.settings.remat_policy
     if repeat_last < 0 or (repeat_last and query_offset is None):
       raise ValueError(f"repeat_last={repeat_last} must be >= 0, and > 0 needs query_offset")
@@ -86,24 +86,24 @@ class BlockStack(nn.Module):
         x, _ = scanned(**kw, name="layers")(x, *inputs)
         return x
       (x, hidden), _ = scanned(**kw, keep_input=True, name="layers")((x, x), *inputs)
-      # The last layer's params: the last slice of the stacked ones (read, not copied:
-      # gradients flow into `layers`), applied as one unscanned layer body.
+      # the last slice of the stacked params (read, not copied: gradients flow into `layers`)
       last = jax.tree.map(lambda a: a[-1], nn.unbox(self.variables["params"]["layers"]))
-      body = layer(**kw, parent=None)
-
-      def apply(q):                    # a fresh dropout key per pass
-        rngs = None if deterministic else {"dropout": self.make_rng("dropout")}
-        return body.apply({"params": last}, q, *inputs, kv_inputs=hidden, rngs=rngs)[0]
     else:
       for i in range(self.num_layers):
-        hidden, module = x, layer(**kw, name=f"layers_{i}")
-        x, _ = module(x, *inputs)
+        hidden = x
+        x, _ = layer(**kw, name=f"layers_{i}")(x, *inputs)
       if not repeat_last:
         return x
-      apply = lambda q: module(q, *inputs, kv_inputs=hidden)[0]
+      last = nn.unbox(self.variables["params"][f"layers_{self.num_layers - 1}"])
+    # The passes apply one layer body to those params in both layouts (so neither records
+    # them in the intermediates / attention_weights collections), a fresh dropout key each.
+    body = layer(**kw, parent=None)
+    dropout = not deterministic and (self.settings.dropout_rate
+                                     or self.settings.attention_dropout_rate)
     q = hidden + query_offset
     for _ in range(repeat_last):
-      q = apply(q)
+      rngs = {"dropout": self.make_rng("dropout")} if dropout else None
+      q = body.apply({"params": last}, q, *inputs, kv_inputs=hidden, rngs=rngs)[0]
     return x, q
 
 
