@@ -3,6 +3,7 @@ against float64 NumPy, logits against transformers' DebertaV2ForMaskedLM (tiny r
 configs with padding, hf.load of save_pretrained and hf.save back), the published parameter
 counts (transformers on the meta device), refusals, and a short MLM training run."""
 
+import functools
 import json
 import math
 import os
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 
 import configs
 from jaxformer import models, scaling
@@ -272,10 +274,13 @@ def test_published_counts_are_transformers_counts(name):
     mlm = transformers.DebertaV2ForMaskedLM(hc).num_parameters()
     backbone = transformers.DebertaV2Model(hc).num_parameters()
   counts = scaling.count_params(m)
-  assert counts["total"] == mlm == cfg.reference.params
-  assert counts["backbone"] == backbone == cfg.reference.backbone
+  plain = scaling.count_params(dict(m.to_dict(), emd_layers=0))
+  assert m.emd_layers == 2                      # the paper's pre-training decoder
+  assert plain["total"] == mlm == cfg.reference.hf_params
+  assert counts["total"] == mlm + 512 * 768 == cfg.reference.params    # + its position table
+  assert counts["backbone"] == plain["backbone"] == backbone == cfg.reference.backbone
   # The paper's split: ~98M embedding (128100 x 768) + the backbone's other parameters.
-  assert counts["total"] - counts["non_embedding"] == 128100 * 768 + 512 * 768
+  assert plain["total"] - plain["non_embedding"] == 128100 * 768 + 512 * 768
 
 
 def test_scan_remat_agree_and_flops_count_the_position_terms():
@@ -289,6 +294,190 @@ def test_scan_remat_agree_and_flops_count_the_position_terms():
   np.testing.assert_allclose(a, b, atol=1e-5)
   layers, keys, width = scaling.attention_layers(SMALL, 10)
   assert (layers, keys, width) == (2, 10 + 19, 32)      # + the 2T - 1 relative positions
+
+
+# ----------------------------------------------------------------------------- enhanced mask decoder
+
+EMD = dict(SMALL, emd_layers=2)
+EMD_T = 9                                          # odd length
+EMD_TOKENS = np.random.default_rng(1).integers(0, VOCAB, (2, EMD_T))
+EMD_MASK = np.ones((2, EMD_T), np.int64)
+EMD_MASK[1, 2:] = 0                                # the second row: 2 real tokens of 9
+EMD_REAL = EMD_MASK.astype(bool)
+EMD_WEIGHTS = np.random.default_rng(2).normal(size=(2, EMD_T, VOCAB))
+
+
+def _ln64(x, p, eps=1e-7):
+  mean = x.mean(-1, keepdims=True)
+  return (x - mean) / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps) * p["scale"] \
+      + p["bias"]
+
+
+def _gelu64(x):
+  from scipy.special import erf
+  return 0.5 * x * (1 + erf(x / math.sqrt(2)))
+
+
+def _layer64(p, query, kv, mask, table, rel, span):
+  """One post-norm DeBERTa layer (the reference's BertLayer with query_states): queries and
+  the residual from `query`, keys and values from `kv`; c2p + p2c from the normalised
+  relative `table` through the layer's own query/key projections (with their biases)."""
+  a = p["self_attention"]
+  w, b = a["qkv"]["kernel"], a["qkv"]["bias"]                   # [E, 3, H, D], [3, H, D]
+  proj = lambda x, i: np.einsum("...e,ehd->...hd", x, w[:, i]) + b[i]
+  q, k, v = proj(query, 0), proj(kv, 1), proj(kv, 2)
+  logits = (np.einsum("bqhd,bkhd->bhqk", q, k)
+            + _scores64(q, k, proj(table, 0), proj(table, 1), rel, span))
+  logits = np.where(mask[:, None, None, :], logits / math.sqrt(3 * q.shape[-1]), -np.inf)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  out = np.einsum("bhqk,bkhd->bqhd", probs, v)
+  x = _ln64(query + np.einsum("bqhd,hde->bqe", out, a["out"]["kernel"]) + a["out"]["bias"],
+            p["self_attention_norm"])
+  f = p["ffn"]
+  h = _gelu64(x @ f["wi"]["kernel"] + f["wi"]["bias"]) @ f["wo"]["kernel"] + f["wo"]["bias"]
+  return _ln64(x + h, p["ffn_norm"])
+
+
+def _emd_forward64(params, emd_layers):
+  """float64 DeBERTa-v3 MLM logits of EMD_TOKENS / EMD_MASK, written from the reference
+  (microsoft/DeBERTa apps/models/masked_language_model.py, EnhancedMaskDecoder.
+  emd_context_layer, position_biased_input=False): h = encoder_layers[-2], query = z + h with
+  z the absolute position table, the last layer applied emd_layers times with
+  query_states = the running query and hidden_states = h; the MLM head on the result."""
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+  span = EMD["position_buckets"]
+  rel = _buckets64(np.arange(EMD_T)[:, None] - np.arange(EMD_T)[None, :], span,
+                   EMD["max_len"])
+  table = _ln64(p["rel_embed"]["embedding"], p["rel_norm"])
+  x = _ln64(p["embed"]["embedding"][EMD_TOKENS], p["embed_norm"]) * EMD_MASK[..., None]
+  outputs = [x]
+  for i in range(EMD["num_layers"]):
+    x = _layer64(p["encoder"][f"layers_{i}"]["block"], x, x, EMD_REAL, table, rel, span)
+    outputs.append(x)
+  if emd_layers:
+    last = p["encoder"][f"layers_{EMD['num_layers'] - 1}"]["block"]
+    hidden = outputs[-2]
+    x = p["emd_pos_embed"]["embedding"][:EMD_T] + hidden
+    for _ in range(emd_layers):
+      x = _layer64(last, x, hidden, EMD_REAL, table, rel, span)
+  h = _ln64(_gelu64(x @ p["mlm_transform"]["kernel"] + p["mlm_transform"]["bias"]),
+            p["mlm_norm"])
+  return h @ p["embed"]["embedding"].T + p["mlm_bias"]
+
+
+def _emd_loss64(params, emd_layers=2):
+  return float((_emd_forward64(params, emd_layers) * EMD_WEIGHTS)[EMD_REAL].sum())
+
+
+@functools.lru_cache(maxsize=None)
+def _emd_programs():
+  """Random params of the EMD model (non-trivial norms, biases and positions) and, unscanned and scanned + rematerialised, jitted (loss, logits) and gradients of the
+  loss sum(weights * logits) over the real positions (three programs for the tests below)."""
+  tokens, mask = jnp.asarray(EMD_TOKENS, jnp.int32), jnp.asarray(EMD_MASK)
+  module = models.build(EMD)
+  rng = np.random.default_rng(3)
+
+  def fill(path, leaf):               # random values of the params' shapes (no init program)
+    noise = rng.normal(size=leaf.shape).astype(np.float32)
+    return 1 + 0.2 * noise if path[-1].key == "scale" else (
+        0.5 * noise if path[0].key == "emd_pos_embed" else 0.2 * noise)
+  params = jax.tree_util.tree_map_with_path(fill, nn.unbox(jax.eval_shape(
+      module.init, jax.random.key(0), tokens)["params"]))
+
+  def loss_fn(module):
+    def loss(p):
+      logits = module.apply({"params": p}, tokens, attention_mask=mask)
+      return jnp.sum(jnp.where(EMD_REAL[..., None], logits * EMD_WEIGHTS, 0.0)), logits
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))
+
+  off = models.build(dict(EMD, emd_layers=0))
+  off_logits = jax.jit(lambda p: off.apply({"params": p}, tokens, attention_mask=mask))
+  scanned = models.build(dict(EMD, scan_layers=True, remat_policy="full"))
+  return params, loss_fn(module), loss_fn(scanned), off_logits
+
+
+def test_emd_logits_match_float64_reference_and_off_is_the_plain_head():
+  """The decoder's logits against the float64 reference (odd length, a row with 2 real
+  tokens of 9), scanned + remat = unscanned; with emd_layers=0 the params are the previous
+  ones (no new table) and the logits the plain head's, which the decoder changes."""
+  params, grad_fn, _, off_logits = _emd_programs()
+  (_, logits), _ = grad_fn(params)
+  want = _emd_forward64(params, 2)
+  np.testing.assert_allclose(np.asarray(logits)[EMD_REAL], want[EMD_REAL], atol=2e-4, rtol=0)
+  plain = {k: v for k, v in params.items() if k != "emd_pos_embed"}
+  assert jax.tree.structure(plain) == jax.tree.structure(nn.unbox(jax.eval_shape(
+      models.build(SMALL).init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]))
+  got_off, want_off = np.asarray(off_logits(plain)), _emd_forward64(params, 0)
+  np.testing.assert_allclose(got_off[EMD_REAL], want_off[EMD_REAL], atol=2e-4, rtol=0)
+  assert np.abs(want - want_off)[EMD_REAL].max() > 0.1      # the decoder matters
+
+
+def test_emd_gradients_match_float64_differences_in_both_layouts():
+  """Directional derivatives of the float64 reference loss (central differences) equal the
+  model's gradients along: the EMD position table; the last layer's query projection (the
+  query stream only) and its key/value projections (the second-to-last layer's output
+  only); the last layer's FFN; the first layer (through h, as keys/values and as the start of
+  the query). The scanned + rematerialised model gives the same loss and gradients."""
+  from jaxformer.models.stack import stack_layers
+  params, grad_fn, scanned_fn, _ = _emd_programs()
+  (loss, _), grads = grad_fn(params)
+  grads = jax.tree.map(np.asarray, grads)
+  assert loss == pytest.approx(_emd_loss64(params), rel=1e-5)
+  table = grads["emd_pos_embed"]["embedding"]
+  assert np.all(np.abs(table[:EMD_T]).sum(-1) > 0) and not np.any(table[EMD_T:])
+  rng = np.random.default_rng(4)
+  last, first = "encoder/layers_1/block", "encoder/layers_0/block"
+  parts = {"emd_pos_embed/embedding": None, f"{last}/self_attention/qkv/kernel": [0],
+           f"{last}/self_attention/qkv/bias": [1, 2], f"{last}/ffn/wi/kernel": None,
+           f"{first}/self_attention/qkv/kernel": None}
+  flat = traverse_util.flatten_dict(params, sep="/")
+  flat_grads = traverse_util.flatten_dict(grads, sep="/")
+  eps = 1e-4
+  for path, slices in parts.items():
+    direction = rng.normal(size=flat[path].shape)
+    if slices is not None:            # the query (0) or key/value (1, 2) part of the qkv axis
+      keep = np.zeros(flat[path].shape[flat[path].ndim - 3], bool)
+      keep[slices] = True
+      direction = direction * keep.reshape((-1,) + (1,) * 2)
+    shifted = [traverse_util.unflatten_dict(
+        {**flat, path: np.asarray(flat[path], np.float64) + s * eps * direction}, sep="/")
+        for s in (1, -1)]
+    numeric = (_emd_loss64(shifted[0]) - _emd_loss64(shifted[1])) / (2 * eps)
+    analytic = float(np.sum(flat_grads[path] * direction))
+    assert abs(numeric) > 1e-2, path
+    assert analytic == pytest.approx(numeric, rel=2e-3, abs=1e-3), path
+  stacked = dict(params, encoder=stack_layers(params["encoder"], EMD["num_layers"]))
+  (scan_loss, _), scan_grads = scanned_fn(stacked)
+  assert float(scan_loss) == pytest.approx(float(loss), rel=1e-5)
+  want = dict(grads, encoder=stack_layers(grads["encoder"], EMD["num_layers"]))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4),
+               jax.tree.map(np.asarray, scan_grads), want)
+
+
+def test_emd_dropout_counts_config_checks_and_hf_refusal(tmp_path):
+  # Training with dropout traces in both layouts (the passes draw their own dropout keys).
+  tokens = jax.ShapeDtypeStruct((2, EMD_T), jnp.int32)
+  for scan in (False, True):
+    module = models.build(dict(EMD, dropout_rate=0.1, attention_dropout_rate=0.1,
+                               scan_layers=scan))
+    shapes = jax.eval_shape(lambda t: module.init_with_output(
+        {"params": jax.random.key(0), "dropout": jax.random.key(1)}, t,
+        deterministic=False)[0], tokens)
+    assert shapes.shape == (2, EMD_T, VOCAB)
+  on, off = scaling.count_params(EMD), scaling.count_params(SMALL)
+  table = EMD["max_len"] * EMD["d_model"]
+  assert on["total"] == off["total"] + table
+  assert on["non_embedding"] == off["non_embedding"] and on["backbone"] == off["backbone"]
+  layers, keys, _ = scaling.attention_layers(EMD, 10)
+  assert (layers, keys) == (4, 29)                    # the 2 decoder passes attend too
+  with pytest.raises(ValueError, match=r"model.emd_layers=-1 must be an int >= 0"):
+    models.build(dict(EMD, emd_layers=-1))
+  with pytest.raises(ValueError, match=r"emd_layers=2 with model.position_biased_input=True"):
+    models.build(dict(EMD, position_biased_input=True))
+  with pytest.raises(ValueError, match=r"emd_layers=2: DebertaV2ForMaskedLM has no enhanced"):
+    hf.save(EMD, {}, tmp_path / "hf")
+  assert not (tmp_path / "hf").exists() or not any((tmp_path / "hf").iterdir())
 
 
 # ----------------------------------------------------------------------------- μP, meshes, plan

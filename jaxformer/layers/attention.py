@@ -158,13 +158,18 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x, context=None, *, mask=None, segment_ids=None, positions=None,
-               bias=None, rel_embeddings=None, deterministic: bool = True):
+               bias=None, rel_embeddings=None, kv_inputs=None, deterministic: bool = True):
     """x [B, T, E]; context [B, S, E'] for cross-attention; mask/segment_ids as in
     `dot_product_attention`; positions [B, T] or [T] for RoPE/ALiBi (default 0..T-1, or the
     cache offset onwards when decoding); bias: float broadcastable to [B, H, T, S], added
     to the logits (e.g. T5's relative position bias); rel_embeddings [2T - 1, E] for
     positions="disentangled": the shared relative table's rows of relative positions
-    -(T-1) .. T-1 (`ops.disentangled.relative_rows`)."""
+    -(T-1) .. T-1 (`ops.disentangled.relative_rows`); kv_inputs [B, T, E] (self-attention
+    only): keys and values are projected from kv_inputs instead of x, queries still from x,
+    with this layer's own projections and positions (DeBERTa's enhanced mask decoder: a
+    query stream attending over a fixed hidden state). With the fused QKV kernel the whole
+    projection runs on both inputs and the unused thirds are dropped (one extra projection
+    per call; the decoder makes two such calls per step)."""
     cross = context is not None
     if x.ndim != 3:
       raise ValueError(f"x must be [batch, length, features]; got shape {x.shape}")
@@ -172,6 +177,10 @@ class MultiHeadAttention(nn.Module):
       chex.assert_rank(context, 3)
       chex.assert_equal_shape_prefix([x, context], 1)   # same batch
     self._check(x.shape[-1], cross)
+    if kv_inputs is not None and (cross or self.decode or kv_inputs.shape != x.shape):
+      raise ValueError(f"kv_inputs (keys/values of self-attention from another input) needs "
+                       f"self-attention without a KV cache and the shape of x {x.shape}; got "
+                       f"{kv_inputs.shape}, context given: {cross}, decode={self.decode}")
     h, hkv = self.num_heads, self.num_kv_heads or self.num_heads
     d = self.head_dim or x.shape[-1] // h
     kw = dict(use_bias=self.qkv_bias, dtype=self.dtype, param_dtype=self.param_dtype,
@@ -182,12 +191,13 @@ class MultiHeadAttention(nn.Module):
     if fused:
       qkv_proj = dense((3, h, d), ("embed", "qkv", "heads", "kv"), name="qkv", **kw)
       qkv = qkv_proj(x)
-      q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+      kv = qkv if kv_inputs is None else qkv_proj(kv_inputs)
+      q, k, v = qkv[:, :, 0], kv[:, :, 1], kv[:, :, 2]
     else:
       q = dense((h, d), ("embed", "heads", "kv"), name="query", **kw)(x)
       kw["kernel_init"] = self.kernel_init
       kv = dense((2, hkv, d), ("embed", "qkv", "kv_heads", "kv"), name="kv",
-                 **kw)(context if cross else x)
+                 **kw)(context if cross else x if kv_inputs is None else kv_inputs)
       k, v = kv[:, :, 0], kv[:, :, 1]
     q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
     k = nn.with_logical_constraint(k, ("batch", "length", "kv_heads", "kv"))

@@ -66,11 +66,15 @@ class TransformerBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, context=None, *, mask=None, context_mask=None, segment_ids=None,
-               positions=None, bias=None, rel_embeddings=None, deterministic: bool = True):
+               positions=None, bias=None, rel_embeddings=None, kv_inputs=None,
+               deterministic: bool = True):
     """x [B, T, E]; context [B, S, E'] (needs cross_attention=True); mask / context_mask
     bool broadcastable to [B, H, T, T] / [B, H, T, S]; segment_ids [B, T] for packing;
     bias float broadcastable to [B, H, T, T], added to the self-attention logits;
-    rel_embeddings: DeBERTa's shared relative table for positions="disentangled"."""
+    rel_embeddings: DeBERTa's shared relative table for positions="disentangled";
+    kv_inputs [B, T, E]: self-attention takes its keys and values from kv_inputs (through the
+    same pre-norm, if any) while x is the query and residual stream (DeBERTa's enhanced mask
+    decoder); cross-attention and the FFN are unchanged."""
     if self.cross_attention != (context is not None):
       raise ValueError("pass context exactly when cross_attention=True "
                        f"(cross_attention={self.cross_attention}, context given: "
@@ -78,19 +82,23 @@ class TransformerBlock(nn.Module):
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     drop = nn.Dropout(self.settings.dropout_rate)
     width = x.shape[-1]
-    sublayers = [("self_attention", lambda h: self._attention(
+    # each sublayer: (its input, the (normed) kv_inputs for self-attention, else None)
+    sublayers = [("self_attention", lambda h, kv: self._attention(
         "self_attention", cross=False, width=width)(
             h, mask=mask, segment_ids=segment_ids, positions=positions, bias=bias,
-            rel_embeddings=rel_embeddings, deterministic=deterministic))]
+            rel_embeddings=rel_embeddings, kv_inputs=kv, deterministic=deterministic))]
     if self.cross_attention:
-      sublayers.append(("cross_attention", lambda h: self._attention(
+      sublayers.append(("cross_attention", lambda h, kv: self._attention(
           "cross_attention", cross=True, width=width)(
               h, context, mask=context_mask, deterministic=deterministic)))
-    sublayers.append(("ffn", lambda h: self._ffn(width)(h, deterministic=deterministic)))
+    sublayers.append(("ffn", lambda h, kv: self._ffn(width)(h, deterministic=deterministic)))
     for name, sublayer in sublayers:
+      kv = kv_inputs if name == "self_attention" else None
       if self.settings.pre_norm:
-        x = x + drop(sublayer(self._norm(f"{name}_norm")(x)), deterministic=deterministic)
+        norm = self._norm(f"{name}_norm")
+        h = sublayer(norm(x), None if kv is None else norm(kv))
+        x = x + drop(h, deterministic=deterministic)
       else:
-        x = self._norm(f"{name}_norm")(x + drop(sublayer(x), deterministic=deterministic))
+        x = self._norm(f"{name}_norm")(x + drop(sublayer(x, kv), deterministic=deterministic))
       x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     return x

@@ -14,12 +14,25 @@ position-to-content scores, `ops.disentangled`).
   positions zeroed (as the reference implementation does).
 - MLM head as Hugging Face's DebertaV2ForMaskedLM: dense + activation + LayerNorm, decoder
   tied to the token embedding, plus a vocabulary bias. No pooler (DebertaV2Model has none).
+- Enhanced mask decoder (`emd_layers` > 0; the paper's pre-training uses 2): as the
+  reference's EnhancedMaskDecoder.emd_context_layer (microsoft/DeBERTa,
+  apps/models/masked_language_model.py, the position_biased_input=False branch of v2/v3):
+  with h = the last layer's input (the second-to-last layer's output) and z = the absolute
+  position table `emd_pos_embed` at positions 0..T-1 (no norm, no dropout), the query q = z + h
+  goes through the last encoder layer `emd_layers` times, q = layer(q) with queries and
+  residual from q and keys / values from h (same weights, relative positions and padding
+  mask: `BlockStack(repeat_last=...)`, `kv_inputs`), and the MLM head reads the final q
+  instead of the last layer's output. Its only new parameter is `emd_pos_embed`
+  [max_len, E] (the reference's `embeddings.position_embeddings`, which the reference adds
+  to the input instead with position_biased_input=True, where its decoder is the plain
+  head: that combination is refused). The table counts as an embedding (not in Kaplan's N)
+  and as part of the pre-training head (not in `backbone`, which stays DebertaV2Model's).
+  Off (0) is Hugging Face's DebertaV2ForMaskedLM; `encode` (fine-tuning) is the encoder
+  output either way.
 
-Not implemented: the enhanced mask decoder (EMD) of the paper's pre-training, which runs the
-last layer twice more with absolute positions added to its queries before the MLM head
-(Hugging Face's DebertaV2ForMaskedLM does not have it either, so parity is with the plain
-head); the v2-xlarge convolution after the first layer (conv_kernel_size); a factorised
-embedding size (embedding_size != hidden_size); attention with only one of c2p / p2c.
+Not implemented: the v2-xlarge convolution after the first layer (conv_kernel_size); a
+factorised embedding size (embedding_size != hidden_size); attention with only one of c2p /
+p2c.
 While training, dropout on the relative table is drawn once per forward pass and shared by the
 layers (the reference draws it per layer); evaluation is unaffected.
 """
@@ -58,6 +71,7 @@ class Deberta(nn.Module):
   position_buckets: int | None = 256  # log-bucketed relative positions; None: no buckets
   max_relative_positions: int | None = None   # None: max_len
   rel_embed_norm: bool = True         # LayerNorm on the relative table (norm_rel_ebd)
+  emd_layers: int = 0                 # enhanced mask decoder passes (paper: 2; 0 = HF's head)
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -69,6 +83,9 @@ class Deberta(nn.Module):
     if self.position_biased_input:
       self.pos_embed = LearnedPositionEmbedding(self.max_len, self.d_model, name="pos_embed",
                                                 **kw)
+    if self.emd_layers:
+      self.emd_pos_embed = LearnedPositionEmbedding(self.max_len, self.d_model,
+                                                    name="emd_pos_embed", **kw)
     if self.type_vocab_size:
       self.type_embed = Embed(self.type_vocab_size, self.d_model, name="type_embed", **kw)
     self.embed_norm = LayerNorm(eps, name="embed_norm", **kw)
@@ -103,6 +120,11 @@ class Deberta(nn.Module):
   def encode(self, tokens, *, token_type_ids=None, attention_mask=None,
              deterministic: bool = True):
     """-> the last layer's output [B, T, E]."""
+    return self._encode(tokens, token_type_ids, attention_mask, deterministic, emd=False)
+
+  def _encode(self, tokens, token_type_ids, attention_mask, deterministic, *, emd: bool):
+    """The last layer's output, or with `emd` (emd_layers > 0) the pair (it, the enhanced
+    mask decoder's output)."""
     if tokens.ndim != 2:
       raise ValueError(f"tokens must be [batch, length]; got shape {tokens.shape}")
     length = tokens.shape[1]
@@ -118,16 +140,22 @@ class Deberta(nn.Module):
       x = x * attention_mask[..., None].astype(x.dtype)
       mask = attention_mask.astype(bool)[:, None, None, :]
     x = self.dropout(x, deterministic=deterministic)
-    return self.encoder(x, mask=mask, rel_embeddings=self.relative_embeddings(length,
-                                                                             deterministic),
-                        deterministic=deterministic)
+    rel = self.relative_embeddings(length, deterministic)
+    if not emd:
+      return self.encoder(x, mask=mask, rel_embeddings=rel, deterministic=deterministic)
+    z = self.emd_pos_embed(jnp.arange(length)[None])      # absolute positions [1, T, E]
+    return self.encoder(x, mask=mask, rel_embeddings=rel, deterministic=deterministic,
+                        repeat_last=self.emd_layers, query_offset=z)
 
   def __call__(self, tokens, *, token_type_ids=None, attention_mask=None,
                deterministic: bool = True):
     """tokens [B, T]; attention_mask [B, T] (1 = real token); token_type_ids [B, T] (ignored
-    without type embeddings, as in the reference) -> MLM logits [B, T, vocab] (float32)."""
-    x = self.encode(tokens, token_type_ids=token_type_ids, attention_mask=attention_mask,
-                    deterministic=deterministic)
+    without type embeddings, as in the reference) -> MLM logits [B, T, vocab] (float32),
+    read from the enhanced mask decoder's output when emd_layers > 0."""
+    x = self._encode(tokens, token_type_ids, attention_mask, deterministic,
+                     emd=self.emd_layers > 0)
+    if self.emd_layers:
+      x = x[1]
     h = self.mlm_norm(activation_fn(self.block.activation or "gelu_exact")(self.mlm_transform(x)))
     logits = scale_output(self.embed.attend(h), self.block, self.d_model) + self.mlm_bias
     return logits.astype(jnp.float32)
@@ -139,6 +167,11 @@ def _validate(c: dict):
     raise ValueError(f"model.position_buckets={buckets} needs model.max_relative_positions "
                      f"(default model.max_len) - 1 > position_buckets // 2 (got {max_rel}): "
                      "raise max_relative_positions or lower position_buckets")
+  if c["emd_layers"] and c["position_biased_input"]:
+    raise ValueError(f"model.emd_layers={c['emd_layers']} with model.position_biased_input="
+                     "True: as in the reference, the enhanced mask decoder is for models "
+                     "without absolute positions in the input (with them the reference's "
+                     "decoder is the plain head); set one of the two off")
   if c.get("num_kv_heads") not in (None, c["num_heads"]):
     raise ValueError(f"model.num_kv_heads={c['num_kv_heads']}: DeBERTa's disentangled "
                      "attention projects the relative table with the fused query/key "
@@ -147,14 +180,18 @@ def _validate(c: dict):
 
 def _attention_flops(cfg: dict, seq_len: int) -> tuple[int, int, int]:
   """c2p and p2c are two more products per query, each over the 2T - 1 relative positions, on
-  top of QK^T and AV over T keys: keys = T + 2T - 1 in the two-product count."""
-  return cfg["num_layers"], 3 * seq_len - 1, cfg["num_heads"] * head_dim(cfg)
+  top of QK^T and AV over T keys: keys = T + 2T - 1 in the two-product count. The enhanced
+  mask decoder's passes are attention layers too (their projections and FFN reuse the last
+  layer's weights, which 6N does not count again: it undercounts by emd_layers / num_layers
+  of the layers' matmul FLOPs)."""
+  return (cfg["num_layers"] + cfg["emd_layers"], 3 * seq_len - 1,
+          cfg["num_heads"] * head_dim(cfg))
 
 
 FAMILY = Family(
     name="deberta", module=Deberta, task="mlm", example_inputs=token_inputs(1),
-    embeddings=("embed", "pos_embed", "type_embed", "rel_embed"),
-    heads=("mlm_transform", "mlm_norm", "mlm_bias"),
+    embeddings=("embed", "pos_embed", "type_embed", "rel_embed", "emd_pos_embed"),
+    heads=("mlm_transform", "mlm_norm", "mlm_bias", "emd_pos_embed"),
     block_defaults=dict(pre_norm=False, qkv_bias=True, norm_eps=1e-7, activation="gelu_exact",
                         dropout_rate=0.1, attention_dropout_rate=0.1),
     embedding_lookups=1, attention_flops=_attention_flops, validate=_validate,

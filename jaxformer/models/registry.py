@@ -119,10 +119,16 @@ def build(model_config: Any) -> nn.Module:
 
 
 def _check_module_fields(entry: Family, c: dict):
-  """Checks every family shares: ints > 0, dtypes."""
-  types = {k: f.type for k, f in module_fields(entry.module).items()}
+  """Checks every family shares: ints > 0 (>= 0 for an int field whose default is 0, an
+  off switch such as DeBERTa's emd_layers), dtypes."""
+  fields = module_fields(entry.module)
+  types = {k: f.type for k, f in fields.items()}
   for key, value in c.items():
     kind = str(types.get(key, ""))
+    if kind == "int" and fields[key].default == 0:
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"model.{key}={value!r} must be an int >= 0 (0: off)")
+      continue
     if kind in ("int", "int | None"):
       settings_lib.check_positive_int(value, key, optional=kind == "int | None")
     if key in ("dtype", "param_dtype") and _dtype_name(value) not in _DTYPES:

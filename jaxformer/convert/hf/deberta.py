@@ -17,6 +17,14 @@ v2/v3 release), norm_rel_ebd 'layer_norm' or 'none', position_buckets (or none),
 position_biased_input either way, any type_vocab_size. Refused by name: the v2-xlarge
 convolution (conv_kernel_size > 0), embedding_size != hidden_size, separate position
 projections (share_att_key=False), one of c2p / p2c alone, absolute-only attention.
+
+The enhanced mask decoder (model.emd_layers > 0) has no counterpart in transformers, so
+`save` refuses such a model by name rather than quietly drop its absolute position table
+`emd_pos_embed`: the DebertaV2ForMaskedLM written would feed its MLM head the last layer's
+output, not the decoder's the head was trained on, and predict differently. The encoder is
+the same with or without the decoder, so to export it (fine-tuning) save with
+model.emd_layers=0 and params without `emd_pos_embed` (the message says so); `load` gives
+emd_layers=0 (config.json has no decoder).
 """
 
 from __future__ import annotations
@@ -153,6 +161,12 @@ def from_hf(arch: str, kind: str, hc: dict, tensors) -> tuple[dict, dict]:
 
 
 def to_hf(c: dict) -> tuple[str, dict, dict]:
+  if c["emd_layers"]:
+    raise ValueError(f"model.emd_layers={c['emd_layers']}: DebertaV2ForMaskedLM has no "
+                     "enhanced mask decoder, so its MLM head would read the last layer instead "
+                     "and predict differently; to export the encoder (and head) for "
+                     "fine-tuning, save with model.emd_layers=0 and params without 'emd_pos_embed' "
+                     "(the decoder's absolute position table)")
   hc = dict(architectures=["DebertaV2ForMaskedLM"], model_type="deberta-v2",
             vocab_size=c["vocab_size"], hidden_size=c["d_model"],
             num_hidden_layers=c["num_layers"], num_attention_heads=c["num_heads"],
