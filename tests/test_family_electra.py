@@ -213,7 +213,19 @@ def test_eval_reports_detection_accuracy_and_its_baseline(pretraining):
   totals = jax.tree.map(jnp.add, step(params, b), step(params, _batch(2)))
   record = tasks.finalize_eval(task, jax.device_get(totals))
   assert set(record) >= {"eval_loss", "eval_accuracy", "eval_disc_baseline", "eval_disc_loss",
-                         "eval_mlm_loss", "eval_mlm_accuracy", "eval_replaced_recall"}
+                         "eval_mlm_loss", "eval_mlm_accuracy", "eval_replaced_recall",
+                         "eval_replaced_precision", "eval_disc_prior_loss"}
+  # the prior-proof pair and the constant guess's loss, from the outputs in NumPy
+  outs = [pretraining[2](params, bb, jax.random.key(0)) for bb in (b, _batch(2))]
+  z = np.concatenate([np.ravel(o["rtd_logits"]) for o in outs]) > 0
+  y = np.concatenate([np.ravel(o["replaced"]) for o in outs])
+  np.testing.assert_allclose(record["eval_replaced_recall"], (z & y).sum() / y.sum(), rtol=1e-6)
+  np.testing.assert_allclose(record["eval_replaced_precision"], (z & y).sum() / z.sum(),
+                             rtol=1e-6)
+  np.testing.assert_allclose(record["eval_disc_baseline"], 1 - y.mean(), rtol=1e-6)
+  p = y.mean()
+  np.testing.assert_allclose(record["eval_disc_prior_loss"],
+                             -(p * np.log(p) + (1 - p) * np.log(1 - p)), rtol=1e-6)
   np.testing.assert_allclose(record["eval_loss"],
                              record["eval_mlm_loss"] + 50 * record["eval_disc_loss"], rtol=1e-6)
   np.testing.assert_array_equal(step(params, b)["disc_correct"], step(params, b)["disc_correct"])
