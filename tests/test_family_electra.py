@@ -260,9 +260,10 @@ def test_pretrain_refuses_single_roles():
 @pytest.mark.slow
 def test_tiny_config_trains_sharded_and_reports_detection_metrics(tmp_path):
   """configs/electra.py:tiny, narrower and short, on a (data 4, model 2) FSDP mesh: the
-  joint loss falls from its initial value (MLM ~ln 66, detection BCE ~ln 2) past the uniform
-  generator, and eval reports detection accuracy next to its all-original baseline. (The
-  README's longer run shows detection accuracy rising above that baseline.)"""
+  joint loss falls from its initial value (MLM ~ln 66, detection BCE ~ln 2), the MLM loss
+  below the uniform generator's, the detection loss below the constant guess's (accuracy alone proves
+  nothing: calling every token original scores the baseline), and eval reports detection
+  accuracy next to that baseline."""
   from jaxformer.train import loop
   from jaxformer.train.metrics import read
   cfg = electra_configs.get_config("tiny")
@@ -278,6 +279,8 @@ def test_tiny_config_trains_sharded_and_reports_detection_metrics(tmp_path):
   records = read(os.path.join(workdir, "metrics.jsonl"))
   evals = [r for r in records if "eval_loss" in r]
   assert [r["step"] for r in evals] == [30, 60]
-  assert last["eval_mlm_loss"] < np.log(66) - 0.3 and last["eval_disc_loss"] < 0.6
+  assert last["eval_mlm_loss"] < np.log(66) - 0.1 and last["eval_disc_loss"] < 0.6
   assert last["eval_loss"] < np.log(66) + 50 * 0.6
   assert 0.7 < last["eval_disc_baseline"] < 1 and last["eval_accuracy"] > 0.7
+  assert last["eval_disc_loss"] < last["eval_disc_prior_loss"]
+  assert last["eval_replaced_precision"] > 0
