@@ -30,9 +30,9 @@ against the all-original baseline (`eval_accuracy`, `eval_disc_baseline`), recal
 precision on the replaced tokens, the detection loss next to the constant guess's
 (`eval_disc_loss`, `eval_disc_prior_loss`) and the generator's MLM accuracy. Measured (2
 shared CPU cores, ~4 min): generator MLM accuracy 0.147 -> 0.20, detection loss below the
-prior's throughout (0.402 vs 0.411 at step 250, 0.400 vs 0.402 at 1000) with accuracy a hair
-above the baseline (0.8597 vs 0.8564 at 250) and replaced-token recall 0.03 -> 0.003 at
-precision 0.75-1. That is all a context-free discriminator can do: the generator learns the
+prior's throughout (0.402 vs 0.411 at step 250, 0.399 vs 0.401 at 1500) with accuracy a hair
+above the baseline (0.8597 vs 0.8564 at 250, 0.8625 vs 0.8623 at 1500) and replaced-token
+recall 0.029 -> 0.002 at precision 0.75-1. That is all a context-free discriminator can do: the generator learns the
 unigram distribution within ~200 steps, and a unigram-sampled replacement is exactly as likely
 for every token, so only context (neighbouring characters) tells it; these tiny
 absolute-position encoders do not learn to use context in this budget (the generator's ~0.2
