@@ -11,7 +11,7 @@ import importlib
 
 # Config files with published sizes (each has SIZES: the valid `arg` names).
 MODULES = ("gpt2", "gpt3", "llama", "mixtral", "bert", "roberta", "vit", "transformer",
-           "t5", "bart", "deberta")
+           "t5", "bart", "deberta", "electra")
 
 
 def _module(name: str):

@@ -1,14 +1,17 @@
 """Parameter counts of every published config vs. the published numbers, and FLOPs/token.
 
 For each named size in configs/{gpt2,gpt3,bert,roberta,vit,transformer,llama,mixtral,t5,bart,
-deberta}.py this builds the model from `config.model`, counts its parameters with `jaxformer.scaling.count_params`
+deberta,electra}.py this builds the model from `config.model`, counts its parameters with `jaxformer.scaling.count_params`
 (jax.eval_shape: no memory, a few seconds for everything, GPT-3 175B included) and prints a
 Markdown table:
 
 - count: which key is compared: 'total' for language models, 'backbone' (no task head) for
   BERT (Hugging Face BertModel, pooler included) and ViT, 'total' and 'active' for Mixtral,
   'total' for RoBERTa (RobertaForMaskedLM) and for BERT with `model.nsp=True`
-  (BertForPreTraining: pooler, MLM and next-sentence heads).
+  (BertForPreTraining: pooler, MLM and next-sentence heads); ELECTRA: 'total' of the joint
+  pretraining model (generator + discriminator, the shared embeddings counted once) and of
+  each half as Hugging Face releases it (`models.electra.role_config`: the discriminator as
+  ElectraForPreTraining, the generator as ElectraForMaskedLM).
 - reference: exact counts of the reference implementations (Hugging Face / timm) where we
   have them, otherwise the paper's rounded numbers (marked "~"); "exact" references must
   match to the parameter, and the script exits with status 1 if one does not.
@@ -32,6 +35,7 @@ import sys
 
 import configs  # noqa: E402
 from jaxformer import scaling  # noqa: E402
+from jaxformer.models.electra import role_config  # noqa: E402
 
 # (config file, config names, label prefix): every published size.
 MODELS = [
@@ -46,6 +50,7 @@ MODELS = [
     ("t5", ("small", "base", "large", "v1_1_small", "v1_1_base", "v1_1_large"), "T5-"),
     ("bart", ("base", "large"), "BART-"),
     ("deberta", ("v3_small", "v3_base"), "DeBERTa-"),
+    ("electra", ("small", "base"), "ELECTRA-"),
 ]
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 LABELS = {"llama2-7b": "Llama-2-7B", "llama3-8b": "Llama-3-8B", "mistral-7b": "Mistral-7B",
@@ -69,6 +74,11 @@ Notes:
   rounded, so base (65M) / big (213M) are approximate.
 - Mixtral active: the published figure is "about 12.88B"; ours is total - 3/4 x expert
   weights = 46,702,792,704 - 0.75 x 45,097,156,608 = 12,879,925,248 (router counted active).
+- ELECTRA: references are Hugging Face's google/electra-{small,base}-{discriminator,generator}
+  (ElectraForPreTraining, ElectraForMaskedLM `num_parameters()`; the paper rounds the
+  discriminators to 14M and 110M). The released small generator is as wide as its
+  discriminator (256), not the paper's 1/4; the joint pretraining model shares the token,
+  position and type embeddings and their LayerNorm, so it is both halves less one copy of them.
 """
 
 
@@ -107,6 +117,8 @@ def rows():
     ref = cfg.reference
     spec = f"{module}.py:{name}"
     base = dict(label=label, config=spec, flops=flops, ctx=ctx)
+    if module == "electra":
+      base["label"] = label + " (pretraining: generator + discriminator)"
     if module == "vit" and ref.get("params_exact"):
       yield dict(base, key="backbone", ours=counts["backbone"], ref=ref.params_exact,
                  exact=True)
@@ -121,6 +133,12 @@ def rows():
       yield dict(base, label=label + " (+ NSP head)", key="total",
                  ours=scaling.count_params(nsp)["total"], ref=ref.pretraining_params,
                  exact=True, flops=scaling.flops_per_token(nsp, ctx))
+    if module == "electra":   # each half alone, as released (its own config and FLOPs)
+      for role in ("discriminator", "generator"):
+        half = role_config(cfg.model, role)
+        yield dict(base, label=f"{label} {role}", key="total",
+                   ours=scaling.count_params(half)["total"], ref=ref[f"{role}_params"],
+                   exact=True, flops=scaling.flops_per_token(half, ctx))
     if module == "mixtral":
       yield dict(base, label=label + " (active)", key="active", ours=counts["active"],
                  ref=ref.active_params, exact=False)

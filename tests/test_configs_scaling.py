@@ -234,6 +234,8 @@ def _expected_shape(cfg, inputs):
   m = cfg.model
   if m.family == "vit":
     return (inputs[0].shape[0], m.num_classes)
+  if m.family == "electra" and m.role != "generator":      # the discriminator: one logit a token
+    return inputs[-1].shape
   return inputs[-1].shape + (m.vocab_size,)
 
 

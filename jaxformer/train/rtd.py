@@ -16,11 +16,17 @@ micro-batch's ratio is used). Train metrics: `loss` is that objective, `accuracy
 detection accuracy. Eval (sampling with a fixed key, so an eval is a function of the params):
 `eval_loss` (the objective), `eval_accuracy` (detection accuracy over real tokens),
 `eval_disc_baseline` (the accuracy of calling every token original: the share not replaced),
-`eval_disc_loss`, `eval_replaced_recall` (detection accuracy on the replaced tokens),
+`eval_disc_loss`, `eval_replaced_recall` (detection accuracy on the replaced tokens) and
+`eval_replaced_precision` (the share of tokens called replaced that were: 0 when none are;
+unlike the accuracy, this pair is not fooled by the ~86% of tokens that are original),
+`eval_disc_prior_loss` (the detection loss of the best constant guess, the entropy of the
+replaced share: `eval_disc_loss` below it is detection learned from the tokens),
 `eval_mlm_loss`, `eval_mlm_accuracy` (the generator on the masked positions).
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -62,7 +68,8 @@ def _sums(out, masked, tokens, targets) -> dict:
           "disc_correct": jnp.sum(disc_correct * tokens), "disc_count": jnp.sum(tokens),
           "original": jnp.sum((1 - replaced) * tokens),
           "replaced_correct": jnp.sum(disc_correct * replaced * tokens),
-          "replaced_count": jnp.sum(replaced * tokens)}
+          "replaced_count": jnp.sum(replaced * tokens),
+          "flagged": jnp.sum((z > 0).astype(jnp.float32) * tokens)}
 
 
 class ReplacedTokenDetection:
@@ -97,9 +104,12 @@ class ReplacedTokenDetection:
     per = lambda k, n: t[k] / max(t[n], 1e-9)
     weight = t["disc_weight"] / max(t["batches"], 1.0)
     mlm, disc = per("mlm_nll", "mlm_count"), per("disc_bce", "disc_count")
+    p = min(max(per("replaced_count", "disc_count"), 1e-12), 1 - 1e-12)
     return {"eval_loss": mlm + weight * disc,
             "eval_accuracy": per("disc_correct", "disc_count"),
             "eval_disc_baseline": per("original", "disc_count"),
             "eval_disc_loss": disc,
+            "eval_disc_prior_loss": -(p * math.log(p) + (1 - p) * math.log(1 - p)),
             "eval_replaced_recall": per("replaced_correct", "replaced_count"),
+            "eval_replaced_precision": per("replaced_correct", "flagged"),
             "eval_mlm_loss": mlm, "eval_mlm_accuracy": per("mlm_correct", "mlm_count")}
