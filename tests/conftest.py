@@ -1,11 +1,19 @@
 """Test setup: 8 fake CPU devices (set before JAX is imported) for sharding tests."""
 
+import importlib.metadata
 import os
 
 # 8 fake devices; LLVM at -O0: the test programs are tiny, so XLA:CPU's compile time dominates
 # them, and -O0 halves the cold suite (test_models 3m00 -> 1m43, test_train 2m41 -> 1m55)
 # with the same math (no fast-math either way; tolerances unchanged).
-for _flag in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0"):
+_FLAGS = ["--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0"]
+# XLA:CPU's older elemental emitters instead of its fusion emitters: same math, ~20 % less CPU
+# time for the suite's compile-bound tests (test_family_t5 28.6 -> 22.3 s, two family
+# trainings 58.5 -> 47.4 s, cold cache). Only on the jaxlib it was measured on: XLA aborts on
+# a flag it no longer knows, so a newer jaxlib runs the suite without it.
+if importlib.metadata.version("jaxlib").startswith("0.10."):
+  _FLAGS.append("--xla_cpu_use_fusion_emitters=false")
+for _flag in _FLAGS:
   if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
