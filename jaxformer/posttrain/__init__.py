@@ -1,0 +1,9 @@
+"""Post-training on top of a trained run (issue #32): supervised fine-tuning (SFT) on
+prompt/response data and direct preference optimization (DPO) on preference pairs.
+
+Both reuse the training loop: SFT is the decoder's `lm` objective on packed prompt/response
+rows whose weights are 1 on response tokens only (`data.py`); DPO is a `Task.objective`
+(`dpo.py`) on rows of (chosen, rejected) completions. A run starts from the params of a
+trained workdir (`posttrain.init_from`, `init.py`) and uses that run's tokenizer.
+See docs-wip/posttrain.md for the state of this work.
+"""
