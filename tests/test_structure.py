@@ -27,6 +27,7 @@ LAYERS = (
     ("data",),                                # sources, tokenizers, pipelines
     ("state",),                               # train-state layout, optimizer, checkpoints
     ("inference", "scaling", "convert"),      # restore + decode; studies; Hugging Face
+    ("posttrain",),                           # SFT / DPO data, objectives, initialization
     ("train",),                               # the training loop (samples through inference)
     ("sample", "sweep", "plan"),              # entry points over train and inference
 )

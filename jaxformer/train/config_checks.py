@@ -23,7 +23,7 @@ def validate(config) -> run_settings.RunSettings:
   """Config checks that need no data and no compilation: the typed settings of every section
   (`run_settings.parse`, returned), the task, the checks across sections, and the model's own
   fields (`models.build`)."""
-  tasks.task_for(config.model)
+  tasks.task_for_run(config)
   settings = run_settings.parse(config)
   t, o = settings.train, settings.optim
   if t.batch_size % (o.grad_accum * jax.process_count()):

@@ -65,15 +65,15 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
     workdir_lib.remove_rejected_attempt(workdir)
 
   t = settings.train
-  task = tasks.task_for(config.model)
+  task = tasks.task_for_run(config)
   plan = parallel.ShardingPlan.from_config(settings.mesh)
   plan.check_batch_size(t.batch_size)
   if t.eval_batch_size:
     plan.check_batch_size(t.eval_batch_size, "train.eval_batch_size")
   pipeline = parallel.process_zero_first(     # dataset and tokenizer made once, by process 0
-      lambda: make_pipeline(config, settings, task.batch_layout, workdir=workdir,
-                            process_index=jax.process_index(),
-                            process_count=jax.process_count()),
+      lambda: _make_pipeline(config, settings, task.batch_layout, workdir=workdir,
+                             process_index=jax.process_index(),
+                             process_count=jax.process_count()),
       "preparing the data")
   config_checks.check_model_matches_data(config, pipeline.info)
 
@@ -94,6 +94,9 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
   restored = ckpts.restore_latest(plan.restore_target(abstract))   # from any mesh
   if restored is None:
     state, start = plan.init_state(init_boxed)[0], 0
+    if config.get("posttrain") is not None:      # SFT / DPO: the source run's params
+      from jaxformer.posttrain import init as posttrain_init
+      state = posttrain_init.init_state(config, plan, state, abstract)
   else:
     start, state = restored
   if is_main:
@@ -104,6 +107,18 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
     best.forget_after(start)            # saved after the checkpoint we resume from: redone
   return Run(config, settings, workdir, is_main, task, plan, pipeline, module, tx, state_shardings, state,
              start, ckpts, best, metrics)
+
+
+def _make_pipeline(config, settings, layout: str, **kw):
+  """The data pipeline of the batch layout: post-training's (posttrain/data.py, which reads
+  the source run's tokenizer) or `data.pipeline.make_pipeline`'s."""
+  if layout in ("sft", "dpo"):
+    from jaxformer.posttrain import data as posttrain_data
+    t = settings.train
+    return posttrain_data.make_pipeline(
+        config, layout, seed=t.seed, global_batch_size=t.batch_size,
+        eval_batch_size=t.eval_batch_size or t.batch_size, **kw)
+  return make_pipeline(config, settings, layout, **kw)
 
 
 def _write_config(config, workdir: str):

@@ -112,7 +112,28 @@ TASKS = {
                 (("attention_mask", "attention_mask"), ("token_type_ids", "token_type_ids")),
                 "targets", counted="inputs", context=("inputs",), text=True, layout="mlm",
                 objective=ReplacedTokenDetection()),
+    # Supervised fine-tuning (posttrain/data.py): the lm objective on packed prompt/response
+    # rows whose weights are 1 on response tokens only; segment ids keep examples apart.
+    "sft": Task("sft", "tokens", ("inputs",),
+                (("segment_ids", "segment_ids"), ("positions", "positions")), "targets",
+                counted="inputs", context=("inputs",), text=True, samples=True),
 }
+
+
+def task_for_run(config) -> Task:
+  """The task of a training config: `posttrain.method` (posttrain/init.py) where the config
+  has a posttrain section, else the model family's (`task_for`)."""
+  from jaxformer.posttrain import init as posttrain_init
+  post = posttrain_init.parse(config)
+  task = task_for(config.model)
+  if post is None:
+    return task
+  if task.name != "lm":
+    raise ValueError(f"posttrain.method={post.method!r} needs a decoder LM; "
+                     f"model.family={config.model.get('family')!r} trains task {task.name!r}")
+  if post.method not in TASKS:
+    raise ValueError(f"posttrain.method={post.method!r} is not built yet (sft works)")
+  return TASKS[post.method]
 
 
 def task_for(model_config) -> Task:

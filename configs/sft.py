@@ -1,0 +1,35 @@
+"""Supervised fine-tuning of a trained decoder run (issue #32; jaxformer/posttrain).
+
+    python -m jaxformer.train --config=configs/sft.py:SOURCE_WORKDIR \\
+        --config.data.source=train.jsonl [--config.data.eval_source=eval.jsonl] --workdir=DIR
+
+`arg` is the trained workdir to start from: its model section is copied (the params must have
+its shapes), its latest checkpoint's params and its tokenizer are used; data.seq_len defaults
+to its own. Records are JSON Lines with 'prompt' and 'response' (or chat 'messages'), see
+jaxformer/posttrain/data.py; the loss is on response tokens only.
+"""
+
+from ml_collections import config_dict
+
+from configs import common
+from jaxformer.posttrain import init as posttrain_init
+
+
+def get_config(arg=None):
+  if not arg:
+    raise ValueError("configs/sft.py needs the trained workdir to start from: "
+                     "--config=configs/sft.py:WORKDIR")
+  source = posttrain_init.source_config(arg)
+  model = config_dict.ConfigDict(source.model.to_dict())
+  seq_len = source.data.get("seq_len")
+  cfg = common.config(
+      model=model,
+      data=common.data("", None, seq_len, eval_source=config_dict.placeholder(str),
+                       train_fraction=0.9, eval_batches=config_dict.placeholder(int)),
+      train=common.train(200, 8, eval_every=50, log_every=10, checkpoint_every=50,
+                         sample_tokens=0, seed=source.train.get("seed", 0)),
+      optim=common.optim(1e-4, schedule="constant", warmup_steps=10, weight_decay=0.0,
+                         clip=1.0))
+  cfg.posttrain = config_dict.ConfigDict(dict(method="sft", init_from=arg, beta=0.1,
+                                              label_smoothing=0.0))
+  return cfg

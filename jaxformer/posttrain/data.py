@@ -1,0 +1,238 @@
+"""Post-training data: JSON Lines of prompt/response examples (SFT) or preference pairs (DPO),
+tokenized with the source run's tokenizer.
+
+SFT records: {"prompt": str, "response": str}, or {"messages": [{"role": ..., "content":
+...}, ...]} rendered with the chat template below (several turns; the loss is on every
+assistant turn). Prompt and response are tokenized separately and concatenated (so the
+boundary is exact whatever the tokenizer merges), followed by the tokenizer's eos where it has
+one (the char tokenizer has none: the model then never learns where a response ends).
+
+An example of n tokens gives n - 1 next-token predictions: `inputs` = ids[:-1], `targets` =
+ids[1:], `weights` 1 where the target is a response token (the eos included), 0 on the
+prompt. Examples are packed next-fit (data/packing.py) into rows of `data.seq_len`
+predictions with `segment_ids` 1..k (0: padding) and `positions` from 0 in each example; the
+decoder's attention takes the segment ids, so no token attends across examples, and a row's
+per-example logits equal that example's logits alone (tests/test_posttrain_sft.py). An
+example longer than a row is cut to its first seq_len predictions (counted in
+`info['truncated']`), never split across rows.
+
+Chat template (the project's own, plain text so the char tokenizer can write it):
+each turn is "{role}: " (never weighted) then "{content}\n" (weighted on assistant turns).
+
+DPO records: {"prompt", "chosen", "rejected"}: each pair becomes two rows (chosen, rejected)
+prompt + completion, padded to seq_len, weights 1 on the completion's targets; a batch of B
+pairs is {'inputs', 'targets', 'weights', 'positions'} of shape [2, B, T] ... see
+`DPOPipeline`.
+
+Splits: `data.source` (train) and `data.eval_source` (optional; else a record goes to eval
+when a hash of its line falls in the last 1 - `data.train_fraction` (default 0.9)).
+Everything is read and packed in memory when the pipeline is made (fine for the CPU-sized
+sets this was built for; a large set needs the prepared-corpus path of data/corpus).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from typing import Iterable
+
+import grain
+import numpy as np
+
+from jaxformer import paths
+from jaxformer.data import batching, packing, tokenizers
+
+SFT_FIELDS = ("prompt", "response")
+DPO_FIELDS = ("prompt", "chosen", "rejected")
+ROLES = ("system", "user", "assistant")
+TURN_HEADER = "{role}: "
+TURN_END = "\n"
+
+
+def read_jsonl(source: str, key: str = "data.source") -> list[tuple[int, dict]]:
+  """(line number, record) of every non-empty line; a ValueError names the line."""
+  p = paths.path(source, f"--config.{key}")
+  if not p.exists():
+    raise ValueError(f"{key}={source!r} does not exist; point it at a .jsonl file")
+  out = []
+  for n, line in enumerate(p.read_text().splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{key}={source!r} line {n}: not JSON ({e.msg})") from None
+    if not isinstance(record, dict):
+      raise ValueError(f"{key}={source!r} line {n}: expected a JSON object, got "
+                       f"{type(record).__name__}")
+    out.append((n, record))
+  if not out:
+    raise ValueError(f"{key}={source!r} holds no records")
+  return out
+
+
+def _text(record, field, where):
+  value = record.get(field)
+  if not isinstance(value, str):
+    got = "missing" if field not in record else f"a {type(value).__name__}"
+    raise ValueError(f"{where}: field {field!r} is {got}, expected a string")
+  return value
+
+
+def sft_pieces(record: dict, where: str) -> list[tuple[str, bool]]:
+  """The (text, weighted) pieces of one SFT record, in order."""
+  if "messages" in record:
+    turns = record["messages"]
+    if not isinstance(turns, list) or not turns:
+      raise ValueError(f"{where}: 'messages' must be a non-empty list of "
+                       "{'role', 'content'} objects")
+    pieces = []
+    for i, turn in enumerate(turns):
+      if not isinstance(turn, dict) or turn.get("role") not in ROLES:
+        raise ValueError(f"{where}: messages[{i}] must have 'role' one of {ROLES}")
+      content = _text(turn, "content", f"{where}: messages[{i}]")
+      pieces += [(TURN_HEADER.format(role=turn["role"]), False),
+                 (content + TURN_END, turn["role"] == "assistant")]
+    if not any(w for _, w in pieces):
+      raise ValueError(f"{where}: 'messages' has no assistant turn to train on")
+    return pieces
+  if not all(f in record for f in SFT_FIELDS):
+    missing = [f for f in SFT_FIELDS if f not in record]
+    raise ValueError(f"{where}: missing field {missing[0]!r}; SFT records need 'prompt' and "
+                     f"'response' (or 'messages'); the record has {sorted(record)}")
+  return [(_text(record, "prompt", where), False), (_text(record, "response", where), True)]
+
+
+def encode_pieces(tokenizer, pieces, where: str) -> tuple[np.ndarray, np.ndarray]:
+  """(ids [n], weighted [n] bool) of the concatenated pieces, + eos (weighted) if any."""
+  ids, weighted = [], []
+  for text, w in pieces:
+    try:
+      piece = np.asarray(tokenizer.encode(text), np.int32)
+    except ValueError as e:
+      raise ValueError(f"{where}: {e}") from None
+    ids.append(piece)
+    weighted.append(np.full(len(piece), w))
+  if tokenizer.eos_id is not None:
+    ids.append(np.array([tokenizer.eos_id], np.int32))
+    weighted.append(np.array([True]))
+  return np.concatenate(ids), np.concatenate(weighted)
+
+
+def sft_example(ids: np.ndarray, weighted: np.ndarray, max_len: int) -> dict[str, np.ndarray]:
+  """The next-token example of one tokenized record, cut to `max_len` predictions."""
+  n = min(len(ids) - 1, max_len)
+  return {"inputs": ids[:n], "targets": ids[1:n + 1],
+          "weights": weighted[1:n + 1].astype(np.float32)}
+
+
+def pack_examples(examples: list[dict], row_len: int) -> list[dict[str, np.ndarray]]:
+  """Next-fit rows of `row_len` predictions: inputs, targets, weights, segment_ids 1..k
+  (0 = padding), positions from 0 per example. Examples are never split (cut them first)."""
+  rows, start = [], 0
+  lengths = [len(e["inputs"]) for e in examples]
+  if max(lengths, default=0) > row_len:
+    raise ValueError(f"an example of {max(lengths)} predictions does not fit a row of "
+                     f"{row_len}; cut it first (sft_example)")
+  for pieces in packing.next_fit(lengths, row_len):
+    row = {"inputs": np.zeros(row_len, np.int32), "targets": np.zeros(row_len, np.int32),
+           "weights": np.zeros(row_len, np.float32),
+           "segment_ids": np.zeros(row_len, np.int32), "positions": np.zeros(row_len, np.int32)}
+    at = 0
+    for k, n in enumerate(pieces, 1):
+      e = examples[start]
+      start += 1
+      for key in ("inputs", "targets", "weights"):
+        row[key][at:at + n] = e[key]
+      row["segment_ids"][at:at + n] = k
+      row["positions"][at:at + n] = np.arange(n)
+      at += n
+    rows.append(row)
+  return rows
+
+
+def _in_eval(line: str, train_fraction: float) -> bool:
+  return (zlib.crc32(line.encode()) % 10_000) >= train_fraction * 10_000
+
+
+def split_records(data_config) -> dict[str, list[tuple[str, dict]]]:
+  """{'train': [(where, record)], 'validation': [...]} from data.source / data.eval_source."""
+  source = data_config.source
+  eval_source = data_config.get("eval_source")
+  fraction = data_config.get("train_fraction", 0.9)
+  if not isinstance(fraction, (int, float)) or not 0.0 < fraction < 1.0:
+    raise ValueError(f"data.train_fraction={fraction!r} must be in (0, 1), e.g. 0.9")
+  named = lambda src, key: [(f"{key}={src!r} line {n}", r) for n, r in read_jsonl(src, key)]
+  train = named(source, "data.source")
+  if eval_source:
+    return {"train": train, "validation": named(eval_source, "data.eval_source")}
+  split = {"train": [], "validation": []}
+  for where, r in train:
+    split["validation" if _in_eval(json.dumps(r, sort_keys=True), fraction)
+          else "train"].append((where, r))
+  for role, records in split.items():
+    if not records:
+      raise ValueError(f"data.source={source!r}: the {role} split is empty "
+                       f"({len(train)} records, data.train_fraction={fraction}); add records "
+                       "or set data.eval_source")
+  return split
+
+
+class SFTPipeline:
+  """Packed SFT rows (see the module docstring), batched like every pipeline: step-indexed
+  and independent of the process count (`batching.train_batches`)."""
+  task = "sft"
+
+  def __init__(self, data_config, tokenizer, *, seed: int, global_batch_size: int,
+               eval_batch_size: int, process_index: int = 0, process_count: int = 1):
+    if data_config.get("seq_len") is None:
+      raise ValueError("data.seq_len is not set: set --config.data.seq_len=<tokens per row>")
+    self.config, self.tokenizer = data_config, tokenizer
+    self.seq_len = int(data_config.seq_len)
+    self.eval_batch_size = eval_batch_size
+    self.process_index, self.process_count = process_index, process_count
+    truncated, weighted = 0, 0
+    self.records = {}
+    for role, records in split_records(data_config).items():
+      examples = []
+      for where, record in records:
+        ids, w = encode_pieces(tokenizer, sft_pieces(record, where), where)
+        truncated += len(ids) - 1 > self.seq_len
+        e = sft_example(ids, w, self.seq_len)
+        if len(e["inputs"]) == 0:
+          continue
+        weighted += int(e["weights"].sum())
+        examples.append(e)
+      self.records[role] = grain.MapDataset.source(pack_examples(examples, self.seq_len))
+    self.info = {"vocab_size": tokenizer.vocab_size, "truncated": truncated,
+                 "response_tokens": weighted}
+    self._train = batching.train_batches(
+        self.records["train"], global_batch_size=global_batch_size, seed=seed,
+        process_index=process_index, process_count=process_count)
+
+  def train_batch(self, step: int) -> dict[str, np.ndarray]:
+    return self._train[step]
+
+  def eval_batches(self) -> Iterable[dict[str, np.ndarray]]:
+    return batching.eval_batches(self.records["validation"],
+                                 global_batch_size=self.eval_batch_size,
+                                 process_index=self.process_index,
+                                 process_count=self.process_count,
+                                 max_batches=self.config.get("eval_batches"))
+
+
+def make_pipeline(config, task: str, *, workdir: str, seed: int, global_batch_size: int,
+                  eval_batch_size: int, process_index: int = 0, process_count: int = 1,
+                  data_dir=None):
+  """The SFT (or DPO) pipeline of `config`, with the tokenizer of `posttrain.init_from`,
+  saved into `workdir` too (so sampling the post-trained run finds it)."""
+  from jaxformer.posttrain import init
+  tokenizer = init.source_tokenizer(config)
+  if process_index == 0:
+    tokenizer.save(workdir)
+  kw = dict(seed=seed, global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
+            process_index=process_index, process_count=process_count)
+  if task == "sft":
+    return SFTPipeline(config.data, tokenizer, **kw)
+  raise ValueError(f"task={task!r} has no post-training pipeline (sft)")

@@ -1,0 +1,138 @@
+"""Supervised fine-tuning (jaxformer.posttrain): response-only loss weights, packing that
+keeps examples apart, one-line errors for wrong data fields, and a tiny SFT run from a
+trained workdir that resumes exactly."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from ml_collections import ConfigDict
+
+from configs import sft as sft_config
+from jaxformer import models
+from jaxformer.data.tokenizers import CharTokenizer
+from jaxformer.posttrain import data as pdata
+from jaxformer.train import loop
+from jaxformer.train.metrics import read
+from tests.runs import tiny_run_config
+
+TOK = CharTokenizer("abcdefghijklmnopqrstuvwxyz :\n?!.,")
+RECORDS = [{"prompt": "who? ", "response": "me."},
+           {"prompt": "say hi: ", "response": "hi!"},
+           {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                         {"role": "user", "content": "c"}, {"role": "assistant",
+                                                            "content": "dd"}]}]
+
+
+def _example(record, max_len=64):
+  ids, w = pdata.encode_pieces(TOK, pdata.sft_pieces(record, "test"), "test")
+  return pdata.sft_example(ids, w, max_len)
+
+
+def test_loss_weights_are_exactly_the_response_tokens():
+  e = _example(RECORDS[0])
+  prompt, response = TOK.encode("who? "), TOK.encode("me.")
+  np.testing.assert_array_equal(e["inputs"], np.concatenate([prompt, response])[:-1])
+  np.testing.assert_array_equal(e["targets"], np.concatenate([prompt, response])[1:])
+  # predictions whose target is a response token: the last len(response) ones
+  np.testing.assert_array_equal(e["weights"], [0] * (len(prompt) - 1) + [1] * len(response))
+  # chat: every assistant content (+ its "\n") is weighted, headers and user turns are not
+  e = _example(RECORDS[2])
+  text = TOK.decode(np.concatenate([e["inputs"][:1], e["targets"]]))
+  assert text == "user: a\nassistant: b\nuser: c\nassistant: dd\n"
+  weighted = "".join(TOK.decode([t]) for t, w in zip(e["targets"], e["weights"]) if w)
+  assert weighted == "b\ndd\n"
+
+
+def test_packing_keeps_examples_apart_in_rows_and_in_the_model():
+  examples = [_example(r, 32) for r in RECORDS]
+  assert len(examples[2]["inputs"]) == 32   # the chat (42 predictions) cut to a row
+  rows = pdata.pack_examples(examples, 32)
+  assert len(rows) == 2                     # 8 + 10 share a row, the chat has its own
+  row = rows[0]
+  lengths = [len(e["inputs"]) for e in examples]
+  assert list(np.bincount(row["segment_ids"])[1:]) == lengths[:2]
+  # the decoder on the packed row gives each example the logits it gets alone
+  cfg = tiny_run_config().model
+  module = models.build(cfg)
+  params = module.init(jax.random.key(0), jnp.zeros((1, 32), jnp.int32))["params"]
+  batch = {k: jnp.asarray(v)[None] for k, v in row.items()}
+  packed = module.apply({"params": params}, batch["inputs"], segment_ids=batch["segment_ids"],
+                        positions=batch["positions"])
+  at = 0
+  for e in examples[:2]:
+    n = len(e["inputs"])
+    alone = module.apply({"params": params}, jnp.asarray(e["inputs"])[None])
+    np.testing.assert_allclose(packed[0, at:at + n], alone[0], atol=1e-5, rtol=1e-5)
+    at += n
+  # without segment ids the second example would see the first: the test can tell
+  mixed = module.apply({"params": params}, batch["inputs"], positions=batch["positions"])
+  assert not np.allclose(mixed[0, lengths[0]:at], packed[0, lengths[0]:at], atol=1e-3)
+
+
+@pytest.mark.parametrize("line,message", [
+    ('{"prompt": "a"}', r"line 1: missing field 'response'; SFT records need 'prompt' and "
+                        r"'response' \(or 'messages'\)"),
+    ('{"prompt": "a", "response": 3}', r"line 1: field 'response' is a int, expected a string"),
+    ('[1, 2]', r"line 1: expected a JSON object"),
+    ('{"messages": [{"role": "user", "content": "a"}]}', r"no assistant turn"),
+    ('{"prompt": "A", "response": "b"}', r"line 1: characters \['A'\] are not in the"),
+])
+def test_wrong_data_fields_are_one_line_errors(tmp_path, line, message):
+  path = tmp_path / "bad.jsonl"
+  path.write_text(line + "\n")
+  data = ConfigDict(dict(source=str(path), eval_source=str(path), seq_len=16))
+  with pytest.raises(ValueError, match=message) as e:
+    pdata.SFTPipeline(data, TOK, seed=0, global_batch_size=2, eval_batch_size=2)
+  assert "\n" not in str(e.value) and "bad.jsonl" in str(e.value)
+
+
+def _sft_jsonl(path, n=40):
+  rng = np.random.default_rng(0)
+  names = ["ROMEO", "JULIET", "MERCUTIO", "TYBALT"]
+  with open(path, "w") as f:
+    for i in range(n):
+      who = names[i % 4]
+      f.write(json.dumps({"prompt": f"Who speaks of {'abcdefghij'[i % 10]}?\n", "response": f"{who}: " +
+                          "ab"[int(rng.integers(2))] * 3 + ".\n"}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("source") / "run")
+  loop.train(tiny_run_config(steps=8, checkpoint_every=8, eval_every=8, log_every=4), workdir)
+  return workdir
+
+
+def _sft(source, data_path, **train):
+  cfg = sft_config.get_config(source)
+  cfg.data.source = data_path
+  cfg.data.eval_batches = 1
+  cfg.optim.warmup_steps = 2
+  cfg.train.update(steps=8, batch_size=8, log_every=2, eval_every=4, checkpoint_every=4,
+                   attention_maps=False, **train)
+  return cfg
+
+
+@pytest.mark.slow
+def test_tiny_sft_run_starts_from_the_source_and_resumes_exactly(tmp_path, source_run, capsys):
+  data_path = str(tmp_path / "sft.jsonl")
+  _sft_jsonl(data_path)
+  cfg = _sft(source_run, data_path)
+  full, parted = str(tmp_path / "full"), str(tmp_path / "parted")
+  loop.train(cfg, full)
+  assert f"initialized from {source_run} at step 8" in capsys.readouterr().out
+  loop.train(cfg, parted, stop_after=5)
+  capsys.readouterr()
+  loop.train(cfg, parted)
+  assert "initialized from" not in capsys.readouterr().out     # its own checkpoint
+  keys = ("step", "loss", "grad_norm", "eval_loss", "eval_accuracy")
+  strip = lambda rs: [{k: r[k] for k in keys if k in r} for r in rs]
+  records = read(os.path.join(full, "metrics.jsonl"))
+  assert strip(read(os.path.join(parted, "metrics.jsonl"))) == strip(records)
+  assert os.path.exists(os.path.join(full, "tokenizer.json"))
+  losses = [r["loss"] for r in records if "loss" in r]
+  assert len(losses) == 4 and losses[-1] < losses[0]
