@@ -16,9 +16,14 @@ from jaxformer.posttrain import init as posttrain_init
 
 
 def get_config(arg=None):
+  return posttrain_config(arg, "sft")
+
+
+def posttrain_config(arg, method: str):
+  """The config of `method` ('sft' | 'dpo') starting from the trained workdir `arg`."""
   if not arg:
-    raise ValueError("configs/sft.py needs the trained workdir to start from: "
-                     "--config=configs/sft.py:WORKDIR")
+    raise ValueError(f"configs/{method}.py needs the trained workdir to start from: "
+                     f"--config=configs/{method}.py:WORKDIR")
   source = posttrain_init.source_config(arg)
   model = config_dict.ConfigDict(source.model.to_dict())
   seq_len = source.data.get("seq_len")
@@ -27,9 +32,10 @@ def get_config(arg=None):
       data=common.data("", None, seq_len, eval_source=config_dict.placeholder(str),
                        train_fraction=0.9, eval_batches=config_dict.placeholder(int)),
       train=common.train(200, 8, eval_every=50, log_every=10, checkpoint_every=50,
-                         sample_tokens=0, seed=source.train.get("seed", 0)),
+                         sample_tokens=0, attention_maps=False,
+                         seed=source.train.get("seed", 0)),
       optim=common.optim(1e-4, schedule="constant", warmup_steps=10, weight_decay=0.0,
                          clip=1.0))
-  cfg.posttrain = config_dict.ConfigDict(dict(method="sft", init_from=arg, beta=0.1,
+  cfg.posttrain = config_dict.ConfigDict(dict(method=method, init_from=arg, beta=0.1,
                                               label_smoothing=0.0))
   return cfg

@@ -19,10 +19,13 @@ example longer than a row is cut to its first seq_len predictions (counted in
 Chat template (the project's own, plain text so the char tokenizer can write it):
 each turn is "{role}: " (never weighted) then "{content}\n" (weighted on assistant turns).
 
-DPO records: {"prompt", "chosen", "rejected"}: each pair becomes two rows (chosen, rejected)
-prompt + completion, padded to seq_len, weights 1 on the completion's targets; a batch of B
-pairs is {'inputs', 'targets', 'weights', 'positions'} of shape [2, B, T] ... see
-`DPOPipeline`.
+DPO records: {"prompt", "chosen", "rejected"}: each pair gives two unpacked rows, prompt +
+chosen and prompt + rejected (+ eos), cut and padded to seq_len predictions, with weights 1 on
+the completion's targets: a batch of B pairs is {'chosen_inputs', 'chosen_targets',
+'chosen_weights', 'rejected_*'} of [B, seq_len] and 'pairs' [B] (1.0; the eval's padding rows
+carry `valid` 0). Padding at the end of a causal row changes nothing before it, so no segment
+ids are needed. A pair whose chosen or rejected completion is cut away entirely is dropped
+(counted in `info['dropped_pairs']`).
 
 Splits: `data.source` (train) and `data.eval_source` (optional; else a record goes to eval
 when a hash of its line falls in the last 1 - `data.train_fraction` (default 0.9)).
@@ -222,6 +225,55 @@ class SFTPipeline:
                                  max_batches=self.config.get("eval_batches"))
 
 
+def dpo_pair(tokenizer, record: dict, where: str, seq_len: int) -> dict[str, np.ndarray] | None:
+  """The padded rows of one preference pair (None: a completion was cut away)."""
+  missing = [f for f in DPO_FIELDS if f not in record]
+  if missing:
+    raise ValueError(f"{where}: missing field {missing[0]!r}; DPO records need 'prompt', "
+                     f"'chosen' and 'rejected'; the record has {sorted(record)}")
+  prompt = _text(record, "prompt", where)
+  out = {"pairs": np.float32(1.0)}
+  for side in ("chosen", "rejected"):
+    ids, w = encode_pieces(tokenizer, [(prompt, False), (_text(record, side, where), True)],
+                           where)
+    e = sft_example(ids, w, seq_len)
+    if not e["weights"].any():
+      return None
+    n = len(e["inputs"])
+    for key, value in e.items():
+      padded = np.zeros(seq_len, value.dtype)
+      padded[:n] = value
+      out[f"{side}_{key}"] = padded
+  return out
+
+
+class DPOPipeline(SFTPipeline):
+  """Preference pairs (see the module docstring), batched like every pipeline."""
+  task = "dpo"
+
+  def __init__(self, data_config, tokenizer, *, seed: int, global_batch_size: int,
+               eval_batch_size: int, process_index: int = 0, process_count: int = 1):
+    if data_config.get("seq_len") is None:
+      raise ValueError("data.seq_len is not set: set --config.data.seq_len=<tokens per row>")
+    self.config, self.tokenizer = data_config, tokenizer
+    self.seq_len = int(data_config.seq_len)
+    self.eval_batch_size = eval_batch_size
+    self.process_index, self.process_count = process_index, process_count
+    dropped, self.records = 0, {}
+    for role, records in split_records(data_config).items():
+      pairs = [dpo_pair(tokenizer, r, where, self.seq_len) for where, r in records]
+      dropped += sum(p is None for p in pairs)
+      pairs = [p for p in pairs if p is not None]
+      if not pairs:
+        raise ValueError(f"data.source: no {role} pair has a completion within "
+                         f"data.seq_len={self.seq_len}; raise data.seq_len")
+      self.records[role] = grain.MapDataset.source(pairs)
+    self.info = {"vocab_size": tokenizer.vocab_size, "dropped_pairs": dropped}
+    self._train = batching.train_batches(
+        self.records["train"], global_batch_size=global_batch_size, seed=seed,
+        process_index=process_index, process_count=process_count)
+
+
 def make_pipeline(config, task: str, *, workdir: str, seed: int, global_batch_size: int,
                   eval_batch_size: int, process_index: int = 0, process_count: int = 1,
                   data_dir=None):
@@ -235,4 +287,6 @@ def make_pipeline(config, task: str, *, workdir: str, seed: int, global_batch_si
             process_index=process_index, process_count=process_count)
   if task == "sft":
     return SFTPipeline(config.data, tokenizer, **kw)
-  raise ValueError(f"task={task!r} has no post-training pipeline (sft)")
+  if task == "dpo":
+    return DPOPipeline(config.data, tokenizer, **kw)
+  raise ValueError(f"task={task!r} has no post-training pipeline (sft, dpo)")

@@ -104,4 +104,7 @@ def init_state(config, plan, state, abstract_boxed):
     raise ValueError(f"posttrain.init_from={workdir!r} has no checkpoint yet; train it first")
   step, src_state = restored
   print(f"initialized from {workdir} at step {step}", flush=True)
-  return {**state, "params": src_state["params"]}
+  state = {**state, "params": src_state["params"]}
+  if "reference" in state:       # DPO: the frozen reference is the source (SFT) model
+    state["reference"] = jax.tree.map(lambda x: x.copy(), src_state["params"])
+  return state

@@ -47,7 +47,8 @@ def lr_multipliers(module, init_params):
 
 def train_state_fns(config):
   """(module, optimizer, init_boxed): init_boxed() builds the train state pytree
-  {'step', 'params', 'opt_state', 'skipped'} with parameters (and their optimizer moments)
+  {'step', 'params', 'opt_state', 'skipped'} (+ 'reference' for DPO: the frozen
+  reference params, checkpointed with the state) with parameters (and their optimizer moments)
   still in their `nn.Partitioned` boxes, which name the logical axes the sharding plan maps
   to the mesh; `nn.unbox` of it is the state itself."""
   module = models.build(config.model)
@@ -57,9 +58,14 @@ def train_state_fns(config):
                             config.train.steps,
                             lr_multipliers=lr_multipliers(module, init_params))
 
+  reference = (config.get("posttrain") or {}).get("method") == "dpo"
+
   def init_boxed():
     params = init_params()
-    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
-            "skipped": jnp.zeros((), jnp.int32)}
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+             "skipped": jnp.zeros((), jnp.int32)}
+    if reference:           # DPO's frozen reference model (posttrain/dpo.py), never trained
+      state["reference"] = params
+    return state
 
   return module, tx, init_boxed

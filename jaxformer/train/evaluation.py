@@ -17,11 +17,13 @@ from jaxformer.train import attention_maps, tasks
 from jaxformer.train.setup import Run, Steps, Writers
 
 
-def evaluate(eval_step, params, pipeline, task, plan) -> dict:
-  """Split-level eval metrics from per-batch sums (padded rows carry zero weight)."""
+def evaluate(eval_step, params, pipeline, task, plan, frozen=None) -> dict:
+  """Split-level eval metrics from per-batch sums (padded rows carry zero weight); `frozen`:
+  the state entry the task's objective also reads (`Task.frozen_key`)."""
   totals = None
   for batch in pipeline.eval_batches():
-    sums = eval_step(params, plan.global_batch(batch))
+    extra = () if task.frozen_key is None else (frozen,)
+    sums = eval_step(params, plan.global_batch(batch), *extra)
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   return tasks.finalize_eval(task, jax.device_get(totals))
 
@@ -53,12 +55,12 @@ class Evaluator:
     self.samples = run.task.samples and t.sample_tokens
     self.sample_every = t.sample_every      # 0: one sample at the end of training
 
-  def __call__(self, done: int, params) -> dict:
-    """The eval record of step `done`."""
+  def __call__(self, done: int, params, frozen=None) -> dict:
+    """The eval record of step `done` (`frozen`: see `evaluate`)."""
     run, bar = self.run, self.writers.bar
     with bar.paused():
       record = {"step": done, **evaluate(self.steps.eval_step, params, run.pipeline, run.task,
-                                         run.plan)}
+                                         run.plan, frozen)}
       if self.show_attention:
         png, entropy = attention_maps.write_attention_map(
             self.snapshot_fn, params, self.steps.example, step=done, workdir=run.workdir,

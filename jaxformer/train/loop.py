@@ -103,7 +103,7 @@ def _step_loop(run: setup.Run, steps: setup.Steps, writers: setup.Writers,
       if done % t.log_every == 0 or done == t.steps:
         _log(run, steps, writers, done, m)
       if done % t.eval_every == 0 or done == t.steps:
-        last_eval = evaluator(done, state["params"])
+        last_eval = evaluator(done, state["params"], state.get(run.task.frozen_key or ""))
       preempted = stop.reached(done) or (stop_after is not None and
                                          done - run.start >= stop_after)
       if (done % t.checkpoint_every == 0 or done == t.steps or preempted
@@ -139,7 +139,7 @@ def _log(run: setup.Run, steps: setup.Steps, writers: setup.Writers, done: int, 
             "grad_norm": float(m["grad_norm"]), "skipped": int(m["skipped"])}
   if run.task.step_accuracy:
     record["accuracy"] = float(m["accuracy"])
-  for key in (k for k in m if k.startswith(("moe_", "nsp_"))):
+  for key in (k for k in m if k.startswith(("moe_", "nsp_", "dpo_"))):
     value = jax.device_get(m[key])
     record[key] = value.tolist() if value.ndim else float(value)
   writers.bar.update(done, record)

@@ -24,7 +24,7 @@ from jaxformer.tpu import chips
 
 PEAK_FLOPS_ENV = "JAXFORMER_PEAK_FLOPS"
 
-_UNIT_SHORT = {"tokens": "tok", "images": "img"}
+_UNIT_SHORT = {"tokens": "tok", "images": "img", "pairs": "pairs"}   # pairs: DPO
 _DTYPES = ("bfloat16", "float16", "float32")
 
 # Published dense (no 2:4 sparsity) peak FLOP/s per JAX device, by dtype. GPUs are matched on a

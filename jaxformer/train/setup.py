@@ -147,8 +147,10 @@ def make_steps(run: Run) -> Steps:
   batch_shardings = lambda batch: {k: plan.batch_sharding(np.ndim(v)) for k, v in batch.items()}
   train_step = jit_train_step(run.settings, plan, run.module, run.tx, run.task,
                               run.state_shardings, batch_shardings(first))
+  frozen = run.task.frozen_key
   eval_step = plan.jit(step_lib.make_eval_step(run.module, run.task),
-                       in_shardings=(run.state_shardings["params"], batch_shardings(example)),
+                       in_shardings=(run.state_shardings["params"], batch_shardings(example))
+                       + ((run.state_shardings[frozen],) if frozen else ()),
                        out_shardings=plan.replicated, name="eval_step")
   dropout_key = plan.replicate(jax.random.split(jax.random.key(t.seed))[1])
   # jitted: the logs call it on the host, where eager dispatch compiled ~10 tiny ops (~0.5 s)

@@ -39,8 +39,10 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
   """
   moe = getattr(getattr(module, "block", None), "moe", None)     # MoESettings or None
 
-  def weighted_sums(params, batch, rng, aux_scale):
+  def weighted_sums(params, batch, rng, aux_scale, frozen):
     """(sum of objective * w [+ aux * aux_scale], (sum nll * w, sum correct * w, moe))."""
+    if task.frozen_key is not None:         # e.g. DPO: the reference params, not trained
+      return task.objective.train_sums(module, params, batch, rng, frozen=frozen)
     if task.objective is not None:          # its own loss (tasks.Task.objective)
       return task.objective.train_sums(module, params, batch, rng)
     args, kwargs = task.model_args(batch)
@@ -72,14 +74,16 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
   def train_step(state, batch, dropout_key):
     rng = jax.random.fold_in(dropout_key, state["step"])
     params = state["params"]
+    frozen = state[task.frozen_key] if task.frozen_key is not None else None
     total_weight = jnp.maximum(jnp.sum(task.weights(batch)), 1e-9)
     aux_scale = total_weight / grad_accum     # aux enters the loss once, micro-batch mean
     if grad_accum == 1:
-      (objective, (nll, correct, moe_metrics)), grads = grad_fn(params, batch, rng, aux_scale)
+      (objective, (nll, correct, moe_metrics)), grads = grad_fn(params, batch, rng, aux_scale, frozen)
     else:
       def micro(carry, xs):
         i, mb = xs
-        (o, (n, c, mm)), g = grad_fn(params, mb, jax.random.fold_in(rng, i), aux_scale)
+        (o, (n, c, mm)), g = grad_fn(params, mb, jax.random.fold_in(rng, i), aux_scale,
+                                    frozen)
         acc_o, acc_n, acc_c, acc_g = carry
         return (acc_o + o, acc_n + n, acc_c + c, jax.tree.map(jnp.add, acc_g, g)), mm
       zeros = jax.tree.map(jnp.zeros_like, params)
@@ -103,7 +107,7 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
     # the README model) and always paid for the update.
     new_params, opt_state = jax.lax.cond(finite, update, skip, grads, state["opt_state"],
                                          params)
-    new_state = {"step": state["step"] + 1, "params": new_params, "opt_state": opt_state,
+    new_state = {**state, "step": state["step"] + 1, "params": new_params, "opt_state": opt_state,
                  "skipped": jnp.where(finite, 0, state["skipped"] + 1)}
     return new_state, {"loss": nll / total_weight, "train_objective": loss,
                        "accuracy": correct / total_weight, "grad_norm": grad_norm,
@@ -113,7 +117,12 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
 
 
 def make_eval_step(module, task: Task):
-  """(params, batch) -> sums of nll / correct / count (see tasks.eval_sums)."""
+  """(params, batch) -> sums of nll / correct / count (see tasks.eval_sums); with a frozen
+  state entry (`Task.frozen_key`) (params, batch, frozen)."""
+  if task.frozen_key is not None:
+    return lambda params, batch, frozen: task.objective.eval_sums(module, params, batch,
+                                                                  frozen=frozen)
+
   def eval_step(params, batch):
     if task.objective is not None:
       return task.objective.eval_sums(module, params, batch)

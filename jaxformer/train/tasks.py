@@ -24,6 +24,7 @@ import numpy as np
 
 from jaxformer.data.batching import VALID
 from jaxformer import models
+from jaxformer.posttrain.dpo import DirectPreference
 from jaxformer.train.rtd import ReplacedTokenDetection
 
 
@@ -47,8 +48,14 @@ class Task:
   # An objective that is not the cross-entropy of the model's logits against `labels`
   # (rtd.ReplacedTokenDetection): its train_sums(module, params, batch, rng) -> (objective
   # sum, (nll sum, correct sum, metrics)), eval_sums(module, params, batch) -> sums and
-  # finalize(totals) -> eval metrics replace the cross-entropy ones in the steps.
+  # finalize(totals) -> eval metrics replace the cross-entropy ones in the steps. An objective
+  # with a `frozen_key` (DPO's 'reference') also gets that entry of the train state, never
+  # trained, as the keyword `frozen` of both sums.
   objective: Any = None
+
+  @property
+  def frozen_key(self) -> str | None:
+    return getattr(self.objective, "frozen_key", None)
 
   @property
   def batch_layout(self) -> str:
@@ -117,6 +124,13 @@ TASKS = {
     "sft": Task("sft", "tokens", ("inputs",),
                 (("segment_ids", "segment_ids"), ("positions", "positions")), "targets",
                 counted="inputs", context=("inputs",), text=True, samples=True),
+    # Direct preference optimization (posttrain/dpo.py): the loss is over pairs ('pairs' is
+    # 1 per pair, so the step's weighted sums are per-pair means); `task_for_run` sets the
+    # objective's beta from the config. The reference params are the train state's
+    # 'reference' (the objective's `frozen_key`).
+    "dpo": Task("dpo", "pairs", ("chosen_inputs",), (), "pairs", counted="chosen_inputs",
+                context=("chosen_inputs",), text=True, samples=True,
+                objective=DirectPreference()),
 }
 
 
@@ -132,7 +146,10 @@ def task_for_run(config) -> Task:
     raise ValueError(f"posttrain.method={post.method!r} needs a decoder LM; "
                      f"model.family={config.model.get('family')!r} trains task {task.name!r}")
   if post.method not in TASKS:
-    raise ValueError(f"posttrain.method={post.method!r} is not built yet (sft works)")
+    raise ValueError(f"posttrain.method={post.method!r} has no task")
+  if post.method == "dpo":
+    return dataclasses.replace(TASKS["dpo"], objective=DirectPreference(
+        post.beta, post.label_smoothing))
   return TASKS[post.method]
 
 
