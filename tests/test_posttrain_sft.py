@@ -4,6 +4,7 @@ trained workdir that resumes exactly."""
 
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,7 @@ from jaxformer.posttrain import data as pdata
 from jaxformer.train import loop
 from jaxformer.train.metrics import read
 from tests.runs import tiny_run_config
+from tests.user_errors import user_error
 
 TOK = CharTokenizer("abcdefghijklmnopqrstuvwxyz :\n?!.,")
 RECORDS = [{"prompt": "who? ", "response": "me."},
@@ -84,10 +86,10 @@ def test_packing_keeps_examples_apart_in_rows_and_in_the_model():
 def test_wrong_data_fields_are_one_line_errors(tmp_path, line, message):
   path = tmp_path / "bad.jsonl"
   path.write_text(line + "\n")
-  data = ConfigDict(dict(source=str(path), eval_source=str(path), seq_len=16))
-  with pytest.raises(ValueError, match=message) as e:
-    pdata.SFTPipeline(data, TOK, seed=0, global_batch_size=2, eval_batch_size=2)
-  assert "\n" not in str(e.value) and "bad.jsonl" in str(e.value)
+  data = ConfigDict(dict(source=str(path), seq_len=16))     # no eval_source: one record
+  text = user_error(lambda: pdata.SFTPipeline(data, TOK, seed=0, global_batch_size=2,
+                                              eval_batch_size=2), "bad.jsonl")
+  assert "\n" not in text and re.search(message, text), text
 
 
 def _sft_jsonl(path, n=40):

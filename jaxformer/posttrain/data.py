@@ -174,12 +174,16 @@ def split_records(data_config) -> dict[str, list[tuple[str, dict]]]:
   for where, r in train:
     split["validation" if _in_eval(json.dumps(r, sort_keys=True), fraction)
           else "train"].append((where, r))
-  for role, records in split.items():
-    if not records:
-      raise ValueError(f"data.source={source!r}: the {role} split is empty "
-                       f"({len(train)} records, data.train_fraction={fraction}); add records "
-                       "or set data.eval_source")
   return split
+
+
+def _check_split(data_config, role: str, items: list, total: int):
+  """After every record of a split was read (so a bad field is reported first)."""
+  if not items:
+    raise ValueError(f"data.source={data_config.source!r}: the {role} split is empty "
+                     f"({total} records, data.train_fraction="
+                     f"{data_config.get('train_fraction', 0.9)}); add records or set "
+                     "data.eval_source")
 
 
 class SFTPipeline:
@@ -197,10 +201,14 @@ class SFTPipeline:
     self.process_index, self.process_count = process_index, process_count
     truncated, weighted = 0, 0
     self.records = {}
-    for role, records in split_records(data_config).items():
+    splits = split_records(data_config)
+    encoded = {role: [(where, encode_pieces(tokenizer, sft_pieces(r, where), where))
+                      for where, r in records] for role, records in splits.items()}
+    total = sum(len(r) for r in splits.values())
+    for role, records in encoded.items():
+      _check_split(data_config, role, records, total)
       examples = []
-      for where, record in records:
-        ids, w = encode_pieces(tokenizer, sft_pieces(record, where), where)
+      for where, (ids, w) in records:
         truncated += len(ids) - 1 > self.seq_len
         e = sft_example(ids, w, self.seq_len)
         if len(e["inputs"]) == 0:
@@ -260,8 +268,12 @@ class DPOPipeline(SFTPipeline):
     self.eval_batch_size = eval_batch_size
     self.process_index, self.process_count = process_index, process_count
     dropped, self.records = 0, {}
-    for role, records in split_records(data_config).items():
-      pairs = [dpo_pair(tokenizer, r, where, self.seq_len) for where, r in records]
+    splits = split_records(data_config)
+    encoded = {role: [dpo_pair(tokenizer, r, where, self.seq_len) for where, r in records]
+               for role, records in splits.items()}
+    total = sum(len(r) for r in splits.values())
+    for role, pairs in encoded.items():
+      _check_split(data_config, role, pairs, total)
       dropped += sum(p is None for p in pairs)
       pairs = [p for p in pairs if p is not None]
       if not pairs:
