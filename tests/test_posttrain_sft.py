@@ -2,6 +2,7 @@
 keeps examples apart, one-line errors for wrong data fields, and a tiny SFT run from a
 trained workdir that resumes exactly."""
 
+import dataclasses
 import json
 import os
 import re
@@ -13,7 +14,8 @@ import pytest
 from ml_collections import ConfigDict
 
 from configs import sft as sft_config
-from jaxformer import models
+from jaxformer import models, run_settings
+from jaxformer.data import batch_spec
 from jaxformer.data.tokenizers import CharTokenizer
 from jaxformer.posttrain import data as pdata
 from jaxformer.train import loop
@@ -90,6 +92,25 @@ def test_wrong_data_fields_are_one_line_errors(tmp_path, line, message):
   text = user_error(lambda: pdata.SFTPipeline(data, TOK, seed=0, global_batch_size=2,
                                               eval_batch_size=2), "bad.jsonl")
   assert "\n" not in text and re.search(message, text), text
+
+
+def test_batch_specs_match_the_pipelines_first_batch(tmp_path):
+  """What `jaxformer.plan` compiles for: data/batch_spec.py's sft and dpo layouts."""
+  sft_path, dpo_path = tmp_path / "sft.jsonl", tmp_path / "dpo.jsonl"
+  sft_path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+  dpo_path.write_text("".join(json.dumps({"prompt": f"say {c}:", "chosen": c, "rejected": "z"})
+                              + "\n" for c in "abcd"))
+  for task, path, cls in [("sft", sft_path, pdata.SFTPipeline),
+                          ("dpo", dpo_path, pdata.DPOPipeline)]:
+    cfg = ConfigDict(dict(data=dict(source=str(path), eval_source=str(path), seq_len=16),
+                          train=dict(batch_size=4)))
+    settings = run_settings.RunSettings(
+        **{**{f.name: None for f in dataclasses.fields(run_settings.RunSettings)},
+           "train": run_settings.parse_section("train", {"steps": 1, "batch_size": 4}),
+           "data": run_settings.parse_section("data", cfg.data.to_dict(), strict=False)})
+    batch = cls(cfg.data, TOK, seed=0, global_batch_size=4, eval_batch_size=4).train_batch(0)
+    got = {k: (tuple(v.shape), np.asarray(v).dtype) for k, v in batch.items()}
+    assert batch_spec.train_batch_spec(cfg, settings, task, {}) == got, task
 
 
 def _sft_jsonl(path, n=40):

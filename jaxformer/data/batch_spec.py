@@ -51,6 +51,17 @@ def train_batch_spec(config, settings: run_settings.RunSettings, task: str,
     elif lm_packing(config) == "packed":
       spec.update({k: tokens for k in _PACKED_KEYS}, weights=((b, t), np.dtype(np.float32)))
     return spec
+  if task in ("sft", "dpo"):            # post-training (posttrain/data.py)
+    t = settings.data.seq_len
+    if t is None:
+      raise ValueError("data.seq_len is not set: set --config.data.seq_len=<tokens per row>")
+    tokens, weights = ((b, t), np.dtype(np.int32)), ((b, t), np.dtype(np.float32))
+    if task == "sft":                   # packed prompt/response rows
+      return {"inputs": tokens, "targets": tokens, "weights": weights,
+              "segment_ids": tokens, "positions": tokens}
+    return {"pairs": ((b,), np.dtype(np.float32)),
+            **{f"{side}_{k}": (weights if k == "weights" else tokens)
+               for side in ("chosen", "rejected") for k in ("inputs", "targets", "weights")}}
   if task == "bart_denoising":          # data/denoising.py: windows of seq_len, both sides
     t = settings.data.seq_len
     if t is None:

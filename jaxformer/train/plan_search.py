@@ -210,7 +210,7 @@ def _rough_seconds(cfg, settings, plan, chip, param_bytes: int) -> float:
   """An analytic ordering key: compute (with the remat policy's recompute) against the
   bytes FSDP, data and tensor parallelism move. Only orders compiles; never reported."""
   model = models.with_defaults(cfg.model)
-  task = tasks.task_for(cfg.model)
+  task = tasks.task_for_run(cfg)
   batch = {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in train_batch_spec(
       cfg, settings, task.batch_layout, model).items()}
   flops = progress.flops_per_step(cfg.model, task, batch, 1) / plan.mesh.devices.size

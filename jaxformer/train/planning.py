@@ -66,7 +66,7 @@ def build_program(config, devices: Sequence[Any], settings=None) -> Program:
   """The train step of `config` for `devices`, as the trainer builds it; every config error
   (mesh, divisibility, batch) is raised here, before anything compiles."""
   settings = settings or config_checks.validate(config)
-  task = tasks.task_for(config.model)
+  task = tasks.task_for_run(config)
   plan = parallel.ShardingPlan.from_config(settings.mesh, devices)
   plan.check_batch_size(settings.train.batch_size)
   module, tx, init_boxed = state_lib.train_state_fns(config)

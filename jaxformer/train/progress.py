@@ -125,7 +125,8 @@ def flops_per_step(model_config, task, batch: dict, process_count: int) -> int:
     tokens = context = models.get(cfg["family"]).tokens_per_example(cfg)
   else:
     tokens, context = lengths
-  return counting.flops_per_token(model_config, context) * tokens * rows
+  return int(counting.flops_per_token(model_config, context) * tokens * rows
+             * task.flops_scale)
 
 class Progress:
   """Prints `step/total  loss  units/s  MFU  eta  elapsed` on each `update`.

@@ -40,6 +40,9 @@ class Task:
   # inputs that are not token sequences (the family's `tokens_per_example` counts them).
   counted: str | None = None
   context: tuple[str, ...] = ()
+  # model passes per counted row relative to one training pass (fwd + bwd): DPO trains on a
+  # chosen and a rejected row and runs the reference forward (1/3 of a pass) on both: 8/3
+  flops_scale: float = 1.0
   text: bool = False               # ids of a text tokenizer: eval perplexity, labelled maps
   samples: bool = False            # a language model: text is sampled at evals and the end
   step_accuracy: bool = False      # each logged step records its accuracy too
@@ -129,7 +132,7 @@ TASKS = {
     # objective's beta from the config. The reference params are the train state's
     # 'reference' (the objective's `frozen_key`).
     "dpo": Task("dpo", "pairs", ("chosen_inputs",), (), "pairs", counted="chosen_inputs",
-                context=("chosen_inputs",), text=True, samples=True,
+                context=("chosen_inputs",), flops_scale=8 / 3, text=True, samples=True,
                 objective=DirectPreference()),
 }
 
