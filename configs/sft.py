@@ -3,7 +3,8 @@
     python -m jaxformer.train --config=configs/sft.py:SOURCE_WORKDIR \\
         --config.data.source=train.jsonl [--config.data.eval_source=eval.jsonl] --workdir=DIR
 
-`arg` is the trained workdir to start from: its model section is copied (the params must have
+`arg` is the trained workdir to start from (or `hf:DIR`, a Hugging Face checkpoint with its
+tokenizer.json; data.seq_len then defaults to min(max_len, 256)): its model section is copied (the params must have
 its shapes), its latest checkpoint's params and its tokenizer are used; data.seq_len defaults
 to its own. Records are JSON Lines with 'prompt' and 'response' (or chat 'messages'), see
 jaxformer/posttrain/data.py; the loss is on response tokens only.
@@ -12,6 +13,7 @@ jaxformer/posttrain/data.py; the loss is on response tokens only.
 from ml_collections import config_dict
 
 from configs import common
+from jaxformer import models
 from jaxformer.posttrain import init as posttrain_init
 
 
@@ -24,9 +26,9 @@ def posttrain_config(arg, method: str):
   if not arg:
     raise ValueError(f"configs/{method}.py needs the trained workdir to start from: "
                      f"--config=configs/{method}.py:WORKDIR")
-  source = posttrain_init.source_config(arg)
-  model = config_dict.ConfigDict(source.model.to_dict())
-  seq_len = source.data.get("seq_len")
+  source = posttrain_init.source_config(arg)     # 'hf:DIR': the checkpoint's model only
+  model = config_dict.ConfigDict(models.with_defaults(source.model))
+  seq_len = source.data.get("seq_len") or min(model.get("max_len") or 256, 256)
   cfg = common.config(
       model=model,
       data=common.data("", None, seq_len, eval_source=config_dict.placeholder(str),

@@ -3,6 +3,8 @@ tokenizer of a trained workdir (`posttrain.init_from`).
 
     posttrain.method     'sft' | 'dpo'
     posttrain.init_from  a training workdir (its latest checkpoint's params and its tokenizer)
+                         or 'hf:DIR', a Hugging Face checkpoint directory (`convert.hf.load`;
+                         its tokenizer.json, run by the `tokenizers` library)
     posttrain.beta       DPO's beta (default 0.1)
     posttrain.label_smoothing  conservative DPO's eps (default 0)
 
@@ -10,7 +12,8 @@ The params are copied into the new run's fresh state when the new workdir has no
 yet; from then on the new run resumes from its own checkpoints like any run (the source is not
 read again). The model section must give the source's parameter shapes (configs/sft.py copies
 the source's model section); the optimizer starts fresh (AdamW's moments at zero).
-Hugging Face checkpoints (`init_from='hf:DIR'`, via convert.hf.load) are not wired yet.
+A Hugging Face checkpoint is read twice (the config file reads its model, the run its
+weights): fine for small models; a config-only reader in convert.hf would avoid it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import jax
 from ml_collections import ConfigDict
 
 from jaxformer import paths, run_files
+from jaxformer.convert import hf
 from jaxformer.data import tokenizers
 from jaxformer.state import checkpoint, train_state
 
@@ -65,7 +69,27 @@ def _source(config) -> str:
   return s.init_from
 
 
+HF_PREFIX = "hf:"
+
+
+def hf_dir(init_from: str) -> str | None:
+  """The checkpoint directory of an 'hf:DIR' source (None for a workdir)."""
+  return init_from[len(HF_PREFIX):] if init_from.startswith(HF_PREFIX) else None
+
+
+def load_hf(init_from: str):
+  """(model config, NumPy params) of an 'hf:DIR' source; errors name posttrain.init_from."""
+  try:
+    return hf.load(hf_dir(init_from))
+  except (ValueError, OSError) as e:
+    raise ValueError(f"posttrain.init_from={init_from!r}: {e}") from None
+
+
 def source_config(workdir: str) -> ConfigDict:
+  """The config of a source workdir; for 'hf:DIR' only its `model` section (from the
+  checkpoint's config.json)."""
+  if hf_dir(workdir) is not None:
+    return ConfigDict({"model": dict(load_hf(workdir)[0]), "data": {}, "train": {}})
   saved = train_state.read_config(workdir)
   if saved is None:
     raise ValueError(f"posttrain.init_from={workdir!r} holds no training run (no "
@@ -75,7 +99,10 @@ def source_config(workdir: str) -> ConfigDict:
 
 def source_tokenizer(config):
   workdir = _source(config)
+  directory = hf_dir(workdir)
   try:
+    if directory is not None:
+      return tokenizers.HuggingFaceTokenizer.from_path(directory, workdir)
     return tokenizers.load_tokenizer(workdir)
   except ValueError as e:
     raise ValueError(f"posttrain.init_from={workdir!r}: {e}") from None
@@ -86,6 +113,8 @@ def init_state(config, plan, state, abstract_boxed):
   checkpoint, restored onto this run's shardings. The source's whole train state is
   restored (its optimizer moments are dropped right away: ~3x the params transiently)."""
   workdir = _source(config)
+  if hf_dir(workdir) is not None:
+    return _init_from_hf(workdir, plan, state, abstract_boxed)
   src = source_config(workdir)
   _, _, src_init = train_state.train_state_fns(src)
   src_abstract = jax.eval_shape(src_init)
@@ -104,7 +133,29 @@ def init_state(config, plan, state, abstract_boxed):
     raise ValueError(f"posttrain.init_from={workdir!r} has no checkpoint yet; train it first")
   step, src_state = restored
   print(f"initialized from {workdir} at step {step}", flush=True)
-  state = {**state, "params": src_state["params"]}
+  return _with_params(state, src_state["params"])
+
+
+def _with_params(state, params):
+  state = {**state, "params": params}
   if "reference" in state:       # DPO: the frozen reference is the source (SFT) model
-    state["reference"] = jax.tree.map(lambda x: x.copy(), src_state["params"])
+    state["reference"] = jax.tree.map(lambda x: x.copy(), params)
   return state
+
+
+def _init_from_hf(init_from: str, plan, state, abstract_boxed):
+  _, params = load_hf(init_from)
+  abstract = nn.unbox(abstract_boxed["params"])
+  ours = jax.tree.map(lambda x: x.shape, abstract)
+  try:
+    theirs = jax.tree.map(lambda x: x.shape, params)
+  except ValueError:
+    theirs = None
+  if jax.tree.structure(ours) != jax.tree.structure(theirs) or ours != theirs:
+    raise ValueError(f"posttrain.init_from={init_from!r}: the checkpoint's params do not have "
+                     "this run's shapes; use its model section (configs/sft.py:hf:DIR copies it)")
+  shardings = plan.state_shardings(abstract_boxed)["params"]
+  params = jax.tree.map(lambda x, a, s: jax.device_put(x.astype(a.dtype), s), params,
+                        abstract, shardings)
+  print(f"initialized from {init_from}", flush=True)
+  return _with_params(state, params)
