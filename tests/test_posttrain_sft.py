@@ -113,6 +113,18 @@ def test_batch_specs_match_the_pipelines_first_batch(tmp_path):
     assert batch_spec.train_batch_spec(cfg, settings, task, {}) == got, task
 
 
+def test_cli_post_training_mistakes_are_one_line(tmp_path, source_run):
+  from tests.test_cli import _assert_user_error, _cli
+  (tmp_path / "bad.jsonl").write_text('{"prompt": "a", "answer": "b"}\n')
+  config = f"--config=configs/sft.py:{source_run}"
+  for overrides, fragment in [
+      ([], "data.source is not set: sft reads JSON Lines of {'prompt', 'response'}"),
+      ([f"--config.data.source={tmp_path / 'bad.jsonl'}"], "line 1: missing field 'response'")]:
+    result = _cli("jaxformer.train", config, f"--workdir={tmp_path / 'run'}", *overrides)
+    _assert_user_error(result, fragment)
+    assert not (tmp_path / "run").exists() or set(os.listdir(tmp_path / "run")) <= {".lock"}
+
+
 def _sft_jsonl(path, n=40):
   rng = np.random.default_rng(0)
   names = ["ROMEO", "JULIET", "MERCUTIO", "TYBALT"]

@@ -292,13 +292,12 @@ def make_pipeline(config, task: str, *, workdir: str, seed: int, global_batch_si
   """The SFT (or DPO) pipeline of `config`, with the tokenizer of `posttrain.init_from`,
   saved into `workdir` too (so sampling the post-trained run finds it)."""
   from jaxformer.posttrain import init
+  if task not in ("sft", "dpo"):
+    raise ValueError(f"task={task!r} has no post-training pipeline (sft, dpo)")
   tokenizer = init.source_tokenizer(config)
-  if process_index == 0:
-    tokenizer.save(workdir)
   kw = dict(seed=seed, global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
             process_index=process_index, process_count=process_count)
-  if task == "sft":
-    return SFTPipeline(config.data, tokenizer, **kw)
-  if task == "dpo":
-    return DPOPipeline(config.data, tokenizer, **kw)
-  raise ValueError(f"task={task!r} has no post-training pipeline (sft, dpo)")
+  pipeline = (SFTPipeline if task == "sft" else DPOPipeline)(config.data, tokenizer, **kw)
+  if process_index == 0:                  # after the data passed its checks
+    tokenizer.save(workdir)
+  return pipeline

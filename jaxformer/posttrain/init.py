@@ -61,6 +61,22 @@ def parse(config) -> PosttrainSettings | None:
   return s
 
 
+RECORDS = {"sft": "{'prompt', 'response'} (or chat 'messages')",
+           "dpo": "{'prompt', 'chosen', 'rejected'}"}
+
+
+def check_config(config) -> PosttrainSettings | None:
+  """`parse`, and what a post-training run needs besides (before anything is written)."""
+  s = parse(config)
+  if s is None:
+    return None
+  if not config.data.get("source"):
+    raise ValueError(f"data.source is not set: {s.method} reads JSON Lines of "
+                     f"{RECORDS[s.method]}; set --config.data.source=FILE.jsonl")
+  _source(config)
+  return s
+
+
 def _source(config) -> str:
   s = parse(config)
   if s is None or not s.init_from:
