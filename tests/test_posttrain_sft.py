@@ -125,6 +125,17 @@ def test_cli_post_training_mistakes_are_one_line(tmp_path, source_run):
     assert not (tmp_path / "run").exists() or set(os.listdir(tmp_path / "run")) <= {".lock"}
 
 
+def test_resume_refuses_a_changed_posttrain_setting(tmp_path, source_run):
+  from jaxformer.train import config_checks
+  cfg = sft_config.get_config(source_run)
+  cfg.data.source = "x.jsonl"
+  (tmp_path / "config.json").write_text(cfg.to_json())
+  config_checks.check_workdir_config(cfg, str(tmp_path), fresh=False)
+  cfg.posttrain.beta = 0.5
+  with pytest.raises(ValueError, match=r"trained with posttrain.beta=0.1, not 0.5"):
+    config_checks.check_workdir_config(cfg, str(tmp_path), fresh=False)
+
+
 def _sft_jsonl(path, n=40):
   rng = np.random.default_rng(0)
   names = ["ROMEO", "JULIET", "MERCUTIO", "TYBALT"]

@@ -119,6 +119,7 @@ RESUMABLE_CHANGES = {
               "sample_prompt", "sample_every"),
     "data": ("eval_batches", "data_dir"),
     "optim": ("decay_steps",),       # compared through the schedule it gives
+    "posttrain": (),                 # method, init_from, beta: what the steps optimize
 }
 
 
