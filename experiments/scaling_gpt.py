@@ -26,6 +26,14 @@ a size together) where the fits take `groups=`, else on per-size means. A fit is
 sigma_seed (in log loss) exceeds its RMS residual: then the interval from resampling points
 does not show the run-to-run noise.
 
+Converged losses (`limits`): where sizes stop at the cap, their last losses are upper
+bounds and the fit above is biased low. Per size, L(D) = L_inf + (D_c / D)^beta
+(`scaling.fit_limit`) on every run's final loss at each length gives L_inf with a bootstrap
+interval (whole seeds resampled at a seeded size; else parametric, the fitted curve plus the
+pooled seeds' sd of each length); alpha_N is fitted to the L_inf with a nested bootstrap
+(`scaling.fit_kaplan_limits`), and L(D) fitted without the last length back-tests the
+extrapolation. Both alpha_N are in the report's headline.
+
 Writes OUT.json (every run's eval curve, every size's doubling history, sigma_seed, the fits'
 points and results), OUT.md = `render(OUT.json)` and OUT.png = `plot(OUT.json)`; `refit`
 recomputes the fits' point estimates from OUT.json (tests/test_reports.py).
