@@ -61,14 +61,9 @@ class Limit:
   def predict(self, d: Any) -> np.ndarray:
     return self.fit.predict(d)
 
-  def predict_ci(self, d: Any, level: float = stats.LEVEL) -> tuple[np.ndarray, np.ndarray]:
+  def predict_ci(self, d: Any) -> tuple[np.ndarray, np.ndarray]:
     """The mean curve's interval at d (each draw's curve evaluated there)."""
-    d = np.asarray(d, np.float64)
-    values = np.stack([self.draws["L_inf"][i] + (self.draws["D_c"][i] / d) **
-                       self.draws["beta"][i] for i in range(len(self.draws["L_inf"]))])
-    tail = 50 * (1 - level)
-    low, high = np.percentile(values, [tail, 100 - tail], axis=0)
-    return low, high
+    return self.fit.predict_ci(d)
 
   def as_dict(self) -> dict[str, Any]:
     fitted = self.attempted - self.failed
@@ -111,6 +106,7 @@ def fit_limit(d: Any, loss: Any, *, groups: Any = None, noise: Any = None,
 
   boot = stats.simulate(once, samples=samples, seed=seed, max_failure=max_failure,
                         what="fit_limit (parametric bootstrap)")
+  fit = dataclasses.replace(fit, samples=boot.draws)
   return Limit(fit, _rename(boot.draws), "parametric bootstrap (fitted curve + noise)",
                boot.requested, boot.failed, (*fit.findings, *boot.findings()))
 
