@@ -411,13 +411,19 @@ def limit_points(size: dict) -> dict:
   return {"tokens": tokens, "loss": loss, "seed": seed, "index": index}
 
 
-def _limit_fit(points: dict, sd: list, samples: int, seed: int = 0, parametric: bool = False):
-  """`scaling.fit_limit` of one size's points: by seed with >= 2 seeds (unless
-  `parametric`), else parametric with the pooled seed sd of each point's length."""
+def _limit_args(points: dict, sd: list, parametric: bool = False) -> dict:
+  """The arguments of `scaling.fit_limit` / `backtest_limit` for one size's points: by seed
+  with >= 2 seeds (unless `parametric`), else parametric with the pooled seed sd of each
+  point's length."""
   seeded = len(set(points["seed"])) >= 2 and not parametric
-  return scaling.fit_limit(points["tokens"], points["loss"],
-                           groups=points["seed"] if seeded else None,
-                           noise=[sd[j] for j in points["index"]], samples=samples, seed=seed)
+  return dict(groups=points["seed"] if seeded else None,
+              noise=[sd[j] for j in points["index"]])
+
+
+def _limit_fit(points: dict, sd: list, samples: int, seed: int = 0, parametric: bool = False):
+  """`scaling.fit_limit` of one size's points (`_limit_args`)."""
+  return scaling.fit_limit(points["tokens"], points["loss"], samples=samples, seed=seed,
+                           **_limit_args(points, sd, parametric))
 
 
 def limits(sizes: list[dict], samples: int) -> dict:
@@ -456,10 +462,9 @@ def _limits(sizes: list[dict], sd: list[float], samples: int) -> dict:
     if len(s["seeds"]) >= 2 and samples:
       other = _limit_fit(points, sd, min(samples, BACKTEST_SAMPLES), seed=i, parametric=True)
       entry["parametric_ci"] = list(other.ci("L_inf"))
-    seeded = len(s["seeds"]) >= 2
     entry["backtest"] = scaling.backtest_limit(
-        points["tokens"], points["loss"], groups=points["seed"] if seeded else None,
-        noise=[sd[j] for j in points["index"]], samples=min(samples, BACKTEST_SAMPLES), seed=i)
+        points["tokens"], points["loss"], samples=min(samples, BACKTEST_SAMPLES), seed=i,
+        **_limit_args(points, sd))
     out.append(entry)
   n = [s["params"] for s in sizes]
   kaplan = {key: scaling.fit_kaplan_limits(n, fits, samples=samples, resample_sizes=resample)
