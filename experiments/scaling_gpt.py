@@ -26,6 +26,14 @@ a size together) where the fits take `groups=`, else on per-size means. A fit is
 sigma_seed (in log loss) exceeds its RMS residual: then the interval from resampling points
 does not show the run-to-run noise.
 
+Converged losses (`limits`): where sizes stop at the cap, their last losses are upper
+bounds and the fit above is biased low. Per size, L(D) = L_inf + (D_c / D)^beta
+(`scaling.fit_limit`) on every run's final loss at each length gives L_inf with a bootstrap
+interval (whole seeds resampled at a seeded size; else parametric, the fitted curve plus the
+pooled seeds' sd of each length); alpha_N is fitted to the L_inf with a nested bootstrap
+(`scaling.fit_kaplan_limits`), and L(D) fitted without the last length back-tests the
+extrapolation. Both alpha_N are in the report's headline.
+
 Writes OUT.json (every run's eval curve, every size's doubling history, sigma_seed, the fits'
 points and results), OUT.md = `render(OUT.json)` and OUT.png = `plot(OUT.json)`; `refit`
 recomputes the fits' point estimates from OUT.json (tests/test_reports.py).
@@ -101,6 +109,7 @@ def sweep_values(args) -> dict:
 # ---- planning: pure functions of the final eval losses --------------------------------------
 
 
+LIMIT_LENGTHS = 5     # lengths a size needs for the converged-loss estimate and its back-test
 SIGMA_LENGTHS = 2     # sigma_seed pools the seeds' scatter over a size's last 2 lengths
 
 
@@ -380,14 +389,124 @@ def backtests(points: dict, samples: int, sigma: dict) -> dict:
   return out
 
 
+def length_sd(sizes: list[dict]) -> list[float | None]:
+  """The seeds' sd of the final loss at each length (x1, x2, ...), its variance pooled over
+  the seeded sizes (None at a length no seeded size reached)."""
+  out = []
+  for j in range(max(len(s["history"]) for s in sizes)):
+    ss = dof = 0
+    for s in sizes:
+      if len(s["seeds"]) >= 2 and j < len(s["history"]):
+        values = np.array(s["history"][j]["losses"], np.float64)
+        ss, dof = ss + float(np.sum((values - values.mean()) ** 2)), dof + values.size - 1
+    out.append(float(np.sqrt(ss / dof)) if dof else None)
+  return out
+
+
+def limit_points(size: dict) -> dict:
+  """One point per run (length, seed) of a size's doubling history: tokens, final loss, seed."""
+  rows = [(h["tokens"], loss, seed, h["index"]) for h in size["history"]
+          for seed, loss in zip(size["seeds"], h["losses"])]
+  tokens, loss, seed, index = (list(v) for v in zip(*rows))
+  return {"tokens": tokens, "loss": loss, "seed": seed, "index": index}
+
+
+def _limit_args(points: dict, sd: list, parametric: bool = False) -> dict:
+  """The arguments of `scaling.fit_limit` / `backtest_limit` for one size's points: by seed
+  with >= 2 seeds (unless `parametric`), else parametric with the pooled seed sd of each
+  point's length."""
+  seeded = len(set(points["seed"])) >= 2 and not parametric
+  return dict(groups=points["seed"] if seeded else None,
+              noise=[sd[j] for j in points["index"]])
+
+
+def _limit_fit(points: dict, sd: list, samples: int, seed: int = 0, parametric: bool = False):
+  """`scaling.fit_limit` of one size's points (`_limit_args`)."""
+  return scaling.fit_limit(points["tokens"], points["loss"], samples=samples, seed=seed,
+                           **_limit_args(points, sd, parametric))
+
+
+def limits(sizes: list[dict], samples: int) -> dict:
+  """The converged-loss estimate (issue #30's runs stopped at the epoch cap): per size L(D) =
+  L_inf + (D_c / D)^beta on every run's final loss at each length (`scaling.fit_limit`;
+  bootstrap resampling whole seeds at a seeded size, else parametric: fitted curve + normal
+  noise of the pooled seeds' sd at each length, independent across lengths; at the seeded
+  sizes the parametric interval is stored too, `parametric_ci`, to compare the two); then
+  alpha_N on the L_inf (`scaling.fit_kaplan_limits`: nested bootstrap, each draw one L_inf
+  from each size's draws; `kaplan_sizes_resampled` also draws sizes with replacement); and
+  per size the back-test: L(D) fitted without the longest length, predicting it."""
+  sd = length_sd(sizes)
+  none = {"length_sd": sd, "sizes": [], "kaplan": None, "kaplan_sizes_resampled": None,
+          "kaplan_backtest": None}
+  short = [s["size"] for s in sizes if len(s["history"]) < LIMIT_LENGTHS]
+  if short:
+    return dict(none, notes=[f"{', '.join(short)} ran fewer than {LIMIT_LENGTHS} lengths (the "
+                             "back-test fits L(D)'s 3 parameters without the last, and needs "
+                             "4 lengths left)"])
+  if any(v is None for v in sd):
+    return dict(none, notes=["no seeded size reached every length: no noise for the "
+                             "parametric bootstrap"])
+  try:
+    return _limits(sizes, sd, samples)
+  except ValueError as e:            # a law that cannot be fit, or BootstrapError (> 10% fail)
+    return dict(none, notes=[f"not estimated: {e}"])
+
+
+def _limits(sizes: list[dict], sd: list[float], samples: int) -> dict:
+  out, fits = [], []
+  for i, s in enumerate(sizes):
+    points = limit_points(s)
+    lim = _limit_fit(points, sd, samples, seed=i)
+    fits.append(lim)
+    entry = {"size": s["size"], "params": s["params"], "points": points, "fit": lim.as_dict()}
+    if len(s["seeds"]) >= 2 and samples:
+      other = _limit_fit(points, sd, min(samples, BACKTEST_SAMPLES), seed=i, parametric=True)
+      entry["parametric_ci"] = list(other.ci("L_inf"))
+    entry["backtest"] = scaling.backtest_limit(
+        points["tokens"], points["loss"], samples=min(samples, BACKTEST_SAMPLES), seed=i,
+        **_limit_args(points, sd))
+    out.append(entry)
+  n = [s["params"] for s in sizes]
+  kaplan = {key: scaling.fit_kaplan_limits(n, fits, samples=samples, resample_sizes=resample)
+            .as_dict() for key, resample in (("kaplan", False),
+                                             ("kaplan_sizes_resampled", True))}
+  kaplan["kaplan_backtest"] = scaling.fit_kaplan_n(
+      n, [e["backtest"]["L_inf"] for e in out], samples=0).as_dict()
+  return {"length_sd": sd, "sizes": out, **kaplan, "notes": []}
+
+
 def refit(results: dict) -> dict:
-  """The fits' point estimates recomputed from results["fit_points"] (samples=0)."""
+  """The fits' point estimates recomputed from results["fit_points"] (samples=0), and the
+  converged-loss fits' from results["limits"]: each size's L(D) (`limit/<size>`) and alpha_N
+  on their L_inf (`kaplan_limits`)."""
   points = results["fit_points"]
   n = np.array(points["params"], np.float64)
   out = {}
   for key, fn, column, _ in FITS:
     fit, _ = fit_law(fn, n, np.array(points[column]), 0)
     out[key] = None if fit is None else fit.params
+  lim = results["limits"]
+  fits = [_limit_fit(s["points"], lim["length_sd"], 0) for s in lim["sizes"]]
+  for s, fit in zip(lim["sizes"], fits):
+    out[f"limit/{s['size']}"] = fit.params
+  if fits:
+    n = [s["params"] for s in lim["sizes"]]
+    out["kaplan_limits"] = scaling.fit_kaplan_limits(n, fits, samples=0).params
+    out["kaplan_limits_backtest"] = scaling.fit_kaplan_n(n, [
+        scaling.backtest_limit(s["points"]["tokens"], s["points"]["loss"], samples=0)["L_inf"]
+        for s in lim["sizes"]], samples=0).params
+  return out
+
+
+def stored(results: dict) -> dict:
+  """What `refit` is compared with (tests/test_reports.py): every fit's stored params."""
+  out = report_check.stored_estimates(results)
+  lim = results["limits"]
+  for s in lim["sizes"]:
+    out[f"limit/{s['size']}"] = s["fit"]["params"]
+  if lim["sizes"]:
+    out["kaplan_limits"] = lim["kaplan"]["params"]
+    out["kaplan_limits_backtest"] = lim["kaplan_backtest"]["params"]
   return out
 
 
@@ -448,7 +567,8 @@ def collect(args, values: dict, lengths: list[int], planned, rows, decision, cor
       "sigma": decision["sigma"], "estimate": est, "wall_s": wall_s,
       "sizes": sizes, "runs": runs, "fit_points": points,
       "fits": fit_all(points, args.bootstrap),
-      "backtests": backtests(points, args.bootstrap, decision["sigma"])})
+      "backtests": backtests(points, args.bootstrap, decision["sigma"]),
+      "limits": limits(sizes, args.bootstrap)})
 
 
 # ---- the report: a pure function of the results -----------------------------------------------
@@ -545,10 +665,139 @@ def alpha_text(results: dict) -> str:
   best = results["fits"]["kaplan_best_eval"]["fit"]
   best_text = (f" Fitted to early stopping's best evals instead: alpha_N = "
                f"{best['params']['alpha_N']:.4f}." if best else "")
-  return (f"**alpha_N = {alpha:.4f}**{interval}, next to Kaplan et al. 2020 (eq. 1.1): "
+  return (f"{headline(results)}\n\nUpper-bound fit (the final losses of each size's last "
+          f"length): **alpha_N = {alpha:.4f}**{interval}, next to Kaplan et al. 2020 (eq. 1.1): "
           f"alpha_N = {KAPLAN_ALPHA_N}, N_c = 8.8e13, on WebText2 with BPE tokens and N from "
           f"~1e3 to ~1e9; this is another corpus and a character vocabulary, so the two need "
           f"not agree.{caveat}{best_text}")
+
+
+def _alpha_ci(fit: dict | None) -> str:
+  if fit is None:
+    return "no fit"
+  low, high = fit["ci"]["alpha_N"]
+  interval = "no interval" if low is None else f"[{low:.4f}, {high:.4f}]"
+  return f"{fit['params']['alpha_N']:.4f} {interval}"
+
+
+def headline(results: dict) -> str:
+  """One sentence with both alpha_N values next to Kaplan's."""
+  upper, lim = results["fits"]["kaplan"]["fit"], results["limits"]
+  if lim["kaplan"] is None:
+    return (f"**alpha_N = {_alpha_ci(upper)} fitted to the final losses of each size's last "
+            f"length; Kaplan et al. 2020: alpha_N = {KAPLAN_ALPHA_N}** (95% bootstrap "
+            "interval; no converged-loss fit: see below).")
+  text = (f"**alpha_N = {_alpha_ci(upper)} fitted to the final losses at the epoch cap "
+          f"(upper bounds of the converged losses, so biased low), and alpha_N = "
+          f"{_alpha_ci(lim['kaplan'])} fitted to the converged losses L_inf extrapolated from "
+          f"each size's L(D)")
+  if lim.get("kaplan_sizes_resampled"):
+    low, high = lim["kaplan_sizes_resampled"]["ci"]["alpha_N"]
+    if low is not None:
+      text += f" ([{low:.4f}, {high:.4f}] when sizes are resampled too)"
+  return text + f"; Kaplan et al. 2020: alpha_N = {KAPLAN_ALPHA_N}** (95% bootstrap intervals)."
+
+
+def limits_text(results: dict) -> str:
+  """The converged-loss section: per-size L_inf, alpha_N on them, the x32 back-test."""
+  lim, sizes = results["limits"], results["sizes"]
+  if not lim["sizes"]:
+    return ("## Converged losses (extrapolated)\n\n**No converged-loss estimate:** " +
+            "; ".join(lim["notes"]))
+  by_size = {s["size"]: s for s in sizes}
+  count = len(lim["length_sd"])
+  xl, xp = f"x{2 ** (count - 1)}", f"x1..x{2 ** (count - 2)}"
+  sd = ", ".join(f"x{2 ** j} {v:.4f}" for j, v in enumerate(lim["length_sd"]))
+  lines = [
+      "## Converged losses (extrapolated from each size's L(D))",
+      "No size converged by the doubling rule, so its last loss is only an upper bound. Per "
+      "size, L(D) = L_inf + (D_c / D)^beta (`scaling.fit_limit`, i.e. `fit_saturating` on "
+      "tokens D, bounded least squares on L, 0 <= L_inf <= the smallest loss) is fitted to "
+      "every run's final eval loss at each length (one point per length and seed) and L_inf is "
+      "the converged loss (the fitter's E, alpha and X_c, named in its findings, are L_inf, "
+      "beta and D_c). Intervals (95%): at a seeded size a bootstrap resampling whole seeds "
+      "(a seed's lengths are branches of one trunk and share its luck); at a single-seed size a "
+      "parametric bootstrap: the fitted curve plus independent normal noise with the seeds' sd "
+      f"of each length pooled over the seeded sizes ({sd}), refitted. At the seeded sizes the "
+      "parametric interval is shown too, as a check of that noise model. Every bootstrap counts "
+      "its resamples and refuses intervals when more than 10% cannot be fitted.",
+      "| size | N (non-emb.) | points | L_inf | 95% interval | method (resamples fitted) | "
+      f"parametric interval | beta | D_c | RMS residual | {xl} loss (seed mean) | {xl} - L_inf |",
+      "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+  for e in lim["sizes"]:
+    f, p = e["fit"], e["fit"]["params"]
+    low, high = f["ci"]["L_inf"]
+    par = e.get("parametric_ci")
+    par = "—" if not par or par[0] is None else f"[{par[0]:.4f}, {par[1]:.4f}]"
+    last = by_size[e["size"]]["loss"]
+    lines.append(
+        f"| {e['size']} | {e['params']:,} | {f['n_points']} | {p['L_inf']:.4f} | "
+        f"{'—' if low is None else f'[{low:.4f}, {high:.4f}]'} | {f['method']} "
+        f"({f['bootstrap']}) | {par} | "
+        f"{p['beta']:.3f} | {p['D_c']:.3g} | {f['rms_residual']:.4f} | {last:.4f} | "
+        f"{last - p['L_inf']:+.4f} |")
+  rows = ["| fit to L_inf | alpha_N | 95% interval | N_c | RMS residual (log) | method |",
+          "|---|---:|---:|---:|---:|---|"]
+  for key, label in (("kaplan", "per-size uncertainty"),
+                     ("kaplan_sizes_resampled", "per-size uncertainty + sizes resampled")):
+    f = lim[key]
+    if f is None:
+      continue
+    low, high = f["ci"]["alpha_N"]
+    rows.append(f"| {label} | {f['params']['alpha_N']:.4f} | "
+                f"{'—' if low is None else f'[{low:.4f}, {high:.4f}]'} | "
+                f"{f['params']['N_c']:.3g} | {f['rms_residual']:.4f} | {f['method']} |")
+  bt = [f"| size | {xl} loss measured (seed mean) | predicted from {xp} | 95% interval (mean "
+        "curve) | error (predicted - measured) | error / σ_seed | no-change error (last Δ) "
+        f"| L_inf from {xp} |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+  for e in lim["sizes"]:
+    b, s = e["backtest"], by_size[e["size"]]
+    delta = s["history"][-1]["delta"]
+    band = "—" if b["low"] is None else f"[{b['low']:.4f}, {b['high']:.4f}]"
+    bt.append(f"| {e['size']} | {b['measured']:.4f} | {b['predicted']:.4f} | {band} | "
+              f"{b['error']:+.4f} | {b['error'] / s['sigma']:+.1f} | "
+              f"{'—' if delta is None else f'{delta:+.4f}'} | {b['L_inf']:.4f} |")
+  errors = np.array([e["backtest"]["error"] for e in lim["sizes"]])
+  inside = sum(1 for e in lim["sizes"] if e["backtest"]["low"] is not None and
+               e["backtest"]["low"] <= e["backtest"]["measured"] <= e["backtest"]["high"])
+  deltas = np.array([by_size[e["size"]]["history"][-1]["delta"] for e in lim["sizes"]])
+  moves = ", ".join(f"{e['size']} {e['backtest']['L_inf'] - e['fit']['params']['L_inf']:+.4f}"
+                    for e in lim["sizes"])
+  findings = [f"- {e['size']}: {x}" for e in lim["sizes"] for x in e["fit"]["findings"]]
+  findings += [f"- {key}: {x}" for key in ("kaplan", "kaplan_sizes_resampled")
+               if lim[key] for x in lim[key]["findings"]]
+  return "\n\n".join([
+      *lines[:2], "\n".join(lines[2:]),
+      "alpha_N on these L_inf (`scaling.fit_kaplan_limits`: `fit_kaplan_n` on the point "
+      "estimates; its interval from a nested bootstrap: each draw takes one L_inf at random from "
+      "each size's bootstrap draws above and refits alpha_N, so the per-size uncertainty "
+      f"propagates; the second row also draws the {len(sizes)} sizes with replacement, adding the sizes' "
+      "scatter about the power law):", "\n".join(rows),
+      f"Back-test of the extrapolation: L(D) fitted to {xp} only (same method and "
+      f"bootstrap), its prediction of the {xl} loss next to the measured one. A prediction that "
+      "misses by less than the no-change guess (the previous length's loss, off by the last doubling Δ) "
+      f"shows the curve bends as the law says: RMS error {np.sqrt(np.mean(errors ** 2)):.4f} "
+      f"vs {np.sqrt(np.mean(deltas ** 2)):.4f} for no change; the measured {xl} loss lies inside "
+      f"the mean curve's 95% interval at {inside} of {len(errors)} sizes.", "\n".join(bt),
+      f"Stability: without the {xl} length, L_inf moves by "
+      f"{moves} "
+      f"(L_inf from {xp} minus L_inf from all lengths), and alpha_N on those L_inf is "
+      f"{lim['kaplan_backtest']['params']['alpha_N']:.4f} (point estimate) vs "
+      f"{lim['kaplan']['params']['alpha_N']:.4f} on all lengths. The back-test predicted "
+      f"above the measured loss at {int(np.sum(errors > 0))} of {len(errors)} sizes: where "
+      "a curve fitted to shorter runs under-predicts the later fall, L_inf from all lengths "
+      "may still be too high (an upper-side estimate, like the measured losses, but closer).",
+      f"How far to trust L_inf: it extrapolates beyond the longest run ({xl}, "
+      f"{max(s['epochs'] for s in sizes):.2f} epochs) to "
+      "infinite tokens, assuming the law's form holds there; the longest lengths already repeat "
+      "the training split, so the curve's bend mixes diminishing returns with "
+      "repeated data (more epochs would eventually overfit and raise the loss, which the law "
+      "cannot show); the parametric bootstrap treats the lengths' noise as independent, "
+      "although a single-seed size's lengths share one trunk. Read L_inf and its alpha_N as "
+      "the converged-loss estimate under this law, the upper-bound fit above as what was "
+      "measured.",
+      "Findings of these fits:\n" + "\n".join(findings) if findings else
+      "Findings of these fits: none (no parameter at a bound, no resample dropped)."])
 
 
 def sigma_text(results: dict) -> str:
@@ -633,8 +882,10 @@ def render(results: dict) -> str:
       f"{scale}` (finished runs are reused).",
       sizes_table(results), alpha_text(results), sigma_text(results),
       "Doubling history (Δ = the previous length's loss minus this one's):",
-      history_table(results), fits_table(results), findings_text(results),
-      "## Back-tests", backtest_text(results),
+      history_table(results),
+      "Upper-bound fits (to the final losses of each size's last length, not converged):",
+      fits_table(results), findings_text(results), limits_text(results),
+      "## Back-tests (of the upper-bound fits, leaving sizes out)", backtest_text(results),
       compute_text(results), f"![loss vs N and eval curves]({results['png']})", ""])
 
 
@@ -663,6 +914,16 @@ def plot(results: dict, path: str):
       b = entry["band"]
       ax_n.fill_between(b["n"], b["low"], b["high"], color=color, alpha=0.15,
                         label="95% bootstrap band")
+  lim = results.get("limits") or {}
+  if lim.get("sizes"):
+    p = lim["kaplan"]["params"]
+    ax_n.loglog(grid, (p["N_c"] / grid) ** p["alpha_N"], ":", color="k",
+                label=f"on L_inf: a = {p['alpha_N']:.4f}")
+    for e in lim["sizes"]:
+      value, (low, high) = e["fit"]["params"]["L_inf"], e["fit"]["ci"]["L_inf"]
+      err = None if low is None else [[value - low], [high - value]]
+      ax_n.errorbar([e["params"]], [value], yerr=err, fmt="s", ms=4, color="k", capsize=2,
+                    label="L_inf (extrapolated)" if e is lim["sizes"][0] else None)
   for s in sizes:
     ax_n.scatter([s["params"]] * len(s["losses"]), s["losses"], color=colors[s["size"]],
                  edgecolors="k", zorder=3, marker="o" if s["state"] == "converged" else "^")

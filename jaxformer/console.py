@@ -33,6 +33,7 @@ _OWN_PATHS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                    + os.sep for d in ("jaxformer", "configs", "launch", "experiments"))
 _SHOWN_PACKAGES = (f"{os.sep}jax{os.sep}", f"{os.sep}jaxlib{os.sep}")
 _console: TextIO | None = None        # the real stderr of a process whose output is routed
+SHUTDOWN_TEXT = "after interpreter shutdown"  # concurrent.futures' refusal once Python exits
 DISK_FULL_TEXT = "No space left on device"       # strerror(ENOSPC), as wrappers quote it
 
 
@@ -55,7 +56,9 @@ def disk_full_path(error: BaseException) -> str | None:
 class ThirdPartyFilter(logging.Filter):
   """Drops records below ERROR that come from neither jaxformer nor JAX, and other libraries'
   reports of a full disk at any level (Orbax's writer threads log one per failed shard; the
-  run reports the full disk itself, in one line)."""
+  run reports the full disk itself, in one line), or of a background thread that outlived
+  the run and met the interpreter's exit (an Orbax writer still retrying a failed save when
+  the CLI exits after its one line)."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     path = os.path.abspath(record.pathname)
@@ -64,6 +67,8 @@ class ThirdPartyFilter(logging.Filter):
     if record.levelno < logging.ERROR:
       return False
     error = record.exc_info[1] if record.exc_info else None
+    if isinstance(error, RuntimeError) and SHUTDOWN_TEXT in str(error):
+      return False
     return DISK_FULL_TEXT not in record.getMessage() and disk_full_path(error) is None
 
 

@@ -35,6 +35,21 @@ def test_third_party_records_below_error_are_dropped(path, level, shown):
   assert console.ThirdPartyFilter().filter(_record(path, level)) is shown
 
 
+def test_a_third_party_thread_failing_at_interpreter_exit_is_dropped():
+  """Orbax's writer thread, still running when the CLI exits after a full disk's one line,
+  logs an ERROR with concurrent.futures' refusal; other third-party errors stay shown."""
+  orbax = os.path.join(SITE, "orbax", "checkpoint", "_src", "futures", "future.py")
+
+  def record(error):
+    return logging.LogRecord("absl", logging.ERROR, orbax, 1, "raised an exception", None,
+                             (type(error), error, None))
+
+  keep = console.ThirdPartyFilter()
+  assert not keep.filter(record(RuntimeError(
+      "cannot schedule new futures after interpreter shutdown")))
+  assert keep.filter(record(RuntimeError("something else")))
+
+
 # A CLI under jaxformer's policy that logs what a run meets: a warning of TFDS's, one of
 # jaxformer's, an INFO line of jaxformer's (records made as if logged from those files).
 _CLI = textwrap.dedent("""

@@ -287,6 +287,8 @@ def test_gpt_results_render_and_refit_from_the_json_alone(gpt, tmp_path, monkeyp
   assert "| L3_d80 | x4 | 4,800 |" in text and "no: epoch cap" in text   # still falling
   assert text.count("yes (Δ < σ)") == 2 * 5                   # the other sizes, both doublings
   assert "## Back-tests" in text and "leave-largest-size-out" in text
+  assert results["limits"]["kaplan"] is None and "No converged-loss estimate" in text \
+      and "ran fewer than 5 lengths" in text      # 3 lengths: L(D) is not extrapolated
   kaplan_test = results["backtests"]["kaplan"]
   assert kaplan_test["result"]["sizes"][0]["size"] == "L3_d80"     # the largest held out
   assert kaplan_test["result"]["sizes"][0]["mean_rel_error"] < 0.05

@@ -11,9 +11,8 @@ import pytest
 
 from experiments import report_check
 
-# Each study script with render/refit whose report is committed. scaling_gpt's and
-# scaling_chinchilla's committed reports are the cosine studies before issue #30's reruns
-# (another format): each is checked once its rerun has replaced it.
+# Each study script with render/refit whose report is committed (every one is issue #30's
+# rerun, in its script's current FORMAT).
 REPORTS = ("scaling_vit", "mup_transfer", "scaling_gpt", "scaling_chinchilla")
 
 
@@ -21,10 +20,36 @@ REPORTS = ("scaling_vit", "mup_transfer", "scaling_gpt", "scaling_chinchilla")
 def test_committed_report_is_what_the_code_computes_from_its_json(name):
   results = report_check.load(report_check.RESULTS / name)
   module = report_check.script(name)
-  if getattr(module, "FORMAT", None) and results.get("format") != module.FORMAT:
-    pytest.skip(f"{name}.json is an older study's (format {results.get('format')!r}); its "
-                f"report is replaced when the rerun finishes")
+  assert results.get("format") == getattr(module, "FORMAT", results.get("format")), \
+      f"{name}.json is in another format than experiments/{name}.py draws: rerun the study"
   assert report_check.check(name) == []
+
+
+def test_the_gpt_report_holds_both_alpha_fits_and_the_extrapolation_backtest():
+  """scaling_gpt: the upper-bound fit (final losses at the cap) and the fit to the
+  extrapolated converged losses L_inf, both in the headline next to Kaplan's 0.076, with
+  their intervals and resample counts, and the per-size back-test of the extrapolation."""
+  from experiments import scaling_gpt
+  results = report_check.load(report_check.RESULTS / "scaling_gpt")
+  lim = results["limits"]
+  assert [s["size"] for s in lim["sizes"]] == [s["size"] for s in results["sizes"]]
+  for entry in [*(s["fit"] for s in lim["sizes"]), lim["kaplan"],
+                lim["kaplan_sizes_resampled"]]:
+    assert entry["bootstrap_attempted"] > 0
+    assert entry["bootstrap_failed"] <= 0.1 * entry["bootstrap_attempted"]
+  for s in lim["sizes"]:
+    low, high = s["fit"]["ci"]["L_inf"]
+    assert low <= s["fit"]["params"]["L_inf"] <= high
+    assert s["fit"]["params"]["L_inf"] <= min(s["points"]["loss"])
+    assert s["backtest"]["error"] == pytest.approx(s["backtest"]["predicted"]
+                                                   - s["backtest"]["measured"])
+  headline = scaling_gpt.headline(results)
+  text = (report_check.RESULTS / "scaling_gpt.md").read_text()
+  assert headline in text and "0.076" in headline
+  for fit in (results["fits"]["kaplan"]["fit"], lim["kaplan"]):
+    low, high = fit["ci"]["alpha_N"]
+    assert low <= fit["params"]["alpha_N"] <= high
+    assert f"{fit['params']['alpha_N']:.4f} [{low:.4f}, {high:.4f}]" in headline
 
 
 def test_check_names_a_stale_report_and_a_moved_estimate(tmp_path):

@@ -38,9 +38,14 @@ def _fail(message: str):
   raise ValueError(message)
 
 
-def check_positive_int(value, key: str, *, optional: bool = False):
-  """A ValueError naming `model.<key>` unless value is an int > 0 (or None if optional)."""
+def check_positive_int(value, key: str, *, optional: bool = False, zero: str | None = None):
+  """A ValueError naming `model.<key>` unless value is an int > 0 (or None if optional; or 0
+  where `zero` says what 0 means, e.g. 'off')."""
   if optional and value is None:
+    return
+  if zero is not None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      _fail(f"model.{key}={value!r} must be an int >= 0 (0: {zero})")
     return
   if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
     _fail(f"model.{key}={value!r} must be an int > 0" + (" (or None for the default)"
@@ -229,8 +234,7 @@ def from_config(values: dict, overrides: dict | None = None) -> BlockSettings:
       _fail(f"model.{key} is required")
   moe = {name: cfg.pop(key) for key, name in _MOE_KEYS.items()}
   experts = moe["num_experts"]
-  if isinstance(experts, bool) or not isinstance(experts, int) or experts < 0:
-    _fail(f"model.num_experts={experts!r} must be an int >= 0 (0: a dense FFN)")
+  check_positive_int(experts, "num_experts", zero="a dense FFN")
   if experts:
     cfg["moe"] = MoESettings(**moe)
   return BlockSettings(**cfg)

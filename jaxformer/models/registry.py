@@ -125,12 +125,9 @@ def _check_module_fields(entry: Family, c: dict):
   types = {k: f.type for k, f in fields.items()}
   for key, value in c.items():
     kind = str(types.get(key, ""))
-    if kind == "int" and fields[key].default == 0:
-      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"model.{key}={value!r} must be an int >= 0 (0: off)")
-      continue
     if kind in ("int", "int | None"):
-      settings_lib.check_positive_int(value, key, optional=kind == "int | None")
+      settings_lib.check_positive_int(value, key, optional=kind == "int | None",
+                                      zero="off" if fields[key].default == 0 else None)
     if key in ("dtype", "param_dtype") and _dtype_name(value) not in _DTYPES:
       raise ValueError(f"model.{key}={value!r} is not one of {_DTYPES}")
 

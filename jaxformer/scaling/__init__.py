@@ -12,6 +12,8 @@
     scaling.isoflop_optimum(...), scaling.envelope_optimum(...)   # approaches 2 and 1
     scaling.fit_kaplan_n(n, loss), fit_kaplan_joint(n, d, loss)   # Kaplan et al. 2020 (laws.py)
     scaling.backtest(points)                      # leave-budget-out checks (backtest.py)
+    scaling.fit_limit(d, loss, groups=seeds)      # L_inf of one size's L(D) (converged.py)
+    scaling.fit_kaplan_limits(n, limits)          # alpha_N on L_inf, nested bootstrap
     scaling.backtest_sizes(n, loss, sizes, fit=scaling.fit_kaplan_n)  # leave-size-out (L(N))
     scaling.plan_isoflop(budgets, candidates, tokens_per_step=...)  # planning.py
     scaling.plan_wsd(runs), scaling.wsd_sweeps(trunks, base, ...)   # trunks + cooldown branches
@@ -41,6 +43,8 @@ from jaxformer.scaling.chinchilla import (BESIROGLU_2024, HOFFMANN_2022, Curve, 
                                           ParametricFit, chinchilla_tokens, envelope_optimum,
                                           family_flops_per_token, fit_parametric,
                                           isoflop_optimum)
+from jaxformer.scaling.converged import (Limit, backtest_limit, fit_kaplan_limits,
+                                         fit_limit)
 from jaxformer.scaling.laws import (fit_kaplan_d, fit_kaplan_joint, fit_kaplan_n,
                                     fit_saturating, fit_zhai)
 from jaxformer.scaling.planning import (Candidate, PlannedRun, Trunk, lr_optimum, lr_width_rule,
@@ -53,7 +57,8 @@ _COUNTING = ("count_params", "flops_per_token", "param_shapes", "dummy_inputs",
 __all__ = ["BESIROGLU_2024", "HOFFMANN_2022", "Curve", "OptimumFit", "ParametricFit",
            "chinchilla_tokens", "envelope_optimum", "family_flops_per_token", "Backtest",
            "backtest", "SizeBacktest", "backtest_sizes", "backtest_sizes_fallback", "BootstrapError", "fit_parametric", "isoflop_optimum", "fit_kaplan_d",
-           "fit_kaplan_joint", "fit_kaplan_n", "fit_saturating", "fit_zhai", "Candidate",
+           "fit_kaplan_joint", "fit_kaplan_n", "Limit", "fit_limit", "fit_kaplan_limits",
+           "backtest_limit", "fit_saturating", "fit_zhai", "Candidate",
            "PlannedRun", "Trunk", "lr_optimum", "lr_width_rule", "plan_isoflop", "plan_run",
            "plan_wsd", "to_sweep", "wsd_sweeps", "Fit", *_COUNTING]
 

@@ -438,13 +438,27 @@ def bootstrap(fit_once: Callable[..., Mapping[str, float]], arrays: Sequence[np.
                          "across strata instead")
     label = np.array([first[u] for u in range(ids.size)])
     pools = [np.flatnonzero(label == s) for s in np.unique(label)]
+
+  def draw():
+    chosen = np.concatenate([rng.choice(m, m.size) for m in pools])
+    idx = chosen if members is None else np.concatenate([members[u] for u in chosen])
+    return fit_once(*(a[idx] for a in arrays))
+
+  unit_name = "runs per group (budget)" if strata is not None else "points (runs)"
+  return _resample(draw, samples, max_failure, what, f"add {unit_name}",
+                   by_run=groups is not None, units=int(ids.size))
+
+
+def _resample(draw: Callable[[], Mapping[str, float]], samples: int, max_failure: float,
+              what: str, fix: str, by_run: bool = False, units: int = 0) -> Resamples:
+  """`draw()` (one refit on fresh data) `samples` times, with the accounting every bootstrap
+  here shares: failures counted with their reasons, a `BootstrapError` above
+  `max_failure`."""
   values: dict[str, list[float]] = {}
   errors = []
   for _ in range(samples):
-    chosen = np.concatenate([rng.choice(m, m.size) for m in pools])
-    idx = chosen if members is None else np.concatenate([members[u] for u in chosen])
     try:
-      result = {k: float(v) for k, v in fit_once(*(a[idx] for a in arrays)).items()}
+      result = {k: float(v) for k, v in draw().items()}
     except (ValueError, RuntimeError, FloatingPointError, np.linalg.LinAlgError) as e:
       errors.append(str(e))
       continue
@@ -455,15 +469,32 @@ def bootstrap(fit_once: Callable[..., Mapping[str, float]], arrays: Sequence[np.
     for key, value in result.items():
       values.setdefault(key, []).append(value)
   out = Resamples({key: np.asarray(v) for key, v in values.items()}, samples, tuple(errors),
-                  by_run=groups is not None, units=int(ids.size))
+                  by_run=by_run, units=units)
   if out.failed > max_failure * samples or out.fitted < 2:
-    unit_name = "runs per group (budget)" if strata is not None else "points (runs)"
     raise BootstrapError(
         f"{what}: {out.failed} of {samples} bootstrap resamples could not be fit, more than "
         f"max_failure={max_failure:g} of them ({out.reason()}); intervals from the other "
-        f"{out.fitted} would come from a selected subset: add {unit_name}, or fit a law with "
+        f"{out.fitted} would come from a selected subset: {fix}, or fit a law with "
         "fewer parameters (or pass samples=0 for no intervals)")
   return out
+
+
+def simulate(fit_once: Callable[[np.random.Generator], Mapping[str, float]], *, samples: int,
+             seed: int = 0, max_failure: float = MAX_FAILURE,
+             what: str = "the fit") -> Resamples:
+  """A parametric (or nested) bootstrap: `fit_once(rng)` draws its own data (e.g. a fitted
+  curve plus noise, or one value from each of several bootstrap distributions) and refits;
+  `samples` times from a generator seeded with `seed`. The same accounting as `bootstrap`:
+  failed draws are counted with their reasons (`Resamples.findings`), and more than
+  `max_failure` of them is a `BootstrapError`."""
+  if samples == 0:
+    return Resamples({}, 0)
+  if samples < 2:
+    raise ValueError(f"samples={samples} must be 0 (no intervals) or >= 2")
+  if not 0 <= max_failure < 1:
+    raise ValueError(f"{what}: max_failure={max_failure} must be in [0, 1)")
+  rng = np.random.default_rng(seed)
+  return _resample(lambda: fit_once(rng), samples, max_failure, what, "check the draws")
 
 
 def at_bound(value: float, low: float, high: float, rel: float = 1e-6) -> str | None:
