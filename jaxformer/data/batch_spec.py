@@ -74,6 +74,12 @@ def train_batch_spec(config, settings: run_settings.RunSettings, task: str,
     size, channels = model["image_size"], model.get("channels", 3)
     return {"images": ((b, size, size, channels), np.dtype(np.float32)),
             "labels": ((b,), np.dtype(np.int32))}
+  if task == "captioning":              # data/images/captions.py
+    from jaxformer.data.images import captions
+    size, length = captions.image_size(config.data), captions.caption_length(config.data)
+    tokens = ((b, length), np.dtype(np.int32))
+    return {"images": ((b, size, size, 1), np.dtype(np.float32)), "tgt_in": tokens,
+            "tgt_out": tokens, "weights": ((b, length), np.dtype(np.float32))}
   if task in ("seq2seq", "span_corruption"):
     if task == "seq2seq":
       from jaxformer.data.synthetic import task_generator
@@ -92,4 +98,4 @@ def train_batch_spec(config, settings: run_settings.RunSettings, task: str,
             "tgt_out": ((b, tgt_len), np.dtype(np.int32)),
             "weights": ((b, tgt_len), np.dtype(np.float32))}
   raise ValueError(f"task={task!r} has no batch layout; one of lm, mlm, classification, "
-                   "seq2seq, bart_denoising, span_corruption")
+                   "seq2seq, bart_denoising, span_corruption, captioning, sft, dpo")

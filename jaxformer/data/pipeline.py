@@ -10,6 +10,8 @@ batch layout; `data.source` picks where the examples come from:
 - synthetic sequence tasks (seq2seq): "synthetic:copy" | "synthetic:reverse" | "synthetic:recall";
 - BART's denoising (bart_denoising): a text source as for lm/mlm (data/denoising.py).
 - T5's span corruption (span_corruption): the text sources, see `jaxformer.data.span_corruption`.
+- image captioning (captioning): "mnist:<dir>" or "digits", digits composed into captioned
+  images (`jaxformer.data.images.captions`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ def make_pipeline(config, settings: run_settings.RunSettings, task: str, *, work
   if task == "span_corruption":
     from jaxformer.data.span_corruption import SpanCorruptionPipeline
     return SpanCorruptionPipeline(data, **kw)
+  if task == "captioning":
+    from jaxformer.data.images.captions import make_caption_pipeline
+    return make_caption_pipeline(data, **kw)
   if task == "classification":
     from jaxformer.data.images.pipeline import make_image_pipeline
     return make_image_pipeline(data, **kw)

@@ -23,7 +23,7 @@ from jaxformer.layers import settings as settings_lib
 
 # The tasks the data pipeline and `train.tasks` implement (a test checks both agree).
 TASKS = ("lm", "mlm", "mlm_nsp", "classification", "seq2seq", "bart_denoising",
-         "span_corruption", "rtd")
+         "span_corruption", "rtd", "captioning")
 
 
 def token_inputs(count: int = 1) -> Callable[[dict, int, int], tuple]:

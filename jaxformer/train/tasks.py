@@ -122,6 +122,10 @@ TASKS = {
                 (("attention_mask", "attention_mask"), ("token_type_ids", "token_type_ids")),
                 "targets", counted="inputs", context=("inputs",), text=True, layout="mlm",
                 objective=ReplacedTokenDetection()),
+    # Image captioning (data/images/captions.py): an image in, its caption out, teacher-forced
+    # like seq2seq; the image grid is the encoder's context (the family counts its tokens).
+    "captioning": Task("captioning", "tokens", ("images", "tgt_in"), (), "tgt_out",
+                       counted="tgt_out", context=("tgt_out",), sequence_accuracy=True),
     # Supervised fine-tuning (posttrain/data.py): the lm objective on packed prompt/response
     # rows whose weights are 1 on response tokens only; segment ids keep examples apart.
     "sft": Task("sft", "tokens", ("inputs",),
