@@ -43,6 +43,15 @@ def _decode_record(record: bytes, *, shape: tuple[int, int, int]) -> dict[str, n
           "labels": raw[-_LABEL_DTYPE.itemsize:].view(_LABEL_DTYPE)[0].astype(np.int32)}
 
 
+def _decode_records(records: list[bytes], *, shape: tuple[int, int, int]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+  """Many records at once: (uint8 images [N, *shape], int32 labels [N])."""
+  size = int(np.prod(shape))
+  raw = np.frombuffer(b"".join(records), np.uint8).reshape(len(records), size + 4)
+  labels = np.ascontiguousarray(raw[:, size:]).view(_LABEL_DTYPE)[:, 0].astype(np.int32)
+  return raw[:, :size].reshape(len(records), *shape), labels
+
+
 def _write_split(path: pathlib.Path, examples: Iterable[tuple[np.ndarray, int]],
                  channels: int) -> tuple[int, dict]:
   from array_record.python.array_record_module import ArrayRecordWriter
@@ -103,8 +112,12 @@ def _cached_source(name: str, directory: pathlib.Path) -> ImageSource:
     source = grain.sources.ArrayRecordDataSource([str(directory / f"{split}.array_record")])
     return grain.MapDataset.source(source).map(functools.partial(_decode_record, shape=shape))
 
+  def arrays(split):                   # one batched read, decoded with NumPy
+    source = grain.sources.ArrayRecordDataSource([str(directory / f"{split}.array_record")])
+    return _decode_records(source.__getitems__(range(len(source))), shape=shape)
+
   return ImageSource(name, {s: v["size"] for s, v in splits.items()}, shape,
-                     meta["num_classes"], stats, records)
+                     meta["num_classes"], stats, records, arrays)
 
 
 def prepare_cached(name: str, root: pathlib.Path, kind: str, fingerprint: Any,

@@ -1,0 +1,299 @@
+"""Captioned digit composites (task 'captioning'): digits on a grid, described in words.
+
+Why: a captioning task with known answers that still needs the image. Each image is a G x G
+grid of cells (`data.grid`) of `digit_size + jitter` pixels; n of the cells (n uniform in
+[`data.min_digits`, `data.max_digits`], cells without replacement) each hold one source digit,
+resized to `data.digit_size` by area averaging and placed at a random offset in [0, jitter]
+inside its cell. The caption reads the digits in reading order (row-major over cells), with a
+relation between consecutive digits: "left of" when the next one is in the same row, "above"
+when it is in a lower row, e.g. "seven left of three above five".
+
+Train composites draw digit images from the source's train split only and eval composites
+from its test split only, so eval digits are held out. Example `index` of a split is a pure
+function of `np.random.default_rng([seed, split_id, index])` (as in `jaxformer.data.synthetic`),
+so batches are a function of (seed, step) and a resumed run reads what an uninterrupted one
+would. Sources: 'mnist:<dir>' (28x28, digit_size 14 by default: an exact 2x2 mean) or 'digits'
+(scikit-learn's 8x8 digits, kept at their native 8 by default).
+
+Tokens: PAD=0, BOS=1, EOS=2, then `WORDS`; tgt_in = BOS + words, tgt_out = words + EOS, both
+PAD-padded to `caption_length` = 3 * max_digits - 1 (the longest caption, 3n - 2 words, + EOS).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Sequence
+
+import grain
+import numpy as np
+
+from jaxformer import run_settings
+from jaxformer.data import batching
+
+PAD, BOS, EOS = 0, 1, 2
+NUM_SPECIAL = 3
+DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+WORDS = DIGIT_WORDS + ("left", "of", "above")
+VOCAB_SIZE = NUM_SPECIAL + len(WORDS)
+SAME_ROW, LOWER_ROW = ("left", "of"), ("above",)
+_WORD_IDS = {word: NUM_SPECIAL + i for i, word in enumerate(WORDS)}
+_SPLITS = {"train": (0, "train"), "eval": (1, "test")}     # split -> (rng split id, source split)
+SOURCE_FORMS = "'mnist:<dir>' or 'digits'"
+# data.<field>: (default, minimum); digit_size's default depends on the source (see _options)
+FIELDS = {"grid": (3, 1), "digit_size": (None, 1), "jitter": (2, 0), "min_digits": (2, 1),
+          "max_digits": (6, 1), "num_train": (1_000_000, 1), "num_eval": (1_000, 1)}
+_NATIVE_DIGIT_SIZE = {"mnist": 14, "digits": 8}      # default digit_size per source kind
+_SHARED_KEYS = {f.name for f in dataclasses.fields(run_settings.DataSettings)}
+
+
+# --- captions ---------------------------------------------------------------------------------
+
+
+def caption_words(labels: Sequence[int], cells: Sequence[tuple[int, int]]) -> list[str]:
+  """The caption of digits `labels` at grid `cells` ((row, col) each, in any order)."""
+  if len(labels) != len(cells):
+    raise ValueError(f"{len(labels)} labels but {len(cells)} cells")
+  placed = sorted((int(r), int(c), int(d)) for d, (r, c) in zip(labels, cells))
+  if len({(r, c) for r, c, _ in placed}) != len(placed):
+    raise ValueError(f"cells {list(cells)} repeat a cell; each cell holds one digit")
+  words = []
+  for i, (row, _, digit) in enumerate(placed):
+    if i:
+      words.extend(SAME_ROW if row == placed[i - 1][0] else LOWER_ROW)
+    words.append(DIGIT_WORDS[digit])
+  return words
+
+
+def encode(words: Iterable[str]) -> np.ndarray:
+  """Word ids (int32, no BOS/EOS) of `words`."""
+  try:
+    return np.array([_WORD_IDS[w] for w in words], np.int32)
+  except KeyError as e:
+    raise ValueError(f"{e.args[0]!r} is not a caption word; the words are {WORDS}") from None
+
+
+def decode(token_ids: Iterable[int]) -> list[str]:
+  """The words of a token sequence: PAD and BOS skipped, stopping at the first EOS (so a
+  model's greedy output or a padded tgt_out reads back directly)."""
+  words = []
+  for t in np.asarray(token_ids).reshape(-1).tolist():
+    if t == EOS:
+      break
+    if t in (PAD, BOS):
+      continue
+    if not NUM_SPECIAL <= t < VOCAB_SIZE:
+      raise ValueError(f"token id {t} is outside the caption vocabulary [0, {VOCAB_SIZE})")
+    words.append(WORDS[t - NUM_SPECIAL])
+  return words
+
+
+def pad_caption(ids: np.ndarray, length: int) -> dict[str, np.ndarray]:
+  """tgt_in = BOS + ids, tgt_out = ids + EOS, weights 1 on tgt_out's real tokens; PAD-padded."""
+  m = len(ids)
+  if m + 1 > length:
+    raise ValueError(f"a caption of {m} words needs {m + 1} tokens > caption length {length}")
+  tgt_in = np.full(length, PAD, np.int32)
+  tgt_in[0], tgt_in[1:m + 1] = BOS, ids
+  tgt_out = np.full(length, PAD, np.int32)
+  tgt_out[:m], tgt_out[m] = ids, EOS
+  return {"tgt_in": tgt_in, "tgt_out": tgt_out,
+          "weights": (np.arange(length) <= m).astype(np.float32)}
+
+
+# --- config -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptionOptions:
+  """The checked `data.*` fields of a captioning config."""
+  source: str
+  grid: int
+  digit_size: int
+  jitter: int
+  min_digits: int
+  max_digits: int
+  num_train: int
+  num_eval: int
+
+  @property
+  def cell_size(self) -> int:
+    return self.digit_size + self.jitter
+
+  @property
+  def image_size(self) -> int:
+    return self.grid * self.cell_size
+
+  @property
+  def caption_length(self) -> int:
+    return 3 * self.max_digits - 1
+
+
+def _source_kind(source) -> str:
+  kind, _, arg = str(source).partition(":")
+  if source == "digits" or (kind == "mnist" and arg):
+    return kind
+  raise ValueError(f"data.source={source!r}: captioning composes digits from {SOURCE_FORMS}")
+
+
+def options(data_config) -> CaptionOptions:
+  """`data_config`'s caption fields, checked: a ValueError names the first bad field."""
+  kind = _source_kind(data_config.get("source"))
+  unknown = sorted(set(data_config.keys()) - _SHARED_KEYS - set(FIELDS))
+  if unknown:
+    raise ValueError(f"data.{unknown[0]} is not a captioning field; they are {sorted(FIELDS)} "
+                     f"(and the shared {sorted(_SHARED_KEYS)})")
+  values = {}
+  for name, (default, minimum) in FIELDS.items():
+    value = data_config.get(name)
+    if value is None:
+      value = _NATIVE_DIGIT_SIZE[kind] if name == "digit_size" else default
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+      raise ValueError(f"data.{name}={value!r} must be an int >= {minimum}")
+    values[name] = value
+  lo, hi, cells = values["min_digits"], values["max_digits"], values["grid"] ** 2
+  if lo > hi:
+    raise ValueError(f"data.min_digits={lo} > data.max_digits={hi}; lower data.min_digits")
+  if hi > cells:
+    raise ValueError(f"data.max_digits={hi} > data.grid**2={cells} cells; lower "
+                     f"data.max_digits to <= {cells} or raise data.grid")
+  return CaptionOptions(source=data_config.get("source"), **values)
+
+
+def image_size(data_config) -> int:
+  """Side of the square composite: grid * (digit_size + jitter)."""
+  return options(data_config).image_size
+
+
+def caption_length(data_config) -> int:
+  """Tokens of tgt_in / tgt_out: the longest caption (3 * max_digits - 2 words) + EOS."""
+  return options(data_config).caption_length
+
+
+# --- composites -------------------------------------------------------------------------------
+
+
+def resize_area(images: np.ndarray, size: int) -> np.ndarray:
+  """uint8 [N, H, W] -> float32 [N, size, size] in [0, 1], by area averaging: each output
+  pixel is the mean of the input area it covers (an exact k x k mean when size divides H)."""
+  n, h, w = images.shape
+  if h % size == 0 and w % size == 0:        # integer sums, one rounding: exact means
+    sums = images.reshape(n, size, h // size, size, w // size).sum((2, 4), dtype=np.int64)
+    return (sums / (255.0 * (h // size) * (w // size))).astype(np.float32)
+  rows, cols = _area_weights(h, size), _area_weights(w, size)
+  return np.concatenate([                    # in chunks: float64 copies of 60k images are big
+      np.einsum("oh,nhw,pw->nop", rows, chunk / 255.0, cols).astype(np.float32)
+      for chunk in np.array_split(images, max(1, n // 4096))])
+
+
+def _area_weights(n_in: int, n_out: int) -> np.ndarray:
+  """[n_out, n_in]: the share of output pixel o's interval [o, o+1) * n_in / n_out that input
+  pixel i covers (rows sum to 1)."""
+  scale = n_in / n_out
+  lo = np.arange(n_out)[:, None] * scale
+  i = np.arange(n_in)[None, :]
+  return np.clip(np.minimum(lo + scale, i + 1) - np.maximum(lo, i), 0, None) / scale
+
+
+class CaptionTask:
+  """The example generator `data.*` describes: (split, index) -> composite and its caption."""
+
+  def __init__(self, data_config, *, seed: int = 0, data_dir: str | None = None):
+    from jaxformer.data.images.pipeline import open_source
+    self.options, self.seed = options(data_config), seed
+    source = open_source(data_config, data_dir=data_dir)
+    if source.image_shape[-1] != 1:
+      raise ValueError(f"data.source={source.name!r} has {source.image_shape[-1]} channels; "
+                       "captioning composes grayscale digits")
+    self.source_name = source.name
+    self.digits, self.labels = {}, {}          # split -> float32 [N, d, d], int32 [N]
+    for split, (_, source_split) in _SPLITS.items():
+      images, labels = source.split_arrays(source_split)
+      self.digits[split] = resize_area(images[..., 0], self.options.digit_size)
+      self.labels[split] = labels.astype(np.int32)
+
+  def example(self, split: str, index: int, num_digits: int | None = None) -> dict:
+    """Composite `index` of `split` ("train" | "eval"): image float32 [S, S, 1]; labels [n],
+    cells [n, 2] (row, col) and offsets [n, 2] (dy, dx in the cell) in reading order;
+    digit_indices [n] into the split's digits; words; and the padded tgt_in / tgt_out /
+    weights. `num_digits` forces n (1 .. data.max_digits), e.g. for an eval set of one n."""
+    o = self.options
+    if split not in _SPLITS:
+      raise ValueError(f"split={split!r} must be one of {sorted(_SPLITS)}")
+    rng = np.random.default_rng([self.seed, _SPLITS[split][0], index])
+    n = int(rng.integers(o.min_digits, o.max_digits + 1))   # drawn always: same stream after
+    if num_digits is not None:
+      if isinstance(num_digits, bool) or not isinstance(num_digits, (int, np.integer)) or not (
+          1 <= num_digits <= o.max_digits):
+        raise ValueError(f"num_digits={num_digits!r} must be an int in [1, {o.max_digits}] "
+                         "(data.max_digits: the captions must fit caption_length)")
+      n = int(num_digits)
+    flat = np.sort(rng.choice(o.grid * o.grid, size=n, replace=False))
+    cells = np.stack(np.divmod(flat, o.grid), 1)
+    digit_indices = rng.integers(len(self.labels[split]), size=n)
+    offsets = rng.integers(0, o.jitter + 1, size=(n, 2))
+    image = np.zeros((o.image_size, o.image_size), np.float32)
+    d = o.digit_size
+    for (row, col), (dy, dx), k in zip(cells, offsets, digit_indices):
+      y, x = row * o.cell_size + dy, col * o.cell_size + dx
+      image[y:y + d, x:x + d] = np.maximum(image[y:y + d, x:x + d], self.digits[split][k])
+    labels = self.labels[split][digit_indices]
+    words = caption_words(labels, cells)
+    return {"image": image[..., None], "labels": labels, "cells": cells, "offsets": offsets,
+            "digit_indices": digit_indices, "words": words,
+            **pad_caption(encode(words), o.caption_length)}
+
+  def record(self, split: str, index: int) -> dict[str, np.ndarray]:
+    """The batch keys of one example: images, tgt_in, tgt_out, weights."""
+    ex = self.example(split, index)
+    return {"images": ex["image"], **{k: ex[k] for k in ("tgt_in", "tgt_out", "weights")}}
+
+
+# --- pipeline ---------------------------------------------------------------------------------
+
+
+class CaptionPipeline:
+  """Captioning batches: images [B, S, S, 1] float32 in [0, 1], tgt_in / tgt_out [B, L] int32,
+  weights [B, L] float32 (eval batches add `valid`)."""
+  task = "captioning"
+
+  def __init__(self, data_config, *, seed: int, global_batch_size: int, eval_batch_size: int,
+               process_index: int = 0, process_count: int = 1, workdir: str | None = None,
+               data_dir: str | None = None):
+    del workdir                          # the source's cache lives under data_dir
+    self.generator = CaptionTask(data_config, seed=seed, data_dir=data_dir)
+    o = self.generator.options
+    self.num_train, self.num_eval = o.num_train, o.num_eval
+    self.info = {"vocab_size": VOCAB_SIZE, "image_size": o.image_size,
+                 "caption_length": o.caption_length}
+    self._train = batching.train_batches(
+        self._records("train", self.num_train), global_batch_size=global_batch_size, seed=seed,
+        process_index=process_index, process_count=process_count)
+    self._eval = batching.eval_batches(
+        self._records("eval", self.num_eval), global_batch_size=eval_batch_size,
+        process_index=process_index, process_count=process_count)
+
+  def _records(self, split: str, size: int) -> grain.MapDataset:
+    return grain.MapDataset.range(size).map(lambda i: self.generator.record(split, int(i)))
+
+  def train_batch(self, step: int) -> dict[str, np.ndarray]:
+    return self._train[step]
+
+  def eval_batches(self) -> Iterable[dict[str, np.ndarray]]:
+    return self._eval
+
+
+def make_caption_pipeline(data_config, *, seed: int, global_batch_size: int,
+                          eval_batch_size: int, process_index: int = 0, process_count: int = 1,
+                          workdir: str | None = None,
+                          data_dir: str | None = None) -> CaptionPipeline:
+  return CaptionPipeline(data_config, seed=seed, global_batch_size=global_batch_size,
+                         eval_batch_size=eval_batch_size, process_index=process_index,
+                         process_count=process_count, workdir=workdir, data_dir=data_dir)
+
+
+def describe(pipeline: CaptionPipeline) -> str:
+  o, info = pipeline.generator.options, pipeline.info
+  return (f"{pipeline.generator.source_name} captions: {pipeline.num_train} train / "
+          f"{pipeline.num_eval} eval composites of {o.min_digits}..{o.max_digits} digits on a "
+          f"{o.grid}x{o.grid} grid, {info['image_size']}x{info['image_size']} images, vocab "
+          f"{info['vocab_size']} (caption_length {info['caption_length']})")
