@@ -10,6 +10,8 @@ Token ids follow the captioning task's vocabulary: PAD=0, BOS=1, EOS=2 (the defa
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -24,11 +26,12 @@ from jaxformer.optional import require
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 
 
-def _module(model_config):
+def _config_key(model_config) -> tuple[str, dict]:
+  """(a hashable key of the model config with defaults, the config)."""
   cfg = models.with_defaults(model_config)
   if cfg["family"] != "captioner":
     raise ValueError(f"model.family={cfg['family']!r}: captions need the 'captioner' family")
-  return cfg, models.build(model_config)
+  return json.dumps(cfg, sort_keys=True, default=str), cfg
 
 
 def caption_images(model_config: Any, params, images, *, beam_size: int = 1,
@@ -42,14 +45,21 @@ def caption_images(model_config: Any, params, images, *, beam_size: int = 1,
   every beam (no KV cache): max_len decoder passes over max_len positions, i.e. O(max_len^2)
   decoder work per beam instead of O(max_len), which is cheap at caption lengths (~17). PAD
   and BOS are never generated (their log-probs are masked). max_len defaults to the model's
-  and cannot exceed it. One jit compilation per call.
+  and cannot exceed it. The jitted search is cached per (config, search settings): one
+  compilation per batch shape.
   """
-  cfg, module = _module(model_config)
+  key, cfg = _config_key(model_config)
   max_len = cfg["max_len"] if max_len is None else max_len
   if not 1 <= max_len <= cfg["max_len"]:
     raise ValueError(f"max_len={max_len} must be in [1, model.max_len={cfg['max_len']}]")
-  images = jnp.asarray(images, jnp.float32)
-  batch = images.shape[0]
+  fn = _caption_fn(key, beam_size, max_len, float(length_penalty), bos_id, eos_id, pad_id)
+  return fn(params, jnp.asarray(images, jnp.float32))
+
+
+@functools.lru_cache(maxsize=32)
+def _caption_fn(key: str, beam_size: int, max_len: int, length_penalty: float, bos_id: int,
+                eos_id: int, pad_id: int):
+  module = models.build(json.loads(key))
 
   def run(params, images):
     variables = {"params": params}
@@ -61,12 +71,12 @@ def caption_images(model_config: Any, params, images, *, beam_size: int = 1,
       logp = jax.nn.log_softmax(jax.lax.dynamic_index_in_dim(logits, t - 1, 1, False), -1)
       return logp.at[:, jnp.array([pad_id, bos_id])].set(-jnp.inf)
 
-    tokens, scores = beam.beam_search(log_prob_fn, batch, beam_size=beam_size,
+    tokens, scores = beam.beam_search(log_prob_fn, images.shape[0], beam_size=beam_size,
                                       max_len=max_len, bos_id=bos_id, eos_id=eos_id,
                                       pad_id=pad_id, length_penalty=length_penalty)
     return tokens[:, 0], scores[:, 0]
 
-  return jax.jit(run)(params, images)
+  return jax.jit(run)
 
 
 def attention_maps(model_config: Any, params, images, tokens, *, bos_id: int = BOS_ID):
@@ -81,17 +91,25 @@ def attention_maps(model_config: Any, params, images, tokens, *, bos_id: int = B
   1 / (rows x cols), not word-specific. They are returned as such so that every model is
   plotted on the same grid.
   """
-  cfg, module = _module(model_config)
+  key, cfg = _config_key(model_config)
   tokens = jnp.asarray(tokens, jnp.int32)
   inputs = jnp.concatenate([jnp.full((tokens.shape[0], 1), bos_id, jnp.int32),
                             tokens[:, :-1]], axis=1)
-  _, state = module.apply({"params": params}, jnp.asarray(images, jnp.float32), inputs,
-                          mutable=["intermediates"])
-  weights = state["intermediates"]["caption_attention"][-1]                  # [B, T, N]
+  weights = _maps_fn(key)(params, jnp.asarray(images, jnp.float32), inputs)   # [B, T, N]
   rows, cols = captioner.grid_shape(cfg)
   if not cfg["attention"]:
     weights = jnp.broadcast_to(weights / (rows * cols), weights.shape[:2] + (rows * cols,))
   return weights.reshape(weights.shape[:2] + (rows, cols))
+
+
+@functools.lru_cache(maxsize=32)
+def _maps_fn(key: str):
+  module = models.build(json.loads(key))
+
+  def run(params, images, inputs):
+    _, state = module.apply({"params": params}, images, inputs, mutable=["intermediates"])
+    return state["intermediates"]["caption_attention"][-1]
+  return jax.jit(run)
 
 
 def caption_metrics(hyps: Sequence[Sequence], refs: Sequence[Sequence],
