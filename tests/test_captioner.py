@@ -92,6 +92,21 @@ def test_transformer_map_is_the_last_cross_attention_averaged_over_heads():
                              atol=1e-6)
 
 
+def test_rnn_weights_reach_the_training_attention_maps():
+  from jaxformer.train import attention_maps
+  cfg = config("cnn", "gru")
+  module, params = init(cfg)
+  toks = jnp.asarray(np.random.default_rng(1).integers(1, V, (4, L)), jnp.int32)
+  _, state = module.apply({"params": params}, images(), toks,
+                          mutable=["intermediates", WEIGHTS_COLLECTION])
+  flat = {attention_maps._layer_name(path): leaf for path, leaf in
+          jax.tree_util.tree_flatten_with_path(state[WEIGHTS_COLLECTION])[0]}
+  name, w = attention_maps.pick_layer(flat)
+  assert name == "cross_attention" and w.shape == (1, L, 16)
+  np.testing.assert_allclose(w[0], state["intermediates"]["caption_attention"][0][0],
+                             atol=1e-6)
+
+
 def test_scanned_decoder_gives_the_same_map():
   from jaxformer.models.stack import stack_layers
   module, params = init(config())

@@ -12,7 +12,9 @@ isolates what attending over the grid buys.
 Each word's attention over the grid is sown as `intermediates/caption_attention` [B, T, N]
 (apply with `mutable=['intermediates']`; `inference.captions.attention_maps` reshapes it to
 the grid). The Transformer's map is the last decoder layer's cross-attention averaged over
-heads, taken from the layers' own `attention_weights` collection (see `_decode_transformer`).
+heads, taken from the layers' own `attention_weights` collection (see `_decode_transformer`);
+the RNN decoders also sow their additive weights into that collection, as one head named
+`cross_attention`, so `train.attention_maps` plots every decoder.
 """
 
 from __future__ import annotations
@@ -215,6 +217,9 @@ class Captioner(nn.Module):
       x, weights = self._decode_transformer(memory, tgt_tokens, deterministic)
     else:
       x, weights = self._decode_rnn(memory, tgt_tokens, deterministic)
+      if self.is_mutable_collection(WEIGHTS_COLLECTION):
+        # as one head [B, 1, T, N], like MultiHeadAttention's, for train.attention_maps
+        self.sow(WEIGHTS_COLLECTION, "cross_attention", weights[:, None])
     if weights is not None:
       self.sow("intermediates", "caption_attention", weights.astype(jnp.float32))
     return self.head(x).astype(jnp.float32)
