@@ -60,7 +60,7 @@ def test_every_combination_is_causal_and_attends_over_the_grid(encoder, decoder,
   assert np.abs(logits[2:, 3:] - logits[:2, 3:]).max() > 1e-4
 
   rows, cols = captioner.grid_shape(cfg)
-  assert (rows, cols) == ((4, 4) if encoder == "vit" else (4, 4))
+  assert (rows, cols) == (4, 4)          # 16 / patch_size 4; 16 / 2^2 (two CNN stages)
   n = rows * cols if attention else 1
   assert captioner.memory_length(cfg) == n
   w = np.asarray(state["intermediates"]["caption_attention"][0])
@@ -119,6 +119,20 @@ def test_scanned_decoder_gives_the_same_map():
   np.testing.assert_allclose(a, b, atol=1e-5)
   np.testing.assert_allclose(sa["intermediates"]["caption_attention"][0],
                              sb["intermediates"]["caption_attention"][0], atol=1e-6)
+
+
+@pytest.mark.parametrize("decoder", ["transformer", "lstm"])
+def test_dropout_while_training_with_the_maps_recorded(decoder):
+  cfg = config("cnn", decoder, dropout_rate=0.5)
+  module, params = init(cfg)
+  toks = jnp.ones((4, L), jnp.int32)
+  run = lambda seed: module.apply({"params": params}, images(), toks, deterministic=False,
+                                  rngs={"dropout": jax.random.key(seed)},
+                                  mutable=["intermediates"])
+  (a, sa), (b, _) = run(0), run(1)
+  assert np.all(np.isfinite(a)) and np.abs(np.asarray(a) - np.asarray(b)).max() > 1e-3
+  np.testing.assert_allclose(sa["intermediates"]["caption_attention"][0].sum(-1), 1.0,
+                             atol=1e-5)
 
 
 def test_grid_positions_are_2d_sinusoids():
