@@ -31,7 +31,9 @@ def _config_key(model_config) -> tuple[str, dict]:
   cfg = models.with_defaults(model_config)
   if cfg["family"] != "captioner":
     raise ValueError(f"model.family={cfg['family']!r}: captions need the 'captioner' family")
-  return json.dumps(cfg, sort_keys=True, default=str), cfg
+  for k in ("dtype", "param_dtype"):       # by name (a jnp dtype object is not JSON)
+    cfg[k] = jnp.dtype(cfg[k]).name
+  return json.dumps(cfg, sort_keys=True), cfg
 
 
 def caption_images(model_config: Any, params, images, *, beam_size: int = 1,
