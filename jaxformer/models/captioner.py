@@ -330,7 +330,8 @@ def _attention_flops(c: dict, seq_len: int) -> tuple[int, int, int]:
   hidden_dim, as rnn_seq2seq), plus the ViT encoder's self-attention over the N patches
   (N^2 per layer and image) spread over the caption's tokens. The 6N term charges every
   parameter once per caption token, which understates the encoder (it runs per grid cell or
-  conv position, not per token): MFU of this family is a lower bound."""
+  conv position, not per token): MFU of this family is a lower bound (at the defaults the
+  per-image FLOPs are ~1.4x the count with the ViT encoder, ~3x with the CNN)."""
   rows, cols = grid_shape(c)
   n = rows * cols
   keys = n if c["attention"] else 1
