@@ -1,9 +1,9 @@
 """Optional dependencies: each feature that needs one names the pip extra that installs it.
 
 `pip install -e .` is enough for the README's main job; SentencePiece/Hugging Face tokenizers
-(`[text]`), scikit-learn's bundled digits (`[vision]`), Hugging Face checkpoints (`[hf]`) and
-Parquet / saved Hugging Face dataset sources (`[corpora]`) come with extras (`[test]` installs
-all of them).
+(`[text]`), scikit-learn's bundled digits and sacrebleu's caption BLEU (`[vision]`), Hugging
+Face checkpoints (`[hf]`) and Parquet / saved Hugging Face dataset sources (`[corpora]`) come
+with extras (`[test]` installs all of them).
 """
 
 from __future__ import annotations

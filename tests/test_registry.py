@@ -38,6 +38,8 @@ SMALL = {
                     position_buckets=4, position_biased_input=True, type_vocab_size=2),
     "electra": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=16,
                     embedding_size=8, generator_d_model=8, generator_num_heads=1),
+    "captioner": dict(vocab_size=37, max_len=6, image_size=8, patch_size=4, d_model=16,
+                      num_heads=2, mlp_dim=32, encoder_layers=1, decoder_layers=1),
 }
 # Embedding/head names SMALL cannot have: DeBERTa's enhanced-mask-decoder table excludes its
 # absolute input positions (pos_embed); test_family_deberta counts the decoder's table.
@@ -56,6 +58,11 @@ def batch_for(task: str, rng: np.random.Generator, cfg: dict) -> dict:
     size = cfg["image_size"]
     return {"images": rng.normal(size=(b, size, size, cfg.get("channels", 3))).astype(
         np.float32), "labels": rng.integers(0, cfg["num_classes"], (b,)).astype(np.int32)}
+  if task == "captioning":
+    size = cfg["image_size"]
+    return {"images": rng.normal(size=(b, size, size, cfg.get("channels", 1))).astype(
+        np.float32), "tgt_in": tokens(), "tgt_out": tokens(),
+        "weights": np.ones((b, t), np.float32)}
   if task in ("seq2seq", "bart_denoising", "span_corruption"):
     return {"src": tokens(), "tgt_in": tokens(), "tgt_out": tokens(),
             "src_mask": np.ones((b, t), np.int32)}

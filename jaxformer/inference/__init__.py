@@ -4,6 +4,7 @@
     config, params, tokenizer = inference.load_run(workdir)       # restore.py (latest|best)
     inference.sample_text(config, params, tokenizer, prompt="ROMEO:", max_new_tokens=200)
     inference.generate(config.model, params, tokens, max_new_tokens=20)   # decode.py (ids)
+    inference.caption_images(config.model, params, images, beam_size=3)  # captions.py
 
 From the training package this imports only the train state's layout, its optimizer and
 checkpoints (`jaxformer.train.state`, `.optim`, `.checkpoint`: the state training builds
@@ -12,8 +13,11 @@ too), never the loop (tests/test_structure.py checks it).
 
 from __future__ import annotations
 
+from jaxformer.inference.beam import beam_search, greedy_decode
+from jaxformer.inference.captions import attention_maps, caption_images, caption_metrics
 from jaxformer.inference.decode import filter_logits, generate
 from jaxformer.inference.restore import load_run
 from jaxformer.inference.text import sample_text
 
-__all__ = ["filter_logits", "generate", "load_run", "sample_text"]
+__all__ = ["filter_logits", "generate", "load_run", "sample_text", "beam_search",
+           "greedy_decode", "caption_images", "attention_maps", "caption_metrics"]

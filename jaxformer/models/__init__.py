@@ -10,10 +10,11 @@ before anything compiles.
 from __future__ import annotations
 
 from jaxformer.layers.settings import BlockSettings, MoESettings
-from jaxformer.models import (bart, bert, deberta, electra, gpt, rnn_seq2seq, roberta, seq2seq,
-                              t5, vit)
+from jaxformer.models import (bart, bert, captioner, deberta, electra, gpt, rnn_seq2seq,
+                              roberta, seq2seq, t5, vit)
 from jaxformer.models.bart import Bart
 from jaxformer.models.bert import Bert
+from jaxformer.models.captioner import Captioner
 from jaxformer.models.deberta import Deberta
 from jaxformer.models.electra import Electra
 from jaxformer.models.family import Family, image_inputs, token_inputs
@@ -26,11 +27,12 @@ from jaxformer.models.seq2seq import EncoderDecoder
 from jaxformer.models.t5 import T5
 from jaxformer.models.vit import ViT
 
-for _module in (gpt, bert, roberta, seq2seq, vit, rnn_seq2seq, bart, t5, deberta, electra):
+for _module in (gpt, bert, roberta, seq2seq, vit, rnn_seq2seq, bart, t5, deberta, electra,
+                captioner):
   register(_module.FAMILY)
 
 __all__ = ["build", "config_as_dict", "config_fields", "with_defaults", "get", "names",
            "register", "unregister",
            "Family", "ConfigField", "token_inputs", "image_inputs", "BlockSettings",
            "MoESettings", "DecoderLM", "Bert", "Roberta", "EncoderDecoder", "ViT", "RnnSeq2Seq",
-           "Bart", "T5", "Deberta", "Electra"]
+           "Bart", "T5", "Deberta", "Electra", "Captioner"]
