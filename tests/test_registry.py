@@ -96,7 +96,8 @@ def one_step(config: ConfigDict) -> dict:
 
 def test_every_registered_family_is_tested_here():
   assert set(models.names()) == set(SMALL)
-  assert set(tasks.TASKS) == set(TASKS)
+  # sft and dpo are chosen by a config's posttrain section (tasks.task_for_run), not a family
+  assert set(tasks.TASKS) == set(TASKS) | {"sft", "dpo"}
 
 
 @pytest.mark.slow
