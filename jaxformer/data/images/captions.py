@@ -128,16 +128,18 @@ class CaptionOptions:
     return 3 * self.max_digits - 1
 
 
-def _source_kind(source) -> str:
+def _source_kind(source, *, need_dir: bool = True) -> str:
+  """'mnist' or 'digits'; `need_dir=False` accepts a bare 'mnist:' (a config built before the
+  user named the directory still has sizes; opening it fails)."""
   kind, _, arg = str(source).partition(":")
-  if source == "digits" or (kind == "mnist" and arg):
+  if source == "digits" or (kind == "mnist" and (arg or not need_dir)):
     return kind
   raise ValueError(f"data.source={source!r}: captioning composes digits from {SOURCE_FORMS}")
 
 
 def options(data_config) -> CaptionOptions:
   """`data_config`'s caption fields, checked: a ValueError names the first bad field."""
-  kind = _source_kind(data_config.get("source"))
+  kind = _source_kind(data_config.get("source"), need_dir=False)
   unknown = sorted(set(data_config.keys()) - _SHARED_KEYS - set(FIELDS))
   if unknown:
     raise ValueError(f"data.{unknown[0]} is not a captioning field; they are {sorted(FIELDS)} "
@@ -199,6 +201,7 @@ class CaptionTask:
 
   def __init__(self, data_config, *, seed: int = 0, data_dir: str | None = None):
     from jaxformer.data.images.pipeline import open_source
+    _source_kind(data_config.get("source"))
     self.options, self.seed = options(data_config), seed
     source = open_source(data_config, data_dir=data_dir)
     if source.image_shape[-1] != 1:
