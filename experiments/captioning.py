@@ -18,7 +18,6 @@ attention over the image, the Show, Attend and Tell figure).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
@@ -30,6 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
 
 from configs import captioning  # noqa: E402
+from experiments import report_check  # noqa: E402
 from jaxformer import cli  # noqa: E402
 from jaxformer.data.images import captions  # noqa: E402
 from jaxformer.inference import load_run  # noqa: E402
@@ -106,7 +106,10 @@ def train_and_evaluate(configs: dict, workdir: str, sets: dict, beams) -> dict:
   return results
 
 
-def markdown(results: dict, digits, num_examples: int, beams) -> str:
+def render(report: dict) -> str:
+  """The markdown report, from the JSON alone (experiments/report_check.py)."""
+  results, digits = report["models"], report["digits"]
+  num_examples, beams = report["examples_per_count"], report["beams"]
   greedy = f"beam{beams[0]}"
   lines = [f"Captioning {num_examples} held-out composites per digit count (digit images from "
            "MNIST's test split). Exact-caption accuracy / token accuracy / corpus BLEU-4 "
@@ -131,8 +134,18 @@ def markdown(results: dict, digits, num_examples: int, beams) -> str:
   return "\n".join(lines) + "\n"
 
 
-def plot_accuracy(results: dict, digits, beam: int, path: str) -> None:
+def refit(report: dict) -> dict:
+  """No fitted estimates in this report (report_check compares none)."""
+  del report
+  return {}
+
+
+stored = refit
+
+
+def plot(report: dict, path: str) -> None:
   """Exact-caption accuracy and BLEU-4 vs number of digits; dashed lines: no attention."""
+  results, digits, beam = report["models"], report["digits"], report["beams"][0]
   fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
   for r in results.values():
     m = r["metrics"][f"beam{beam}"]
@@ -190,36 +203,37 @@ def main(argv=None):
   parser.add_argument("--beams", default="1,5", help="beam sizes; the first is the table's")
   parser.add_argument("--steps", type=int, default=None, help="override the configs' steps")
   parser.add_argument("--out", default=RESULTS, help="results prefix")
+  parser.add_argument("--report_only", action="store_true",
+                      help="rewrite OUT.md and OUT.png from OUT.json (no training)")
   args = parser.parse_args(argv)
+  if args.report_only:
+    return report_check.report_only(args.out, render, plot)
   names = [n for n in args.models.split(",") if n]
   configs = experiment_configs(args.mnist, names, args.steps)
   if args.examples < 1:
     raise ValueError(f"--examples={args.examples} must be >= 1")
   beams = [int(b) for b in args.beams.split(",")]
+  if not beams or min(beams) < 1:
+    raise ValueError(f"--beams={args.beams!r} must be beam sizes >= 1, e.g. 1,5")
   first = next(iter(configs.values()))
   digits = list(range(first.data.min_digits, first.data.max_digits + 1))
   start = time.perf_counter()
   sets = {n: eval_set(first, n, args.examples) for n in digits}
   results = train_and_evaluate(configs, args.workdir, sets, beams)
+  figures, shown = {}, [sets[n][0] for n in digits[1:4]]
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  table = markdown(results, digits, args.examples, beams)
-  attention_models = [n for n in configs if results[n]["attention"]]
-  figures = {}
-  shown = [sets[n][0] for n in digits[1:4]]
-  for name in attention_models:
-    config, params, _ = load_run(os.path.join(args.workdir, name))
-    figures[name] = f"{args.out}_attention_{name}.png"
-    plot_attention(config, params, shown, figures[name],
-                   f"{results[name]['label']}: attention per generated word")
-  plot_accuracy(results, digits, beams[0], args.out + ".png")
-  with open(args.out + ".md", "w") as f:
-    f.write(table)
-  with open(args.out + ".json", "w") as f:
-    json.dump({"examples_per_count": args.examples, "digits": digits, "beams": beams,
-               "models": results, "attention_figures": {
-                   k: os.path.basename(v) for k, v in figures.items()}}, f, indent=2)
-  print(table)
+  for name in configs:
+    if results[name]["attention"]:
+      config, params, _ = load_run(os.path.join(args.workdir, name))
+      figures[name] = f"{args.out}_attention_{name}.png"
+      plot_attention(config, params, shown, figures[name],
+                     f"{results[name]['label']}: attention per generated word")
+  report = {"examples_per_count": args.examples, "digits": digits, "beams": beams,
+            "models": results,
+            "attention_figures": {k: os.path.basename(v) for k, v in figures.items()}}
+  print(report_check.write(args.out, report, render, plot))
   print(f"total wall time {time.perf_counter() - start:.0f} s; wrote {args.out}.*")
+  return 0
 
 
 if __name__ == "__main__":
