@@ -91,3 +91,24 @@ def eval_batches(records: grain.MapDataset, *, global_batch_size: int,
     return {**record, VALID: np.float32(g < n)}
 
   return grain.MapDataset.range(0, num_batches * local).map(fetch).batch(local)
+
+
+class SplitPipeline:
+  """`train_batch` / `eval_batches` of a pipeline whose train and eval splits are random-access
+  records (generated tasks, post-training sets): a subclass builds its records, then calls
+  `_batch_splits`."""
+
+  def _batch_splits(self, train: grain.MapDataset, evaluation: grain.MapDataset, *, seed: int,
+                    global_batch_size: int, eval_batch_size: int, process_index: int = 0,
+                    process_count: int = 1, max_eval_batches: int | None = None):
+    self._train = train_batches(train, global_batch_size=global_batch_size, seed=seed,
+                                process_index=process_index, process_count=process_count)
+    self._eval = eval_batches(evaluation, global_batch_size=eval_batch_size,
+                              process_index=process_index, process_count=process_count,
+                              max_batches=max_eval_batches)
+
+  def train_batch(self, step: int) -> dict[str, np.ndarray]:
+    return self._train[step]
+
+  def eval_batches(self) -> Iterable[dict[str, np.ndarray]]:
+    return self._eval

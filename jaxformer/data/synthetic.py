@@ -17,7 +17,6 @@ shapes (src [B, S], targets [B, T]) so the model compiles once.
 from __future__ import annotations
 
 import math
-from typing import Iterable
 
 import grain
 import numpy as np
@@ -122,7 +121,7 @@ def pad_example(source: np.ndarray, target: np.ndarray, *, src_len: int,
           "weights": (np.arange(tgt_len) <= m).astype(np.float32)}
 
 
-class SyntheticPipeline:
+class SyntheticPipeline(batching.SplitPipeline):
   """Seq2seq batches of a synthetic task (see the module docstring)."""
   task = "seq2seq"
 
@@ -136,21 +135,13 @@ class SyntheticPipeline:
     self.num_eval = _int_field(data_config, "num_eval", 1)
     self.info = {"vocab_size": self.generator.vocab_size + NUM_SPECIAL,
                  "src_len": self.generator.src_len, "tgt_len": self.generator.tgt_len}
-    self._train = batching.train_batches(
-        self._records("train", self.num_train), global_batch_size=global_batch_size, seed=seed,
-        process_index=process_index, process_count=process_count)
-    self._eval = batching.eval_batches(
-        self._records("eval", self.num_eval), global_batch_size=eval_batch_size,
-        process_index=process_index, process_count=process_count)
+    kw = dict(seed=seed, global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
+              process_index=process_index, process_count=process_count)
+    self._batch_splits(self._records("train", self.num_train),
+                       self._records("eval", self.num_eval), **kw)
 
   def _records(self, split: str, size: int) -> grain.MapDataset:
     return grain.MapDataset.range(size).map(lambda i: self.generator.record(split, int(i)))
-
-  def train_batch(self, step: int) -> dict[str, np.ndarray]:
-    return self._train[step]
-
-  def eval_batches(self) -> Iterable[dict[str, np.ndarray]]:
-    return self._eval
 
 
 def make_synthetic_pipeline(data_config, *, seed: int, global_batch_size: int,

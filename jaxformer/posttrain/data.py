@@ -36,15 +36,13 @@ sets this was built for; a large set needs the prepared-corpus path of data/corp
 from __future__ import annotations
 
 import json
-import os
 import zlib
-from typing import Iterable
 
 import grain
 import numpy as np
 
 from jaxformer import paths
-from jaxformer.data import batching, packing, tokenizers
+from jaxformer.data import batching, packing
 
 SFT_FIELDS = ("prompt", "response")
 DPO_FIELDS = ("prompt", "chosen", "rejected")
@@ -186,19 +184,20 @@ def _check_split(data_config, role: str, items: list, total: int):
                      "data.eval_source")
 
 
-class SFTPipeline:
+class SFTPipeline(batching.SplitPipeline):
   """Packed SFT rows (see the module docstring), batched like every pipeline: step-indexed
   and independent of the process count (`batching.train_batches`)."""
   task = "sft"
 
-  def __init__(self, data_config, tokenizer, *, seed: int, global_batch_size: int,
-               eval_batch_size: int, process_index: int = 0, process_count: int = 1):
+  def _start(self, data_config, tokenizer):
     if data_config.get("seq_len") is None:
       raise ValueError("data.seq_len is not set: set --config.data.seq_len=<tokens per row>")
     self.config, self.tokenizer = data_config, tokenizer
     self.seq_len = int(data_config.seq_len)
-    self.eval_batch_size = eval_batch_size
-    self.process_index, self.process_count = process_index, process_count
+
+  def __init__(self, data_config, tokenizer, *, seed: int, global_batch_size: int,
+               eval_batch_size: int, process_index: int = 0, process_count: int = 1):
+    self._start(data_config, tokenizer)
     truncated, weighted = 0, 0
     self.records = {}
     splits = split_records(data_config)
@@ -218,19 +217,10 @@ class SFTPipeline:
       self.records[role] = grain.MapDataset.source(pack_examples(examples, self.seq_len))
     self.info = {"vocab_size": tokenizer.vocab_size, "truncated": truncated,
                  "response_tokens": weighted}
-    self._train = batching.train_batches(
-        self.records["train"], global_batch_size=global_batch_size, seed=seed,
-        process_index=process_index, process_count=process_count)
-
-  def train_batch(self, step: int) -> dict[str, np.ndarray]:
-    return self._train[step]
-
-  def eval_batches(self) -> Iterable[dict[str, np.ndarray]]:
-    return batching.eval_batches(self.records["validation"],
-                                 global_batch_size=self.eval_batch_size,
-                                 process_index=self.process_index,
-                                 process_count=self.process_count,
-                                 max_batches=self.config.get("eval_batches"))
+    self._batch_splits(self.records["train"], self.records["validation"], seed=seed,
+                       global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
+                       process_index=process_index, process_count=process_count,
+                       max_eval_batches=data_config.get("eval_batches"))
 
 
 def dpo_pair(tokenizer, record: dict, where: str, seq_len: int) -> dict[str, np.ndarray] | None:
@@ -261,12 +251,7 @@ class DPOPipeline(SFTPipeline):
 
   def __init__(self, data_config, tokenizer, *, seed: int, global_batch_size: int,
                eval_batch_size: int, process_index: int = 0, process_count: int = 1):
-    if data_config.get("seq_len") is None:
-      raise ValueError("data.seq_len is not set: set --config.data.seq_len=<tokens per row>")
-    self.config, self.tokenizer = data_config, tokenizer
-    self.seq_len = int(data_config.seq_len)
-    self.eval_batch_size = eval_batch_size
-    self.process_index, self.process_count = process_index, process_count
+    self._start(data_config, tokenizer)
     dropped, self.records = 0, {}
     splits = split_records(data_config)
     encoded = {role: [dpo_pair(tokenizer, r, where, self.seq_len) for where, r in records]
@@ -281,9 +266,10 @@ class DPOPipeline(SFTPipeline):
                          f"data.seq_len={self.seq_len}; raise data.seq_len")
       self.records[role] = grain.MapDataset.source(pairs)
     self.info = {"vocab_size": tokenizer.vocab_size, "dropped_pairs": dropped}
-    self._train = batching.train_batches(
-        self.records["train"], global_batch_size=global_batch_size, seed=seed,
-        process_index=process_index, process_count=process_count)
+    self._batch_splits(self.records["train"], self.records["validation"], seed=seed,
+                       global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
+                       process_index=process_index, process_count=process_count,
+                       max_eval_batches=data_config.get("eval_batches"))
 
 
 def make_pipeline(config, task: str, *, workdir: str, seed: int, global_batch_size: int,

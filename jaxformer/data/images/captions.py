@@ -254,7 +254,7 @@ class CaptionTask:
 # --- pipeline ---------------------------------------------------------------------------------
 
 
-class CaptionPipeline:
+class CaptionPipeline(batching.SplitPipeline):
   """Captioning batches: images [B, S, S, 1] float32 in [0, 1], tgt_in / tgt_out [B, L] int32,
   weights [B, L] float32 (eval batches add `valid`)."""
   task = "captioning"
@@ -268,21 +268,13 @@ class CaptionPipeline:
     self.num_train, self.num_eval = o.num_train, o.num_eval
     self.info = {"vocab_size": VOCAB_SIZE, "image_size": o.image_size,
                  "caption_length": o.caption_length}
-    self._train = batching.train_batches(
-        self._records("train", self.num_train), global_batch_size=global_batch_size, seed=seed,
-        process_index=process_index, process_count=process_count)
-    self._eval = batching.eval_batches(
-        self._records("eval", self.num_eval), global_batch_size=eval_batch_size,
-        process_index=process_index, process_count=process_count)
+    kw = dict(seed=seed, global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
+              process_index=process_index, process_count=process_count)
+    self._batch_splits(self._records("train", self.num_train),
+                       self._records("eval", self.num_eval), **kw)
 
   def _records(self, split: str, size: int) -> grain.MapDataset:
     return grain.MapDataset.range(size).map(lambda i: self.generator.record(split, int(i)))
-
-  def train_batch(self, step: int) -> dict[str, np.ndarray]:
-    return self._train[step]
-
-  def eval_batches(self) -> Iterable[dict[str, np.ndarray]]:
-    return self._eval
 
 
 def make_caption_pipeline(data_config, *, seed: int, global_batch_size: int,
