@@ -16,7 +16,8 @@ Stages, each a workdir under --workdir; a finished one is reused, an interrupted
 3. `sft`: configs/sft.py on every train prompt with its gold response (loss on the response).
 4. `pairs.jsonl` (rebuilt deterministically each run from the SFT checkpoint): k responses per
    train prompt sampled from the SFT model at temperature 1; chosen = one the checker accepts
-   (the gold response where none does), rejected = one it rejects (prompts with none dropped).
+   (the gold response where none does), rejected = the likeliest (under the SFT model) of
+   those it rejects (prompts with none dropped).
    `dpo`: configs/dpo.py from the SFT run on those pairs.
 5. The same held-out prompts scored for the pretrained, SFT and DPO models, greedy and sampled
    at temperature 1 (several samples per prompt), with Wilson 95% intervals (the samples of
@@ -196,25 +197,30 @@ def sample_responses(model_config, params, tokenizer, prompts: list[str], *, max
 
 # ---------------------------------------------------------------- pairs and scores
 
-def build_pairs(examples: list[dict], samples: list[list[str]]) -> tuple[list[dict], dict]:
+def build_pairs(examples: list[dict], samples: list[list[str]],
+                logps: list[list[float]] | None = None) -> tuple[list[dict], dict]:
   """DPO records from k scored samples per prompt: chosen = the first accepted sample (the
-  gold response if none is), rejected = the first rejected one; prompts whose samples all
+  gold response if none is); rejected = the rejected sample the model found likeliest (its
+  `logps`; the first one without them): the mistake greedy decoding is closest to making,
+  rather than a low-probability typo of temperature-1 sampling. Prompts whose samples all
   pass give no pair. Returns (records, counts)."""
   records, counts = [], {"prompts": len(examples), "all_accepted": 0, "none_accepted": 0,
                          "samples": 0, "accepted_samples": 0}
-  for ex, responses in zip(examples, samples, strict=True):
+  if logps is None:
+    logps = [[0.0] * len(s) for s in samples]
+  for ex, responses, scores in zip(examples, samples, logps, strict=True):
     ok = [accepts(ex["word"], r) for r in responses]
     counts["samples"] += len(ok)
     counts["accepted_samples"] += sum(ok)
     good = [r for r, k in zip(responses, ok) if k]
-    bad = [r for r, k in zip(responses, ok) if not k]
+    bad = [(-score, i) for i, (score, k) in enumerate(zip(scores, ok)) if not k]
     if not bad:
       counts["all_accepted"] += 1
       continue
     if not good:
       counts["none_accepted"] += 1
     records.append({"prompt": ex["prompt"], "chosen": good[0] if good else ex["response"],
-                    "rejected": bad[0]})
+                    "rejected": responses[min(bad)[1]]})
   counts["pairs"] = len(records)
   return records, counts
 
@@ -269,8 +275,10 @@ def preference_pairs(args, sft_dir: str, train: list[dict], max_new: int) -> tup
   prompts = [e["prompt"] for e in chosen for _ in range(args.k)]
   flat = sample_responses(config.model, params, tokenizer, prompts, max_new=max_new,
                           temperature=1.0, seed=args.seed + 1)
+  scores = response_logps(config.model, params, tokenizer, prompts, flat)
   samples = [flat[i * args.k:(i + 1) * args.k] for i in range(len(chosen))]
-  records, counts = build_pairs(chosen, samples)
+  logps = [scores[i * args.k:(i + 1) * args.k].tolist() for i in range(len(chosen))]
+  records, counts = build_pairs(chosen, samples, logps)
   path = os.path.join(args.workdir, "pairs.jsonl")
   write_jsonl(path, records)
   return path, {**counts, "k": args.k}
@@ -447,7 +455,7 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--pretrained", default=None, help="a trained shakespeare_char workdir")
   parser.add_argument("--workdir", default="runs/posttrain")
-  parser.add_argument("--sft_steps", type=int, default=400)
+  parser.add_argument("--sft_steps", type=int, default=200)
   parser.add_argument("--sft_batch", type=int, default=32)
   parser.add_argument("--sft_lr", type=float, default=1e-3)
   parser.add_argument("--pair_prompts", type=int, default=1024)
@@ -491,8 +499,8 @@ def main(argv=None):
                 "eval_samples": args.eval_samples, "seed": args.seed},
       "pairs": pairs, **evaluated,
       "sft_logged": sft_logged(sft_dir), "dpo_logged": dpo_logged(dpo_dir),
-      "command": "python -m experiments.posttrain " + " ".join(argv if argv is not None
-                                                                else sys.argv[1:]),
+      "command": " ".join(["python -m experiments.posttrain",
+                           *(argv if argv is not None else sys.argv[1:])]),
       "wall_s": time.perf_counter() - start, "device": f"{jax.devices()[0].platform} "
       f"({os.cpu_count()} cores)"}
   text = report_check.write(args.out, results, render, plot)

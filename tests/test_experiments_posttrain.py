@@ -80,6 +80,9 @@ def test_pairs_take_an_accepted_sample_or_the_gold_one_and_skip_all_accepted_pro
                     "accepted_samples": 5, "pairs": 2}
   with pytest.raises(ValueError):
     posttrain.build_pairs(examples, samples[:2])
+  logps = [[-1.0, -5.0, -2.0], [-4.0, -3.0, -9.0], [-1.0, -1.0, -1.0]]
+  records, _ = posttrain.build_pairs(examples, samples, logps)
+  assert [r["rejected"] for r in records] == [" knife\n", " sweet\n"]     # the likeliest
 
 
 def test_wilson_interval():
