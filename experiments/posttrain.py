@@ -275,13 +275,15 @@ def preference_pairs(args, sft_dir: str, train: list[dict], max_new: int) -> tup
   prompts = [e["prompt"] for e in chosen for _ in range(args.k)]
   flat = sample_responses(config.model, params, tokenizer, prompts, max_new=max_new,
                           temperature=1.0, seed=args.seed + 1)
-  scores = response_logps(config.model, params, tokenizer, prompts, flat)
   samples = [flat[i * args.k:(i + 1) * args.k] for i in range(len(chosen))]
-  logps = [scores[i * args.k:(i + 1) * args.k].tolist() for i in range(len(chosen))]
+  logps = None
+  if args.rejected == "likeliest":
+    scores = response_logps(config.model, params, tokenizer, prompts, flat)
+    logps = [scores[i * args.k:(i + 1) * args.k].tolist() for i in range(len(chosen))]
   records, counts = build_pairs(chosen, samples, logps)
   path = os.path.join(args.workdir, "pairs.jsonl")
   write_jsonl(path, records)
-  return path, {**counts, "k": args.k}
+  return path, {**counts, "k": args.k, "rejected": args.rejected}
 
 
 def preference_tune(args, sft_dir: str, pairs: str) -> str:
@@ -376,7 +378,8 @@ def render(results: dict) -> str:
       f"({setup['params']:,} params, {setup['pretrain_steps']} pretraining steps).", "",
       f"SFT: {setup['sft_steps']} steps, batch {setup['sft_batch']}, lr {setup['sft_lr']:g}. "
       f"DPO: {pairs['pairs']} pairs from {pairs['prompts']} train prompts x {pairs['k']} SFT "
-      f"samples at temperature 1 ({pairs['accepted_samples']}/{pairs['samples']} samples "
+      f"samples at temperature 1, rejected = the {pairs['rejected']} rejected sample "
+      f"({pairs['accepted_samples']}/{pairs['samples']} samples "
       f"accepted; {pairs['all_accepted']} prompts had no rejected sample and were dropped; "
       f"{pairs['none_accepted']} had no accepted one and use the gold response as chosen), "
       f"{setup['dpo_steps']} steps, batch {setup['dpo_batch']}, lr {setup['dpo_lr']:g}, "
@@ -460,10 +463,12 @@ def main(argv=None):
   parser.add_argument("--sft_lr", type=float, default=1e-3)
   parser.add_argument("--pair_prompts", type=int, default=1024)
   parser.add_argument("--k", type=int, default=4, help="SFT samples per train prompt")
+  parser.add_argument("--rejected", default="likeliest", choices=("likeliest", "first"),
+                      help="which rejected sample of a prompt makes its pair")
   parser.add_argument("--dpo_steps", type=int, default=200)
   parser.add_argument("--dpo_batch", type=int, default=32)
-  parser.add_argument("--dpo_lr", type=float, default=1e-4)
-  parser.add_argument("--beta", type=float, default=0.1)
+  parser.add_argument("--dpo_lr", type=float, default=5e-6)
+  parser.add_argument("--beta", type=float, default=0.5)
   parser.add_argument("--eval_prompts", type=int, default=200)
   parser.add_argument("--eval_samples", type=int, default=4)
   parser.add_argument("--show", type=int, default=8, help="example prompts in the report")
