@@ -13,7 +13,7 @@ from experiments import report_check
 
 # Each study script with render/refit whose report is committed (every one is issue #30's
 # rerun, in its script's current FORMAT).
-REPORTS = ("scaling_vit", "mup_transfer", "scaling_gpt", "scaling_chinchilla")
+REPORTS = ("scaling_vit", "mup_transfer", "scaling_gpt", "scaling_chinchilla", "posttrain")
 
 
 @pytest.mark.parametrize("name", REPORTS)
@@ -50,6 +50,24 @@ def test_the_gpt_report_holds_both_alpha_fits_and_the_extrapolation_backtest():
     low, high = fit["ci"]["alpha_N"]
     assert low <= fit["params"]["alpha_N"] <= high
     assert f"{fit['params']['alpha_N']:.4f} [{low:.4f}, {high:.4f}]" in headline
+
+
+def test_the_posttrain_report_scores_three_models_on_the_same_held_out_prompts():
+  """posttrain: pretrained, SFT and DPO checked on one prompt set (greedy: one response per
+  prompt; sampled: eval_samples each), the pretrained base rate near 0, both on-policy KLs
+  and DPO's logged reward accuracy present."""
+  from experiments import posttrain
+  results = report_check.load(report_check.RESULTS / "posttrain")
+  setup, scores = results["setup"], results["scores"]
+  assert list(scores) == list(posttrain.MODELS)
+  for name in posttrain.MODELS:
+    assert scores[name]["greedy"]["n"] == setup["eval_prompts"]
+    assert scores[name]["sampled"]["n"] == setup["eval_prompts"] * setup["eval_samples"]
+  assert scores["pretrained"]["greedy"]["rate"] <= 0.02
+  assert scores["dpo"]["kl_to_sft"]["n"] == scores["sft"]["kl_to_pretrained"]["n"]
+  assert 0 <= results["dpo_logged"]["eval_last"]["eval_accuracy"] <= 1
+  assert results["pairs"]["pairs"] == results["pairs"]["prompts"] - results["pairs"][
+      "all_accepted"]
 
 
 def test_check_names_a_stale_report_and_a_moved_estimate(tmp_path):
