@@ -57,6 +57,7 @@ from jaxformer import models  # noqa: E402
 from jaxformer.data.corpus import sources  # noqa: E402
 from jaxformer.inference import load_run  # noqa: E402
 from jaxformer.posttrain.score import response_logps  # noqa: E402
+from jaxformer.scaling import stats  # noqa: E402
 from jaxformer.train import loop  # noqa: E402
 from jaxformer.train.metrics import read as read_metrics  # noqa: E402
 
@@ -225,18 +226,8 @@ def build_pairs(examples: list[dict], samples: list[list[str]],
   return records, counts
 
 
-def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-  """Wilson score 95% interval of a binomial proportion."""
-  if n == 0:
-    return (0.0, 1.0)
-  p = successes / n
-  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-  half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-  return (max(0.0, centre - half), min(1.0, centre + half))
-
-
 def rate(successes: int, n: int) -> dict:
-  low, high = wilson(successes, n)
+  low, high = stats.wilson_interval(successes, n)
   return {"accepted": successes, "n": n, "rate": successes / n, "ci95": [low, high]}
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from configs import shakespeare_char
 from experiments import posttrain
+from jaxformer.scaling import stats
 from jaxformer import models
 from jaxformer.data.corpus import sources
 from jaxformer.data.tokenizers import CharTokenizer
@@ -86,9 +87,9 @@ def test_pairs_take_an_accepted_sample_or_the_gold_one_and_skip_all_accepted_pro
 
 
 def test_wilson_interval():
-  low, high = posttrain.wilson(0, 200)
+  low, high = stats.wilson_interval(0, 200)
   assert low == 0.0 and 0.015 < high < 0.02
-  low, high = posttrain.wilson(100, 200)
+  low, high = stats.wilson_interval(100, 200)
   assert low == pytest.approx(1 - high) and 0.43 < low < 0.44
   assert posttrain.refit({"scores": {"m": {"greedy": posttrain.rate(3, 10), "kl": {}}}}) == \
       posttrain.stored({"scores": {"m": {"greedy": posttrain.rate(3, 10)}}})

@@ -515,3 +515,17 @@ def require_falling_in_n_or_d(what: str, loss, n, d):
   if np.all(slopes >= 0):
     raise ValueError(f"{what}: the loss does not fall with n or d (log-log slopes "
                      f"{slopes[0]:+.3f} in n, {slopes[1]:+.3f} in d); check the runs")
+
+
+def wilson_interval(successes: int, n: int, level: float = LEVEL) -> tuple[float, float]:
+  """Wilson's score interval of a binomial proportion (a pass rate, an accuracy over n
+  examples): unlike the normal approximation it stays inside [0, 1] and is not empty at 0
+  or n successes."""
+  import statistics
+  if n == 0:
+    return (0.0, 1.0)
+  z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
+  p = successes / n
+  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+  half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+  return (max(0.0, float(centre - half)), min(1.0, float(centre + half)))
