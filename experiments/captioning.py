@@ -34,6 +34,7 @@ from jaxformer import cli  # noqa: E402
 from jaxformer.data.images import captions  # noqa: E402
 from jaxformer.inference import load_run  # noqa: E402
 from jaxformer.inference import captions as caption_inference  # noqa: E402
+from jaxformer.scaling import stats  # noqa: E402
 from jaxformer.train import loop  # noqa: E402
 
 DEFAULT_MODELS = ("cnn_lstm", "cnn_lstm_pooled", "vit_transformer", "vit_transformer_pooled")
@@ -124,6 +125,13 @@ def render(report: dict) -> str:
                  f"{m['all']['bleu']:.1f}")
     lines.append(f"| {r['label']} | {r['params']:,} | {r['steps']} | " + " | ".join(cells)
                  + " |")
+  lines += ["", f"Exact-caption accuracy with its 95% Wilson interval (beam size {beams[0]}):",
+            "", "| model | " + " | ".join(f"{n} digits" for n in digits) + " |",
+            "|---|" + "---:|" * len(digits)]
+  for r in results.values():
+    m = r["metrics"][greedy]
+    lines.append(f"| {r['label']} | " + " | ".join(
+        _with_interval(m[str(n)]) for n in digits) + " |")
   if len(beams) > 1:
     lines += ["", "Exact-caption accuracy over all digit counts, by beam size:", "",
               "| model | " + " | ".join(f"beam {b}" for b in beams) + " |",
@@ -132,6 +140,11 @@ def render(report: dict) -> str:
       lines.append(f"| {r['label']} | " + " | ".join(
           f"{r['metrics'][f'beam{b}']['all']['exact']:.3f}" for b in beams) + " |")
   return "\n".join(lines) + "\n"
+
+
+def _with_interval(m: dict) -> str:
+  low, high = stats.wilson_interval(round(m["exact"] * m["count"]), m["count"])
+  return f"{m['exact']:.3f} [{low:.3f}, {high:.3f}]"
 
 
 def refit(report: dict) -> dict:
