@@ -169,7 +169,8 @@ def plot(report: dict, path: str) -> None:
   axes[1].set(xlabel="digits in the image", ylabel="corpus BLEU-4", ylim=(-2, 102))
   for ax in axes:
     ax.grid(alpha=0.3)
-  axes[0].legend(fontsize=8, loc="lower left")
+    ax.set_xticks(digits)
+  axes[1].legend(fontsize=8, loc="lower left")      # BLEU's lower band is empty
   fig.suptitle("attention (solid) vs one pooled image vector (dashed)")
   fig.tight_layout()
   fig.savefig(path, dpi=120)

@@ -11,9 +11,10 @@ import pytest
 
 from experiments import report_check
 
-# Each study script with render/refit whose report is committed (every one is issue #30's
-# rerun, in its script's current FORMAT).
-REPORTS = ("scaling_vit", "mup_transfer", "scaling_gpt", "scaling_chinchilla", "posttrain")
+# Each study script with render/refit whose report is committed (in its script's current
+# FORMAT).
+REPORTS = ("scaling_vit", "mup_transfer", "scaling_gpt", "scaling_chinchilla", "posttrain",
+           "captioning")
 
 
 @pytest.mark.parametrize("name", REPORTS)
@@ -50,6 +51,27 @@ def test_the_gpt_report_holds_both_alpha_fits_and_the_extrapolation_backtest():
     low, high = fit["ci"]["alpha_N"]
     assert low <= fit["params"]["alpha_N"] <= high
     assert f"{fit['params']['alpha_N']:.4f} [{low:.4f}, {high:.4f}]" in headline
+
+
+def test_the_captioning_report_pairs_each_attention_model_with_its_pooled_twin():
+  """captioning: every model scored on the same composites per digit count; each attention
+  model is above its pooled twin beyond both Wilson intervals at every count."""
+  from jaxformer.scaling import stats
+  results = report_check.load(report_check.RESULTS / "captioning")
+  models, first = results["models"], f"beam{results['beams'][0]}"
+  for name, r in models.items():
+    counts = [r["metrics"][first][str(n)]["count"] for n in results["digits"]]
+    assert counts == [results["examples_per_count"]] * len(counts), name
+    if not r["attention"]:
+      continue
+    twin = models[name + "_pooled"]["metrics"][first]
+    for n in map(str, results["digits"]):
+      a, b = r["metrics"][first][n], twin[n]
+      low = stats.wilson_interval(round(a["exact"] * a["count"]), a["count"])[0]
+      high = stats.wilson_interval(round(b["exact"] * b["count"]), b["count"])[1]
+      assert low > high, (name, n)
+  for name in results["attention_figures"]:
+    assert (report_check.RESULTS / results["attention_figures"][name]).is_file()
 
 
 def test_the_posttrain_report_scores_three_models_on_the_same_held_out_prompts():
