@@ -277,17 +277,57 @@ def preference_pairs(args, sft_dir: str, train: list[dict], max_new: int) -> tup
   return path, {**counts, "k": args.k, "rejected": args.rejected}
 
 
-def preference_tune(args, sft_dir: str, pairs: str) -> str:
+def preference_tune(args, sft_dir: str, pairs: str, *, beta: float, lr: float,
+                    name: str = "dpo") -> str:
   cfg = dpo_config.get_config(sft_dir)
   cfg.data.source, cfg.data.eval_batches = pairs, 10
-  cfg.posttrain.beta = args.beta
+  cfg.posttrain.beta = beta
   cfg.train.update(steps=args.dpo_steps, batch_size=args.dpo_batch,
                    eval_every=args.dpo_steps // 4, checkpoint_every=args.dpo_steps // 4,
                    log_every=max(args.dpo_steps // 20, 1))
-  cfg.optim.update(lr=args.dpo_lr, warmup_steps=min(20, args.dpo_steps // 4))
-  run_dir = os.path.join(args.workdir, "dpo")
+  cfg.optim.update(lr=lr, warmup_steps=min(20, args.dpo_steps // 4))
+  run_dir = os.path.join(args.workdir, name)
   loop.train(cfg, run_dir)
   return run_dir
+
+
+def parse_sweep(text: str) -> list[tuple[float, float]]:
+  """'0.1:1e-5,0.5:5e-6' -> [(beta, lr), ...]; a ValueError names the bad entry."""
+  out = []
+  for entry in filter(None, text.split(",")):
+    try:
+      beta, lr = (float(x) for x in entry.split(":"))
+    except ValueError:
+      raise ValueError(f"--sweep entry {entry!r} must be beta:lr, e.g. 0.1:1e-5") from None
+    if beta <= 0 or lr <= 0:
+      raise ValueError(f"--sweep entry {entry!r}: beta and lr must be > 0")
+    out.append((beta, lr))
+  return out
+
+
+def responses_and_rates(args, run, prompts: list[str], words: list[str], max_new: int):
+  """(greedy responses, sampled responses, {'greedy', 'sampled'} checker rates) of a loaded
+  run on the held-out prompts (the same seeds for every model)."""
+  config, params, tokenizer = run
+  greedy = sample_responses(config.model, params, tokenizer, prompts, max_new=max_new,
+                            temperature=0.0, seed=0)
+  sampled = sample_responses(config.model, params, tokenizer,
+                             [p for p in prompts for _ in range(args.eval_samples)],
+                             max_new=max_new, temperature=1.0, seed=args.seed + 2)
+  return greedy, sampled, {
+      "greedy": rate(sum(accepts(w, r) for w, r in zip(words, greedy)), len(words)),
+      "sampled": rate(sum(accepts(words[i // args.eval_samples], r)
+                          for i, r in enumerate(sampled)), len(sampled))}
+
+
+def on_policy_kl(args, policy, reference, prompts: list[str], sampled: list[str]) -> dict:
+  """KL(pi || ref) per response, estimated on pi's own samples (module docstring)."""
+  xs = [p for p in prompts for _ in range(args.eval_samples)]
+  pi = response_logps(policy[0].model, policy[1], policy[2], xs, sampled)
+  ref = response_logps(reference[0].model, reference[1], policy[2], xs, sampled)
+  diff = pi - ref
+  return {"mean": float(diff.mean()), "sem": float(diff.std(ddof=1) / math.sqrt(len(diff))),
+          "n": int(len(diff)), "mean_response_logp": float(pi.mean())}
 
 
 def evaluate(args, runs: dict, held_out: list[dict], max_new: int) -> dict:
@@ -296,31 +336,32 @@ def evaluate(args, runs: dict, held_out: list[dict], max_new: int) -> dict:
   prompts = [e["prompt"] for e in held_out]
   words = [e["word"] for e in held_out]
   out, responses = {}, {}
-  for name, (config, params, tokenizer) in loaded.items():
-    greedy = sample_responses(config.model, params, tokenizer, prompts, max_new=max_new,
-                              temperature=0.0, seed=0)
-    sampled = sample_responses(config.model, params, tokenizer,
-                               [p for p in prompts for _ in range(args.eval_samples)],
-                               max_new=max_new, temperature=1.0, seed=args.seed + 2)
+  for name, run in loaded.items():
+    greedy, sampled, out[name] = responses_and_rates(args, run, prompts, words, max_new)
     responses[name] = (greedy, sampled)
-    out[name] = {
-        "greedy": rate(sum(accepts(w, r) for w, r in zip(words, greedy)), len(words)),
-        "sampled": rate(sum(accepts(words[i // args.eval_samples], r)
-                            for i, r in enumerate(sampled)), len(sampled))}
   for policy, reference in (("sft", "pretrained"), ("dpo", "sft")):
-    config, params, tokenizer = loaded[policy]
-    sampled = responses[policy][1]
-    xs = [p for p in prompts for _ in range(args.eval_samples)]
-    pi = response_logps(config.model, params, tokenizer, xs, sampled)
-    ref = response_logps(loaded[reference][0].model, loaded[reference][1], tokenizer, xs,
-                         sampled)
-    diff = pi - ref
-    out[policy]["kl_to_" + reference] = {
-        "mean": float(diff.mean()), "sem": float(diff.std(ddof=1) / math.sqrt(len(diff))),
-        "n": int(len(diff)), "mean_response_logp": float(pi.mean())}
+    out[policy]["kl_to_" + reference] = on_policy_kl(
+        args, loaded[policy], loaded[reference], prompts, responses[policy][1])
   shown = [{"prompt": prompts[i], "word": words[i],
             **{name: responses[name][0][i] for name in loaded}} for i in range(args.show)]
   return {"scores": out, "examples": shown}
+
+
+def sweep(args, sft_dir: str, pairs: str, held_out: list[dict], max_new: int,
+          points: list[tuple[float, float]]) -> list[dict]:
+  """DPO at other (beta, lr) on the same pairs and steps, each scored like the main run."""
+  prompts = [e["prompt"] for e in held_out]
+  words = [e["word"] for e in held_out]
+  reference = load_run(sft_dir)
+  out = []
+  for beta, lr in points:
+    run_dir = preference_tune(args, sft_dir, pairs, beta=beta, lr=lr,
+                              name=f"dpo_beta{beta:g}_lr{lr:g}")
+    run = load_run(run_dir)
+    _, sampled, rates = responses_and_rates(args, run, prompts, words, max_new)
+    out.append({"beta": beta, "lr": lr, "steps": args.dpo_steps, **rates,
+                "kl_to_sft": on_policy_kl(args, run, reference, prompts, sampled)})
+  return out
 
 
 def dpo_logged(dpo_dir: str) -> dict:
@@ -399,6 +440,7 @@ def render(results: dict) -> str:
   t = logged["train_last"]
   lines += [f"| train (last logged) | {t['step']} | | {t['dpo_rewards_margin']:.3f} | "
             f"{t['dpo_kl']:.3f} |", "",
+            *_sweep_lines(results),
             "Greedy responses on the first held-out prompts:", "",
             "| prompt | word | " + " | ".join(MODELS) + " |",
             "|---|---|" + "---|" * len(MODELS)]
@@ -408,6 +450,23 @@ def render(results: dict) -> str:
   lines += ["", f"Command: `{results['command']}`; wall time {results['wall_s']:.0f} s on "
             f"{results['device']}.", ""]
   return "\n".join(lines)
+
+
+def _sweep_lines(results: dict) -> list[str]:
+  """The DPO settings table (only in a report run with --sweep)."""
+  if "sweep" not in results:
+    return []
+  setup = results["setup"]
+  lines = [f"DPO at other settings: the same pairs, {setup['dpo_steps']} steps, batch "
+           f"{setup['dpo_batch']}, each scored like the main run (KL to the SFT model on the "
+           "policy's own samples):", "",
+           "| beta | lr | greedy | sampled (T=1) | KL to SFT (nats) |", "|---:|---:|---|---|---:|"]
+  for r in results["sweep"]:
+    main = (r["beta"], r["lr"]) == (setup["beta"], setup["dpo_lr"])
+    lines.append(f"| {r['beta']:g} | {r['lr']:g}{' (main)' if main else ''} | "
+                 f"{_pct(r['greedy'])} | {_pct(r['sampled'])} | "
+                 f"{r['kl_to_sft']['mean']:.3f} ± {r['kl_to_sft']['sem']:.3f} |")
+  return lines + [""]
 
 
 def plot(results: dict, path: str) -> None:
@@ -460,6 +519,8 @@ def main(argv=None):
   parser.add_argument("--dpo_batch", type=int, default=32)
   parser.add_argument("--dpo_lr", type=float, default=5e-6)
   parser.add_argument("--beta", type=float, default=0.5)
+  parser.add_argument("--sweep", default="",
+                      help="more DPO settings on the same pairs, beta:lr,... (e.g. 0.1:1e-5)")
   parser.add_argument("--eval_prompts", type=int, default=200)
   parser.add_argument("--eval_samples", type=int, default=4)
   parser.add_argument("--show", type=int, default=8, help="example prompts in the report")
@@ -469,6 +530,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   if args.report_only:
     return report_check.report_only(args.out, render, plot)
+  points = parse_sweep(args.sweep)
   start = time.perf_counter()
   os.makedirs(args.workdir, exist_ok=True)
   pretrained = pretrain(args)
@@ -481,9 +543,14 @@ def main(argv=None):
   sft_dir = finetune(args, pretrained, train)
   pairs_path, pairs = preference_pairs(args, sft_dir, train, max_new)
   print(f"pairs: {pairs}")
-  dpo_dir = preference_tune(args, sft_dir, pairs_path)
+  dpo_dir = preference_tune(args, sft_dir, pairs_path, beta=args.beta, lr=args.dpo_lr)
   evaluated = evaluate(args, {"pretrained": pretrained, "sft": sft_dir, "dpo": dpo_dir},
                        held_out, max_new)
+  main_point = {"beta": args.beta, "lr": args.dpo_lr, "steps": args.dpo_steps,
+                **{k: evaluated["scores"]["dpo"][k] for k in ("greedy", "sampled")},
+                "kl_to_sft": evaluated["scores"]["dpo"]["kl_to_sft"]}
+  points = [p for p in points if p != (args.beta, args.dpo_lr)]     # the main run is one
+  swept = sweep(args, sft_dir, pairs_path, held_out, max_new, points) if points else []
   results = {
       "format": FORMAT,
       "setup": {"params": int(sum(np.size(x) for x in jax.tree.leaves(params))),
@@ -494,6 +561,8 @@ def main(argv=None):
                 "dpo_batch": args.dpo_batch, "dpo_lr": args.dpo_lr, "beta": args.beta,
                 "eval_samples": args.eval_samples, "seed": args.seed},
       "pairs": pairs, **evaluated,
+      **({"sweep": sorted([main_point, *swept], key=lambda r: (r["beta"], r["lr"]))}
+         if swept else {}),
       "sft_logged": sft_logged(sft_dir), "dpo_logged": dpo_logged(dpo_dir),
       "command": " ".join(["python -m experiments.posttrain",
                            *(argv if argv is not None else sys.argv[1:])]),

@@ -133,3 +133,20 @@ def test_sampling_is_deterministic_per_row_and_greedy_is_the_argmax():
   ids = tok.encode(prompts[0])
   logits = module.apply({"params": params}, ids[None], deterministic=True)[0, -1]
   assert greedy == tok.decode([int(np.argmax(logits))])
+
+
+def test_sweep_points_parse_and_render_as_a_table():
+  assert posttrain.parse_sweep("0.1:1e-5,0.5:5e-6,") == [(0.1, 1e-5), (0.5, 5e-6)]
+  for bad in ("0.1", "0.1:x", "0:1e-5"):
+    with pytest.raises(ValueError, match="--sweep entry"):
+      posttrain.parse_sweep(bad)
+  point = lambda beta, lr, ok: {"beta": beta, "lr": lr, "steps": 200,
+                                "greedy": posttrain.rate(ok, 200),
+                                "sampled": posttrain.rate(2 * ok, 800),
+                                "kl_to_sft": {"mean": 0.5, "sem": 0.04, "n": 800}}
+  results = {"setup": {"beta": 0.5, "dpo_lr": 5e-6, "dpo_steps": 200, "dpo_batch": 32},
+             "sweep": [point(0.1, 1e-5, 111), point(0.5, 5e-6, 152)]}
+  lines = posttrain._sweep_lines(results)
+  assert "| 0.1 | 1e-05 | 55.5% " in "\n".join(lines)
+  assert "| 0.5 | 5e-06 (main) | 76.0% " in "\n".join(lines)
+  assert posttrain._sweep_lines({"setup": results["setup"]}) == []
