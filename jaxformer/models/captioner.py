@@ -22,21 +22,20 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
-from jaxformer.layers import AdditiveAttention, Embed, LearnedPositionEmbedding, PatchEmbed
+from jaxformer.layers import Embed, LearnedPositionEmbedding, PatchEmbed
 from jaxformer.layers import make_norm
 from jaxformer.layers.attention import WEIGHTS_COLLECTION
 from jaxformer.layers.dense import dense
 from jaxformer.layers.settings import BlockSettings
-from jaxformer.models.family import Family, head_dim
+from jaxformer.models.family import Family, head_dim, image_inputs, token_inputs
+from jaxformer.models.rnn_seq2seq import DecoderStep
 from jaxformer.models.stack import BlockStack
 from jaxformer.ops import positions as pos_ops
 
 ENCODERS = ("vit", "cnn")
 DECODERS = ("transformer", "lstm", "gru")
-CELLS = {"gru": nn.GRUCell, "lstm": nn.OptimizedLSTMCell}
 
 
 def grid_shape(cfg) -> tuple[int, int]:
@@ -97,28 +96,6 @@ class _CnnEncoder(nn.Module):
                  param_dtype=self.param_dtype)(x.reshape(b, rows * cols, f))
 
 
-class _RnnStep(nn.Module):
-  """One Show-Attend-Tell step: attend over the memory with h_{t-1}, feed [y_t, context] to
-  the cell; out: ([h_t, context, y_t], the attention weights [B, N])."""
-  cell: str
-  hidden_dim: int
-  attention_dim: int
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, state, y_embedded, memory):
-    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-    h = state[1] if self.cell == "lstm" else state       # the LSTM carry is (c, h)
-    context, weights = AdditiveAttention(self.attention_dim, name="attention", **kw)(
-        h[:, None].astype(self.dtype), memory)
-    context = context[:, 0]
-    state, h = CELLS[self.cell](self.hidden_dim, name="cell", **kw)(
-        state, jnp.concatenate([y_embedded, context.astype(y_embedded.dtype)], axis=-1))
-    return state, (jnp.concatenate([h, context.astype(h.dtype), y_embedded], axis=-1),
-                   weights[:, 0])
-
-
 class Captioner(nn.Module):
   """images [B, S, S, C] float32 and teacher-forced caption inputs [B, T] (BOS first) ->
   logits [B, T, vocab] float32. Config keys are the fields below plus the shared block
@@ -169,10 +146,11 @@ class Captioner(nn.Module):
       if self.decoder == "lstm":
         self.init_c = dense(self.hidden_dim, ("embed", "mlp"), use_bias=True, name="init_c",
                             **kw)
-      step = nn.scan(_RnnStep, variable_broadcast="params", split_rngs={"params": False},
-                     in_axes=(1, nn.broadcast), out_axes=1)
-      self.rnn = step(self.decoder, self.hidden_dim, self.attention_dim or self.hidden_dim,
-                      name="decoder", **kw)
+      # attention=False pools the memory to one key, so the step always attends
+      step = nn.scan(DecoderStep, variable_broadcast="params", split_rngs={"params": False},
+                     in_axes=(1, nn.broadcast, nn.broadcast, nn.broadcast), out_axes=1)
+      self.rnn = step(self.hidden_dim, self.decoder, True,
+                      self.attention_dim or self.hidden_dim, name="decoder", **kw)
     self.head = dense(self.vocab_size, ("embed", "vocab"), use_bias=True, name="head", **kw)
 
   def _decoder_wiring(self) -> dict:
@@ -267,7 +245,7 @@ class Captioner(nn.Module):
     mean = memory.mean(axis=1)
     h0 = jnp.tanh(self.init_h(mean))
     state = (jnp.tanh(self.init_c(mean)), h0) if self.decoder == "lstm" else h0
-    _, (features, weights) = self.rnn(state, y, memory)
+    _, (features, weights) = self.rnn(state, y, memory, None, None)
     return self.dropout(features, deterministic=deterministic), weights
 
 
@@ -284,10 +262,7 @@ def _last_cross_attention(tree, num_layers: int):
 
 def _example_inputs(cfg: dict, batch: int, length: int) -> tuple:
   """(images [B, S, S, C] float32, caption tokens [B, max_len] int32)."""
-  del length
-  size = cfg["image_size"]
-  return (jax.ShapeDtypeStruct((batch, size, size, cfg["channels"]), jnp.float32),
-          jax.ShapeDtypeStruct((batch, cfg["max_len"]), jnp.int32))
+  return image_inputs(cfg, batch, length) + token_inputs()(cfg, batch, cfg["max_len"])
 
 
 def _validate(c: dict):

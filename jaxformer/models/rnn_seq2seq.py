@@ -22,23 +22,33 @@ def _hidden(state, cell):
   return state[1] if cell == "lstm" else state     # LSTM carry is (c, h)
 
 
-class _DecoderStep(nn.Module):
+class DecoderStep(nn.Module):
+  """One step of an RNN decoder that reads a memory: with `attention`, additive attention
+  over `memory` [B, N, D] (mask [B, N] or None) queried with h_{t-1} (Bahdanau et al., 2015;
+  Show, Attend and Tell's decoder, models/captioner.py); without, the `fixed_context`
+  [B, D]. [y_t, context] goes into the cell. Returns (state, ([h_t, context, y_t], the
+  attention weights [B, N], or None without attention))."""
   hidden_dim: int
   cell: str
   attention: bool
   attention_dim: int
+  dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, state, y_embedded, encoded, src_mask, fixed_context):
+  def __call__(self, state, y_embedded, memory, mask, fixed_context):
+    kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+    weights = None
     if self.attention:
-      context, weights = AdditiveAttention(self.attention_dim, name="attention")(
-          _hidden(state, self.cell)[:, None], encoded, mask=src_mask[:, None, :])
-      context = context[:, 0]
+      context, weights = AdditiveAttention(self.attention_dim, name="attention", **kw)(
+          _hidden(state, self.cell)[:, None].astype(self.dtype), memory,
+          mask=None if mask is None else mask[:, None, :])
+      context, weights = context[:, 0], weights[:, 0]
     else:
       context = fixed_context
-    state, h = CELLS[self.cell](self.hidden_dim, name="cell")(
+    state, h = CELLS[self.cell](self.hidden_dim, name="cell", **kw)(
         state, jnp.concatenate([y_embedded, context], axis=-1))
-    return state, jnp.concatenate([h, context, y_embedded], axis=-1)
+    return state, (jnp.concatenate([h, context, y_embedded], axis=-1), weights)
 
 
 class RnnSeq2Seq(nn.Module):
@@ -60,10 +70,10 @@ class RnnSeq2Seq(nn.Module):
     state, encoded = nn.RNN(CELLS[self.cell](self.hidden_dim), return_carry=True,
                             name="encoder")(src, seq_lengths=src_mask.sum(-1))
     tgt = Embed(self.vocab_size, self.embed_dim, name="tgt_embed")(tgt_tokens)
-    step = nn.scan(_DecoderStep, variable_broadcast="params", split_rngs={"params": False},
+    step = nn.scan(DecoderStep, variable_broadcast="params", split_rngs={"params": False},
                    in_axes=(1, nn.broadcast, nn.broadcast, nn.broadcast), out_axes=1)
-    _, outputs = step(self.hidden_dim, self.cell, self.attention,
-                      self.attention_dim or self.hidden_dim, name="decoder")(
+    _, (outputs, _) = step(self.hidden_dim, self.cell, self.attention,
+                           self.attention_dim or self.hidden_dim, name="decoder")(
         state, tgt, encoded, src_mask, _hidden(state, self.cell))
     return dense(self.vocab_size, ("mlp", "vocab"), use_bias=True, name="out")(
         outputs).astype(jnp.float32)
