@@ -108,16 +108,25 @@ class SyntheticTask:
 
 def pad_example(source: np.ndarray, target: np.ndarray, *, src_len: int,
                 tgt_len: int) -> dict[str, np.ndarray]:
-  """src/src_mask [S]; tgt_in = BOS + target, tgt_out = target + EOS, weights 1 on tgt_out's
-  real tokens (EOS included); all padded with PAD / 0 to fixed lengths."""
-  n, m = len(source), len(target)
+  """src/src_mask [S] padded with PAD / 0 to src_len, and the target's `pad_target`."""
+  n = len(source)
   src = np.full(src_len, PAD, np.int32)
   src[:n] = source
+  return {"src": src, "src_mask": np.arange(src_len) < n, **pad_target(target, tgt_len)}
+
+
+def pad_target(target: np.ndarray, tgt_len: int) -> dict[str, np.ndarray]:
+  """Teacher-forced decoder rows of a target (a seq2seq target, a caption): tgt_in = BOS +
+  target, tgt_out = target + EOS, weights 1 on tgt_out's real tokens (EOS included); padded
+  with PAD / 0 to tgt_len."""
+  m = len(target)
+  if m + 1 > tgt_len:
+    raise ValueError(f"a target of {m} tokens needs {m + 1} decoder positions > {tgt_len}")
   tgt_in = np.full(tgt_len, PAD, np.int32)
   tgt_in[0], tgt_in[1:m + 1] = BOS, target
   tgt_out = np.full(tgt_len, PAD, np.int32)
   tgt_out[:m], tgt_out[m] = target, EOS
-  return {"src": src, "src_mask": np.arange(src_len) < n, "tgt_in": tgt_in, "tgt_out": tgt_out,
+  return {"tgt_in": tgt_in, "tgt_out": tgt_out,
           "weights": (np.arange(tgt_len) <= m).astype(np.float32)}
 
 

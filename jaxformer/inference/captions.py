@@ -19,11 +19,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer import models
+from jaxformer.data.images.captions import BOS as BOS_ID, EOS as EOS_ID, PAD as PAD_ID
 from jaxformer.inference import beam
 from jaxformer.models import captioner
 from jaxformer.optional import require
-
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 
 
 def _config_key(model_config) -> tuple[str, dict]:

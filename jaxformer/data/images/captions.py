@@ -29,9 +29,8 @@ import numpy as np
 
 from jaxformer import run_settings
 from jaxformer.data import batching
+from jaxformer.data.synthetic import BOS, EOS, NUM_SPECIAL, PAD, pad_target
 
-PAD, BOS, EOS = 0, 1, 2
-NUM_SPECIAL = 3
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 WORDS = DIGIT_WORDS + ("left", "of", "above")
 VOCAB_SIZE = NUM_SPECIAL + len(WORDS)
@@ -85,19 +84,6 @@ def decode(token_ids: Iterable[int]) -> list[str]:
       raise ValueError(f"token id {t} is outside the caption vocabulary [0, {VOCAB_SIZE})")
     words.append(WORDS[t - NUM_SPECIAL])
   return words
-
-
-def pad_caption(ids: np.ndarray, length: int) -> dict[str, np.ndarray]:
-  """tgt_in = BOS + ids, tgt_out = ids + EOS, weights 1 on tgt_out's real tokens; PAD-padded."""
-  m = len(ids)
-  if m + 1 > length:
-    raise ValueError(f"a caption of {m} words needs {m + 1} tokens > caption length {length}")
-  tgt_in = np.full(length, PAD, np.int32)
-  tgt_in[0], tgt_in[1:m + 1] = BOS, ids
-  tgt_out = np.full(length, PAD, np.int32)
-  tgt_out[:m], tgt_out[m] = ids, EOS
-  return {"tgt_in": tgt_in, "tgt_out": tgt_out,
-          "weights": (np.arange(length) <= m).astype(np.float32)}
 
 
 # --- config -----------------------------------------------------------------------------------
@@ -243,7 +229,7 @@ class CaptionTask:
     words = caption_words(labels, cells)
     return {"image": image[..., None], "labels": labels, "cells": cells, "offsets": offsets,
             "digit_indices": digit_indices, "words": words,
-            **pad_caption(encode(words), o.caption_length)}
+            **pad_target(encode(words), o.caption_length)}
 
   def record(self, split: str, index: int) -> dict[str, np.ndarray]:
     """The batch keys of one example: images, tgt_in, tgt_out, weights."""
