@@ -97,6 +97,10 @@ class TrainSettings:
   label_smoothing: float = _number(lambda v: 0 <= v < 1, "a number in [0, 1)", 0.0)
   z_loss: float = _number(lambda v: v >= 0, "a number >= 0", 0.0)
   max_skipped_steps: int = _int(1, 5)           # non-finite steps in a row before stopping
+  # seconds without progress (a step, an eval batch, a checkpoint, a data read) before the
+  # process prints its stacks and exits so the job stops (jaxformer/parallel/watchdog.py);
+  # a phase that compiles gets 5x; 0: off
+  stall_timeout: float = _number(lambda v: v >= 0, "a number of seconds >= 0 (0: off)", 1800.0)
   profile_steps: str = _typed(str, "")         # e.g. "10-12": a trace into <workdir>/profile
   attention_maps: bool = _typed(bool, True)    # heatmaps + entropy of an eval example
   sample_tokens: int = _int(0, 0)              # LMs: tokens sampled at the end (0: none)

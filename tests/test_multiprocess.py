@@ -1,6 +1,7 @@
 """Two real `python -m jaxformer.train` processes (4 CPU devices each, gloo collectives)
 started by `launch.local` train like one process (one console, the data prepared once), their
-checkpoint continues on one device, and a stop signal to either one stops both at one step."""
+checkpoint continues on one device, and a stop signal to either one stops both at one step;
+a peer stopped (SIGSTOP) or killed (SIGKILL) ends the job within seconds, in one line."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from tests.runs import config_flags, tiny_run_config
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _config(steps, data, model, fsdp):
-  cfg = tiny_run_config(steps=steps, log_every=1, eval_every=steps, checkpoint_every=steps,
-                        eval_batches=1)
+def _config(steps, data, model, fsdp, **train):
+  cfg = tiny_run_config(**{"steps": steps, "log_every": 1, "eval_every": steps,
+                           "checkpoint_every": steps, "eval_batches": 1, **train})
   cfg.optim.update(schedule="constant", warmup_steps=0)
   cfg.model.vocab_size = 66                 # divisible by mesh.model=2 (vocab is sharded)
   cfg.mesh.update(data=data, model=model, fsdp=fsdp)
@@ -94,9 +95,12 @@ def _assert_one_console(outputs, workdir, steps):
 def test_two_processes_train_like_one_and_their_checkpoint_continues_on_one_device(tmp_path):
   from jaxformer.train import loop
   two, one, home = str(tmp_path / "two"), str(tmp_path / "one"), tmp_path / "home"
-  outputs = _train_cli(two, _config(3, 4, 2, True), 2, 4, home=home)   # 2 processes x 4 devices
-  _assert_one_console(outputs, two, 3)                            # with an empty data cache
-  loop.train(_config(3, -1, 1, False), one)                       # 1 process x 8 devices
+  # an evaluation right after an asynchronous checkpoint (step 2's, at step 4): where a run
+  # of the issue hung (tests/stress_multiprocess.py repeats it under load)
+  kw = dict(checkpoint_every=2, eval_every=2)
+  outputs = _train_cli(two, _config(4, 4, 2, True, **kw), 2, 4, home=home)   # 2 x 4 devices
+  _assert_one_console(outputs, two, 4)                            # with an empty data cache
+  loop.train(_config(4, -1, 1, False, **kw), one)                 # 1 process x 8 devices
   _assert_records_close(_records(two), _records(one))
 
   # the 2-process (4 x 2 mesh, FSDP) checkpoint restores in a single process on one device
@@ -105,6 +109,87 @@ def test_two_processes_train_like_one_and_their_checkpoint_continues_on_one_devi
   loop.train(_config(5, -1, 1, False), one)
   _assert_records_close(_records(two), _records(one))
   assert [r["step"] for r in _records(two) if "loss" in r] == [1, 2, 3, 4, 5]
+
+
+def _start(workdir, cfg, *, home, launcher=True):
+  """Two training processes of 2 devices each, through launch.local or (launcher=False)
+  started by hand, as a scheduler without the launcher's stop-the-others would."""
+  cmd = [sys.executable, "-m", "jaxformer.train",
+         "--config=" + os.path.join(ROOT, "configs", "shakespeare_char.py") + ":tiny",
+         f"--workdir={workdir}", *config_flags(cfg)]
+  env = {"PYTHONPATH": ROOT, "HOME": str(home)}
+  if launcher:
+    return start_local(cmd, 2, 2, env=env)
+  from launch.local import free_port
+  port = free_port()
+  envs = [process_env({**os.environ, **env}, process_id=i, num_processes=2, port=port,
+                      devices_per_process=2, platform="cpu") for i in range(2)]
+  return [subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True) for e in envs]
+
+
+def _long_run(stall_timeout=1800.0):
+  """Steps enough that only the fault ends the run."""
+  return _config(10_000, -1, 1, False, stall_timeout=stall_timeout, eval_every=10_000,
+                 checkpoint_every=5)
+
+
+def _wait_for_steps(procs, metrics, steps, timeout=300):
+  start = time.monotonic()
+  while time.monotonic() - start < timeout and all(p.poll() is None for p in procs):
+    if os.path.exists(metrics):
+      with open(metrics) as f:
+        if f.read().count("\n") >= steps:
+          return
+    time.sleep(0.05)
+  raise AssertionError(f"no {steps} steps logged in {metrics}")
+
+
+def _one_error_line(output: str) -> str:
+  errors = [line for line in output.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1, output[-4000:]
+  assert "Traceback" not in output and "Fatal Python error" not in output, output[-4000:]
+  return errors[0]
+
+
+@pytest.mark.slow
+def test_a_peer_stopped_past_the_stall_timeout_stops_the_job_with_every_stack(tmp_path):
+  """Process 1 frozen (SIGSTOP) mid-run: process 0 waits in a collective until its watchdog
+  (train.stall_timeout=6 s) prints the phase, step and process and every thread's stack, and
+  exits 75; the launcher then stops the frozen one (SIGTERM, then SIGKILL)."""
+  run = tmp_path / "run"
+  job = _start(run, _long_run(stall_timeout=6), home=tmp_path / "home")
+  _wait_for_steps(job.procs, run / "metrics.jsonl", 3)
+  job.procs[1].send_signal(signal.SIGSTOP)
+  zero, one = job.finish(timeout=120)
+  assert zero.returncode == 75 and one.returncode in (-signal.SIGTERM, -signal.SIGKILL)
+  line = zero.stdout[zero.stdout.index("error:"):].splitlines()[0]
+  assert re.match(r"error: no progress for \d+ s \(process 0 of 2, in [a-z ]+ at step \d+; "
+                  r"train.stall_timeout=6 s\); stopping this process so the job stops; rerun "
+                  r"the same command to resume", line), line
+  assert "most recent call first" in zero.stdout and "_step_loop" in zero.stdout   # the stacks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", [False, True], ids=["alone", "launch_local"])
+def test_a_killed_peer_stops_the_job_in_one_line(tmp_path, launcher):
+  """Process 1 killed (SIGKILL: the OOM killer, a lost node) mid-run: process 0 names it in
+  one line and exits 75 at once (its watchdog sees the process gone, or its collective
+  fails), with no C++ abort and no traceback; the same with or without the launcher."""
+  run = tmp_path / "run"
+  started = _start(run, _long_run(), home=tmp_path / "home", launcher=launcher)
+  procs = started.procs if launcher else started
+  _wait_for_steps(procs, run / "metrics.jsonl", 3)
+  procs[1].send_signal(signal.SIGKILL)
+  if launcher:
+    zero = started.finish(timeout=60)[0]
+    output, code = zero.stdout, zero.returncode
+  else:
+    output, code = procs[0].communicate(timeout=60)[0], procs[0].returncode
+    procs[1].wait()
+  line = _one_error_line(output)
+  assert code == 75 and line.startswith("error: process 1 of the job stopped (died or was "
+                                        "killed); process 0 of 2"), line
 
 
 def _stopped_at(output):

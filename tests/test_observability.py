@@ -106,6 +106,32 @@ def _progress(clock, stream=None, **kw):
                            **{**defaults, **kw})
 
 
+def test_a_disk_that_fills_under_the_event_writer_thread_is_raised_not_waited_on(tmp_path):
+  """tensorboardX writes on its own thread; on a full disk that thread used to die and the
+  next add_event wait forever on its full queue (a run hung mid-training). Now the failure
+  is kept and raised by the next call on the caller's thread, as the ENOSPC OSError the run
+  reports in one line."""
+  import errno
+  import subprocess
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs",
+                                          str(disk)], capture_output=True).returncode:
+    pytest.skip("mounting a small tmpfs needs root")
+  try:
+    writer = tensorboard.SummaryWriter(disk, flush_secs=0.01)
+    noise = np.random.default_rng(0).integers(0, 256, (128, 128, 3), dtype=np.uint8)  # ~48 KB
+    with pytest.raises(OSError) as info:
+      for step in range(400):             # far more than fits, and more than the queue holds
+        writer.image("noise", noise, step)
+        time.sleep(0.005)
+      writer.flush()
+    assert info.value.errno == errno.ENOSPC
+    writer.close()                        # logs the incomplete events; returns
+  finally:
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
 def test_progress_rate_mfu_eta_and_excluded_time():
   clock = FakeClock()
   bar = _progress(clock)

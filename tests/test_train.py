@@ -71,6 +71,36 @@ def test_one_process_stops_after_the_step_during_which_it_was_signalled():
   assert signal.getsignal(signal.SIGTERM) is previous
 
 
+_BLOCKED_MAIN_THREAD = """
+import signal, time
+from jaxformer.parallel import StopRequest
+with StopRequest(0) as stop:
+  signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+  print("ready", flush=True)
+  time.sleep(60)                # a main thread that never returns to Python (e.g. in XLA)
+print("slept through", flush=True)
+"""
+
+
+def test_a_second_stop_signal_exits_at_once_even_with_the_main_thread_blocked():
+  """The signals are read off the main thread: the first asks for the agreed stop, the
+  second exits with 128 + its number and one line (the issue's hung job ignored SIGTERM)."""
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.Popen([sys.executable, "-c", _BLOCKED_MAIN_THREAD], text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env={**os.environ, "PYTHONPATH": root, "JAX_PLATFORMS": "cpu"})
+  assert proc.stdout.readline() == "ready\n"
+  proc.send_signal(signal.SIGTERM)
+  assert "SIGTERM: stopping after this step" in proc.stderr.readline()
+  proc.send_signal(signal.SIGINT)
+  out, err = proc.communicate(timeout=30)        # far less than the 60 s sleep
+  assert proc.returncode == 128 + signal.SIGINT and "slept through" not in out
+  assert err.strip() == ("error: a second stop signal (SIGINT): exiting now without saving; a "
+                         "rerun resumes from the last complete checkpoint")
+
+
 @pytest.mark.slow
 def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
   """Under μP (width 32, base 16: LR groups in the optimizer, logits and attention

@@ -195,6 +195,22 @@ def _orbax_barriers_without_collectives():
     flags.FLAGS[ORBAX_BARRIER_FLAG].value = True
 
 
+_barriers = 0
+
+
+def barrier(what: str, timeout_s: float = 24 * 3600) -> None:
+  """Every process waits here until all have arrived (no-op for one process), through the
+  coordination service, not a device collective. Every process must make the same sequence
+  of calls. A process that never arrives is the watchdog's business (it names it)."""
+  global _barriers
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed as jax_distributed
+  _barriers += 1
+  jax_distributed.global_state.client.wait_at_barrier(
+      f"jaxformer/barrier/{_barriers}/{'_'.join(what.split())}", int(timeout_s * 1000))
+
+
 # How long the other processes wait for process 0's one-time work (a big corpus can take hours).
 ONE_TIME_WORK_TIMEOUT_S = 24 * 3600
 _one_time_calls = 0

@@ -115,7 +115,7 @@ def _with_defaults(model: dict) -> dict:
 RESUMABLE_CHANGES = {
     "train": ("steps", "eval_every", "log_every", "checkpoint_every", "eval_batch_size",
               "keep_checkpoints", "keep_checkpoint_every", "checkpoint_steps", "keep_best", "best_metric",
-              "max_skipped_steps", "profile_steps", "attention_maps", "sample_tokens",
+              "max_skipped_steps", "stall_timeout", "profile_steps", "attention_maps", "sample_tokens",
               "sample_prompt", "sample_every"),
     "data": ("eval_batches", "data_dir"),
     "optim": ("decay_steps",),       # compared through the schedule it gives

@@ -8,24 +8,33 @@ import logging
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxformer import inference, paths, run_files
+from jaxformer.parallel import watchdog
 from jaxformer.train import attention_maps, tasks
 from jaxformer.train.setup import Run, Steps, Writers
 
 
-def evaluate(eval_step, params, pipeline, task, plan, frozen=None) -> dict:
+def evaluate(eval_step, params, pipeline, task, plan, frozen=None, *, step: int = 0) -> dict:
   """Split-level eval metrics from per-batch sums (padded rows carry zero weight); `frozen`:
-  the state entry the task's objective also reads (`Task.frozen_key`)."""
+  the state entry the task's objective also reads (`Task.frozen_key`).
+
+  Each batch's sums are fetched to the host before the next batch is dispatched, and summed
+  there (in their own dtype: the same numbers as an on-device sum). Why: dispatching every
+  eval batch (and a device-side add per batch) without waiting queued ~40 multi-device
+  programs with collectives behind the train step; with several CPU processes that deadlocked
+  XLA's per-device launch queues in 2 of 11 runs under load (NOTES.md, "Parallelism"). One
+  host round trip per eval batch costs nothing next to the eval step itself."""
+  jax.block_until_ready(params)          # no train step still running beside the eval steps
   totals = None
-  for batch in pipeline.eval_batches():
+  for i, batch in enumerate(pipeline.eval_batches()):
+    watchdog.beat("evaluation", step, compiling=i == 0)
     extra = () if task.frozen_key is None else (frozen,)
-    sums = eval_step(params, plan.global_batch(batch), *extra)
-    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  return tasks.finalize_eval(task, jax.device_get(totals))
+    sums = jax.device_get(eval_step(params, plan.global_batch(batch), *extra))
+    totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
+  return tasks.finalize_eval(task, totals)
 
 
 def token_labels(pipeline, ids) -> list[str] | None:
@@ -60,7 +69,7 @@ class Evaluator:
     run, bar = self.run, self.writers.bar
     with bar.paused():
       record = {"step": done, **evaluate(self.steps.eval_step, params, run.pipeline, run.task,
-                                         run.plan, frozen)}
+                                         run.plan, frozen, step=done)}
       if self.show_attention:
         png, entropy = attention_maps.write_attention_map(
             self.snapshot_fn, params, self.steps.example, step=done, workdir=run.workdir,

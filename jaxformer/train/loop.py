@@ -20,7 +20,7 @@ import os
 import jax
 
 from jaxformer import console, paths, run_files
-from jaxformer.parallel import StopRequest
+from jaxformer.parallel import StopRequest, watchdog
 from jaxformer.train import config_checks, evaluation, plots, setup
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import read
@@ -43,7 +43,7 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
                             topology=devices[0].device_kind, log=say)
   workdir_lib.check_usable(workdir)
   owner = workdir_lib.Lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
-  with owner:
+  with owner, watchdog.Watchdog(settings.train.stall_timeout, resume_hint=RESUME_HINT):
     try:
       return _train(config, settings, workdir, fresh=fresh, stop_after=stop_after)
     except Exception as e:  # noqa: BLE001  (re-raised unless the disk is full)
@@ -53,6 +53,9 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
       raise ValueError(f"no space left on the device of --workdir={workdir!r} ({where}); free "
                        "space and rerun: training resumes from the last complete checkpoint"
                        ) from e
+
+
+RESUME_HINT = "; rerun the same command to resume from the last complete checkpoint"
 
 
 def _train(config, settings, workdir: str, *, fresh: bool, stop_after: int | None) -> dict:
@@ -72,13 +75,21 @@ def _run(config, settings, workdir: str, *, fresh: bool, stop_after: int | None,
     print(f"{workdir}: already trained for {run.start} steps")
     return _last_eval(run.metrics.path)
   steps = setup.make_steps(run)
+  watchdog.beat("compiling the steps", run.start, compiling=True)
+  setup.compile_together(run, steps)
   writers = setup.open_writers(run, steps, shutdown)
   evaluator = evaluation.Evaluator(run, steps, writers)
-  state, last_eval, preempted = _step_loop(run, steps, writers, evaluator, stop_after)
+  try:
+    state, last_eval, preempted = _step_loop(run, steps, writers, evaluator, stop_after)
+  except jax.errors.JaxRuntimeError as e:    # a collective whose peer process is gone
+    watchdog.peer_lost(e)                    # several processes: one line, exit
+    raise
+  watchdog.beat("closing (the last checkpoint's write)", run.settings.train.steps)
   shutdown.close()           # checkpoints written, writers closed, before plots and samples
   if run.is_main:
     plots.plot_curves(run.metrics.path, os.path.join(workdir, run_files.CURVES))
   if not preempted:
+    watchdog.beat("the final sample", run.settings.train.steps, compiling=True)
     evaluator.final_sample(state["params"])
   return last_eval
 
@@ -91,8 +102,10 @@ def _step_loop(run: setup.Run, steps: setup.Steps, writers: setup.Writers,
   state, last_eval, preempted, previous = run.state, None, False, None
   with StopRequest(run.start) as stop:        # on every process at the same step
     for s in range(run.start, t.steps):
+      watchdog.beat("reading data", s + 1)
       batch = run.plan.global_batch(steps.first if s == run.start
                                     else run.pipeline.train_batch(s))
+      watchdog.beat("train step", s + 1, compiling=s == run.start)
       writers.profiler.before(s + 1)
       state, m = steps.train_step(state, batch, steps.dropout_key)
       writers.profiler.after(s + 1, m)
@@ -109,6 +122,7 @@ def _step_loop(run: setup.Run, steps: setup.Steps, writers: setup.Writers,
       if (done % t.checkpoint_every == 0 or done == t.steps or preempted
           or done in t.checkpoint_steps):
         _check_finite(run, *previous)          # never save after the run should have stopped
+        watchdog.beat("checkpoint", done)
         with writers.bar.paused():
           run.ckpts.save(done, state)
       if preempted:

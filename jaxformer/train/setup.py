@@ -158,6 +158,21 @@ def make_steps(run: Run) -> Steps:
   return Steps(train_step, eval_step, dropout_key, schedule, first, example)
 
 
+def compile_together(run: Run, steps: Steps) -> None:
+  """Several processes: compile the train and eval steps ahead of their first call, then
+  wait for every process. Why: the first collective of a CPU job sets up its Gloo context
+  and gives the other processes 30 s to join; a process still preparing data or compiling
+  under load missed it (`DEADLINE_EXCEEDED ... cpu:gloo`) and the job failed at step 1. The
+  calls reuse these executables."""
+  if jax.process_count() == 1:
+    return
+  plan, frozen = run.plan, run.task.frozen_key
+  steps.train_step.lower(run.state, plan.global_batch(steps.first), steps.dropout_key).compile()
+  steps.eval_step.lower(run.state["params"], plan.global_batch(steps.example),
+                        *((run.state[frozen],) if frozen else ())).compile()
+  parallel.barrier("compiled the steps")
+
+
 def jit_train_step(settings: run_settings.RunSettings, plan: parallel.ShardingPlan, module, tx,
                    task: tasks.Task, state_shardings, batch_shardings) -> parallel.CompiledStep:
   """The train step (state, batch, dropout key) -> (state, metrics), jitted for the plan's

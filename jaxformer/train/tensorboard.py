@@ -7,6 +7,11 @@ logdir and TensorBoard merges them; `purge_step` makes TensorBoard drop the poin
 >= purge_step that the interrupted run wrote and the resumed run rewrites. tensorboardX writes
 local files only: for a remote logdir (a bucket) the events go to a local mirror and are
 uploaded every `flush_secs` and at close.
+
+tensorboardX writes events on a thread of its own; when a write fails there (a full disk), that
+thread dies and the next `add_event` waits forever on its full queue. Here the thread's writes
+are guarded: a failure is kept, later events are dropped, and the next call on the run's own
+thread raises it, so the run reports the full disk in one line like any other write.
 """
 
 from __future__ import annotations
@@ -55,6 +60,26 @@ def _as_array(image) -> np.ndarray:
   return array
 
 
+class _GuardedRecords:
+  """The event-writing thread's file writer, keeping its first failure instead of dying."""
+
+  def __init__(self, records):
+    self.records, self.error = records, None
+
+  def write_event(self, event) -> None:
+    self._call(self.records.write_event, event)
+
+  def flush(self) -> None:
+    self._call(self.records.flush)
+
+  def _call(self, fn, *args) -> None:
+    if self.error is None:
+      try:
+        fn(*args)
+      except Exception as e:  # noqa: BLE001  (raised on the run's thread: `SummaryWriter.check`)
+        self.error = e
+
+
 class SummaryWriter:
   """Scalars and images for TensorBoard in `logdir` (see the module docstring)."""
 
@@ -70,8 +95,16 @@ class SummaryWriter:
     self._writer = tensorboardX.SummaryWriter(self.logdir, purge_step=purge_step,
                                               flush_secs=flush_secs)
     self._upload_secs, self._uploaded = flush_secs, time.monotonic()
+    worker = self._writer._get_file_writer().event_writer._worker   # pylint: disable=protected-access
+    self._guard = worker._record_writer = _GuardedRecords(worker._record_writer)
+
+  def check(self) -> None:
+    """Raise the failure of the event-writing thread, if it had one."""
+    if self._guard.error is not None:
+      raise self._guard.error
 
   def scalar(self, tag: str, value: float, step: int) -> None:
+    self.check()
     self._writer.add_scalar(tag, float(value), global_step=step)
 
   def scalars(self, values: dict[str, float], step: int) -> None:
@@ -83,9 +116,11 @@ class SummaryWriter:
 
   def image(self, tag: str, image, step: int) -> None:
     """`image`: PNG bytes, or a uint8 array [H, W, C] (C = 1, 3 or 4) or [H, W]."""
+    self.check()
     self._writer.add_image(tag, _as_array(image), global_step=step, dataformats="HWC")
 
   def flush(self) -> None:
+    self.check()
     self._writer.flush()
     paths.upload(self.logdir, self.target)
     self._uploaded = time.monotonic()
