@@ -49,6 +49,7 @@ import jax
 from jax.experimental import multihost_utils
 
 _SA_SIGINFO = 4
+_WAKE_TO_END = 0                    # not a signal number: ends the reading thread
 _SIGACTION_BYTES = 512              # >= sizeof(struct sigaction) on every Linux ABI
 
 
@@ -108,7 +109,9 @@ class StopRequest:
     handler = self._to_jax if keep_jax else self._ignore if self._agreed else self._request
     for sig in ours:
       self._previous[sig] = signal.signal(sig, handler)
-    threading.Thread(target=self._read_signals, name="jaxformer-signals", daemon=True).start()
+    self._reader = threading.Thread(target=self._read_signals, name="jaxformer-signals",
+                                    daemon=True)
+    self._reader.start()
     return self
 
   @staticmethod
@@ -135,6 +138,8 @@ class StopRequest:
       if not data:
         return
       for signum in data:
+        if signum == _WAKE_TO_END:
+          return
         self._on_signal(signum)
 
   def _on_signal(self, signum: int):
@@ -173,6 +178,8 @@ class StopRequest:
     if self._wakeup is not None:
       reader, writer, previous_fd = self._wakeup
       signal.set_wakeup_fd(previous_fd)
+      writer.send(bytes([_WAKE_TO_END]))     # no thread of ours outlives the run
+      self._reader.join(timeout=5)
       writer.close()
       reader.close()
       self._wakeup = None
