@@ -16,10 +16,12 @@ Orbax and TensorStore read and write checkpoints at the URL themselves.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import os
 import re
+import tempfile
 import threading
 
 from etils import epath
@@ -68,6 +70,57 @@ def absolute(value: str | os.PathLike) -> str:
   'gs://b/x' into '<cwd>/gs:/b/x')."""
   text = os.fspath(value)
   return text if is_remote(text) else os.path.abspath(os.path.expanduser(text))
+
+
+def check_writable_directory(target: str | os.PathLike, field: str, fix: str) -> None:
+  """Create the directory `target` if needed and prove a file can be written in it, so a
+  read-only or pseudo file system (/proc), a file in the way or missing permissions are a
+  ValueError naming `field` before any work; `fix` ends the message."""
+  text = os.fspath(target)
+  p = path(text, field)
+  try:
+    if not is_remote(text):
+      if p.exists() and not p.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "a file is in the way")
+      p.mkdir(parents=True, exist_ok=True)
+    _probe(p, text)
+  except Exception as e:  # noqa: BLE001  (fsspec backends raise many types)
+    raise ValueError(f"{field}={text!r} is not a writable directory ({_reason(e)}); {fix}"
+                     ) from e
+
+
+def check_writable_file(target: str | os.PathLike, field: str) -> None:
+  """Prove the file `target` can be written (its directory exists and takes a new file;
+  `target` is not a directory) before the work that produces it: a ValueError naming
+  `field`. Nothing is created."""
+  text = os.fspath(target)
+  p = path(text, field)
+  fix = f"pass {field}=<a file path you can write to>"
+  if not is_remote(text) and p.is_dir():
+    raise ValueError(f"{field}={text!r} is a directory; {fix}")
+  if not is_remote(text) and not p.parent.is_dir():
+    raise ValueError(f"{field}={text!r}: its directory {os.fspath(p.parent)!r} does not "
+                     f"exist; create it or {fix}")
+  try:
+    _probe(p.parent, text)
+  except Exception as e:  # noqa: BLE001
+    raise ValueError(f"{field}={text!r} cannot be written ({_reason(e)}); {fix}") from e
+
+
+def _probe(directory: epath.Path, text: str) -> None:
+  """Write and remove a file in `directory` (an object, on an object store)."""
+  if is_remote(text):
+    probe = directory / f".jaxformer-probe-{os.getpid()}-{threading.get_ident()}"
+    probe.write_text("")
+    probe.unlink()
+    return
+  with tempfile.TemporaryFile(dir=directory):
+    pass
+
+
+def _reason(error: Exception) -> str:
+  return getattr(error, "strerror", None) or (
+      str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
 def write_bytes(target: str | os.PathLike, data: bytes) -> None:

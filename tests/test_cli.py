@@ -198,6 +198,124 @@ def test_bad_workdirs_and_data_files(tmp_path, capsys):
   assert "a directory or glob of them" in user_error(tmp_path / "r3", other)
 
 
+# --- mistakes that once gave a traceback (issue #40): each case fails before any compile ----
+
+_BUGGY_CONFIG = """from configs import shakespeare_char
+
+
+def get_config(arg=None):
+  config = shakespeare_char.get_config("tiny")
+  config.train.steps = {value}
+  return config
+"""
+
+
+def _parse_train_flags(argv):
+  """`python -m jaxformer.train`'s flag parsing in-process: its --config file flag on a fresh
+  FlagValues (config_flags reads the overrides from `sys_argv`), through the CLIs' parser."""
+  from absl import flags
+  from ml_collections import config_flags as ml_config_flags
+  fv = flags.FlagValues()
+  ml_config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True,
+                                     sys_argv=argv)
+  flags.DEFINE_string("workdir", None, "", flag_values=fv)
+  cli.absl_flags_parser(argv, fv)
+
+
+def _train_main(tmp_path, **data):
+  """`jaxformer.train`'s main in-process: shakespeare_char:tiny with `data` fields set."""
+  from configs import shakespeare_char
+  from jaxformer.train import loop
+  cfg = shakespeare_char.get_config("tiny")
+  cfg.data.update({"data_dir": str(tmp_path / "data"), **data})
+  cli.user_errors(loop.train)(cfg, str(tmp_path / "run"))
+
+
+def _gz_sources(tmp_path):
+  import gzip
+  (tmp_path / "glob").mkdir()
+  for name in ("a", "b"):
+    with gzip.open(tmp_path / "glob" / f"{name}.jsonl.gz", "wt") as f:
+      f.writelines(json.dumps({"text": f"document {i} of {name}"}) + "\n" for i in range(500))
+  whole = (tmp_path / "glob" / "b.jsonl.gz").read_bytes()
+  (tmp_path / "glob" / "b.jsonl.gz").write_bytes(whole[:len(whole) // 2])      # cut short
+  (tmp_path / "plain.jsonl.gz").write_text('{"text": "not compressed"}\n' * 50)
+
+
+def _config_file(tmp_path, value):
+  (tmp_path / "buggy.py").write_text(_BUGGY_CONFIG.format(value=value))
+  return f"--config={tmp_path / 'buggy.py'}"
+
+
+def _diverged(tmp_path):
+  """What the loop raises after train.max_skipped_steps non-finite steps in a row (trained
+  to that point in tests/test_train.py)."""
+  import types
+  from jaxformer.train import loop
+  run = types.SimpleNamespace(settings=types.SimpleNamespace(train=types.SimpleNamespace(
+      max_skipped_steps=3)), ckpts=types.SimpleNamespace(manager=types.SimpleNamespace(
+          latest_step=lambda: 10)), workdir=str(tmp_path))
+  cli.user_errors(loop._check_finite)(run, 13, {"finite": False, "skipped": 3})
+
+
+_MISTAKES = {   # case: (what the user runs, in-process where it can be, fragments of the line)
+    "gz_truncated_in_a_glob": (
+        lambda t: _train_main(t, source=str(t / "glob" / "*.jsonl.gz")),
+        ["b.jsonl.gz is a truncated gzip file", "replace it with a complete copy"]),
+    "gz_that_is_not_gzip": (
+        lambda t: _train_main(t, source=str(t / "plain.jsonl.gz")),
+        ["plain.jsonl.gz is not gzip-compressed", "drop the .gz"]),
+    "config_path_wrong_with_override": (
+        lambda t: _parse_train_flags(["train", f"--config={t / 'nope.py'}", "--workdir=w",
+                                      "--config.train.steps=3"]),
+        ["nope.py: the config file does not load: No such file or directory"]),
+    "override_under_a_string_leaf": (
+        lambda t: _parse_train_flags(["train", f"--config={CONFIG}", "--workdir=w",
+                                      "--config.data.source.path=x"]),
+        ["--config.data.source.path", "'data.source' is a str",
+         "set it whole: --config.data.source=<value>"]),
+    "config_file_raises": (
+        lambda t: _parse_train_flags(["train", _config_file(t, "undefined * 2"),
+                                      "--workdir=w", "--config.train.steps=3"]),
+        ["the config file raised NameError at", "buggy.py:6 (in get_config)",
+         "name 'undefined' is not defined"]),
+    "config_file_raises_not_a_bad_override": (       # was "an override names no config key"
+        lambda t: _parse_train_flags(["train", _config_file(t, "config.train.stepz"),
+                                      "--workdir=w", "--config.train.steps=3"]),
+        ["the config file raised AttributeError at", "buggy.py:6", "'stepz'"]),
+    "learning_rate_diverged": (
+        _diverged, ["3 non-finite steps in a row at step 13", "lower optim.lr"]),
+    "data_dir_under_proc": (
+        lambda t: _train_main(t, data_dir="/proc/jaxformer_data"),
+        ["data.data_dir='/proc/jaxformer_data' is not a writable directory",
+         "--config.data.data_dir"]),
+    "plan_json_unwritable": (             # a subprocess: plan's flags are global ones
+        lambda t: _cli("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v5e:2x2",
+                       f"--json={t / 'missing' / 'plan.json'}"),
+        ["--json=", "missing/plan.json", "does not exist"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_MISTAKES))
+def test_mistakes_that_were_tracebacks_are_one_line(case, tmp_path, capsys):
+  """Each: exit code 2 and one `error:` line (the last) naming the field or file; refused
+  before anything compiles (the plan prints no plan)."""
+  run, fragments = _MISTAKES[case]
+  _gz_sources(tmp_path)
+  try:
+    result = run(tmp_path)
+  except SystemExit as e:
+    code, err = e.code, capsys.readouterr().err
+  else:
+    code, err = result.returncode, result.stderr
+    assert "compiled in" not in result.stdout
+  lines = err.strip().splitlines()
+  assert code == cli.EXIT_USER_ERROR and "Traceback" not in err, err[-3000:]
+  assert [l for l in lines if l.startswith("error: ")] == lines[-1:], lines[-5:]
+  for fragment in fragments:
+    assert fragment in lines[-1], (fragment, lines[-1])
+
+
 def test_sample_and_launcher_mistakes(tmp_path):
   (tmp_path / "run").mkdir()
   _assert_user_error(_cli("jaxformer.sample", f"--workdir={tmp_path / 'run'}"),

@@ -128,12 +128,20 @@ def test_plan_memory_by_hand_and_collectives_of_each_strategy():
 
 
 @needs_libtpu
-def test_a_step_that_cannot_fit_is_reported_not_fitting():
-  from jaxformer.train import planning
-  p = planning.plan(_too_big(), "v5e:2x2")
-  assert not p.fits and "RESOURCE_EXHAUSTED" in p.refusal
-  assert p.per_chip_bytes["temp"] > 16 * 2**30
-  assert "does NOT fit" in planning.table(p)
+def test_a_step_that_cannot_fit_is_reported_not_fitting_and_exits_3(tmp_path):
+  """Through `python -m jaxformer.plan`, as a script sees it: the plan printed and written,
+  and exit code 3 (not 0, not the user-error 2)."""
+  import pathlib
+  from jaxformer.plan import EXIT_DOES_NOT_FIT
+  report = tmp_path / "plan.json"
+  result = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v5e:2x2",
+                f"--json={report}", *_flags(_too_big()),
+                cwd=pathlib.Path(__file__).resolve().parents[1])
+  assert result.returncode == EXIT_DOES_NOT_FIT == 3, result.stderr[-2000:]
+  assert "does NOT fit" in result.stdout and "Traceback" not in result.stderr
+  p = json.loads(report.read_text())
+  assert not p["fits"] and "RESOURCE_EXHAUSTED" in p["refusal"]
+  assert p["per_chip_bytes"]["temp"] > 16 * 2**30
 
 
 @needs_libtpu

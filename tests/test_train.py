@@ -12,7 +12,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import get_config
-from jaxformer import inference, parallel, run_settings
+from jaxformer import cli, inference, parallel, run_settings
 from jaxformer.state import checkpoint, optim, train_state
 from jaxformer.inference import load_run, sample_text
 from jaxformer.train import config_checks, evaluation, loop
@@ -307,8 +307,9 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path):
   cfg.optim.update(lr=1e6, warmup_steps=0, clip=0.0)           # diverges within a few steps
   workdir = str(tmp_path / "run")
   with pytest.raises(FloatingPointError, match=r"3 non-finite steps in a row at step \d+; "
-                     "stopping: no checkpoint was saved before it"):
+                     "stopping: no checkpoint was saved before it") as info:
     loop.train(cfg, workdir)
+  assert cli.is_user_error(info.value)          # the CLIs: one line, exit code 2
   assert not os.listdir(os.path.join(workdir, "checkpoints"))     # nothing bad was saved
   records = open(os.path.join(workdir, "metrics.jsonl")).read()
   assert "NaN" not in records.replace('"NaN"', "")                # strict JSON

@@ -3,3 +3,5 @@
 The machinery is `jaxformer.train.planning` (one step's costs) and
 `jaxformer.train.plan_search` (the best sharding); this package is their command line.
 """
+
+EXIT_DOES_NOT_FIT = 3    # the step (with --search: every candidate) does not fit in HBM

@@ -5,6 +5,10 @@ Compiles the train step `jaxformer.train` would run for the config on the named 
 (compile-only devices: no TPU needed) and prints per-chip memory against HBM, FLOPs,
 collectives and estimated step times. `--search` ranks shardings and prints the winning
 `--config.*` overrides.
+
+Exit codes: 0 the step fits (with --search: a candidate fits); 3 it does not fit in HBM
+(no candidate fits), after printing the plan and writing --json; 2 a mistake in the
+command line or the config (one `error:` line; --json is checked before compiling).
 """
 
 import json
@@ -14,6 +18,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from jaxformer import cli, paths
+from jaxformer.plan import EXIT_DOES_NOT_FIT
 
 config_flags.DEFINE_config_file("config", None, "Training config file.", lock_config=True)
 flags.DEFINE_string("topology", None, "TPU topology, e.g. v5e:4x4, v5p:4x4x4, v4:2x2x2, v6e:8x8.")
@@ -41,13 +46,15 @@ def main(argv):
     raise ValueError(f"--search_dims={','.join(f.search_dims)}: {unknown} unknown; choose "
                      f"from {','.join(plan_search.DIMENSIONS)}")
   settings = config_checks.validate(f.config)
+  if f.json:                                 # a bad --json is refused before the compile
+    paths.check_writable_file(f.json, "--json")
   if not f.search:
     report = planning.plan(f.config, f.topology, f.slices, settings=settings,
                            cache_dir=f.cache_dir)
     print(planning.table(report))
     if f.json:
-      paths.write_text(f.json, json.dumps(report.to_json(), indent=2))
-    return
+      _write_json(f.json, report.to_json())
+    return None if report.fits else EXIT_DOES_NOT_FIT
   result = plan_search.search(f.config, f.topology, f.slices, dimensions=f.search_dims,
                               budget_seconds=60 * f.budget_minutes, workers=f.workers,
                               cache_dir=f.cache_dir, max_compiles=f.max_compiles)
@@ -64,10 +71,19 @@ def main(argv):
     print(f"  {train} --workdir=DIR")
     print(f"  python -m launch.tpu run --tpu=NAME --zone=ZONE -- {train} --workdir=gs://BUCKET/DIR")
   if f.json:
-    paths.write_text(f.json, json.dumps(
-        {"best": None if best is None else best.overrides,
-         "candidates": [{"overrides": c.overrides, "status": c.status, "reason": c.reason,
-                         "plan": c.plan} for c in result.candidates]}, indent=2))
+    _write_json(f.json, {"best": None if best is None else best.overrides,
+                         "candidates": [{"overrides": c.overrides, "status": c.status,
+                                         "reason": c.reason, "plan": c.plan}
+                                        for c in result.candidates]})
+  return EXIT_DOES_NOT_FIT if best is None else None
+
+
+def _write_json(target: str, value) -> None:
+  try:
+    paths.write_text(target, json.dumps(value, indent=2))
+  except OSError as e:                     # e.g. the disk filled while compiling
+    raise ValueError(f"--json={target!r} cannot be written ({e.strerror or e}); the report "
+                     "is printed above") from e
 
 
 if __name__ == "__main__":

@@ -130,6 +130,12 @@ def _step_loop(run: setup.Run, steps: setup.Steps, writers: setup.Writers,
   return state, last_eval, preempted
 
 
+class DivergedError(ValueError, FloatingPointError):
+  """train.max_skipped_steps non-finite steps in a row. The settings diverged (optim.lr, the
+  data), so it is a ValueError, which the CLIs print as one line with exit code 2 like any
+  mistake in the settings; still a FloatingPointError for callers that catch that."""
+
+
 def _check_finite(run: setup.Run, done: int, m: dict):
   """Log a skipped update; stop after train.max_skipped_steps in a row. Called one step late,
   so the host never waits for the device between steps (skipped steps leave the state good)."""
@@ -142,7 +148,7 @@ def _check_finite(run: setup.Run, done: int, m: dict):
     kept = (f"the last checkpoint, step {saved}, in {run.workdir}/checkpoints is intact and "
             "a rerun resumes from it" if saved is not None else
             "no checkpoint was saved before it, so a rerun starts from scratch")
-    raise FloatingPointError(
+    raise DivergedError(
         f"{max_skipped} non-finite steps in a row at step {done}; stopping: {kept} "
         "(lower optim.lr or check the data)")
 

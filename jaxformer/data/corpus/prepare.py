@@ -134,6 +134,7 @@ def _scan(source: sources.Source, splits: list, directory: epath.Path, options: 
   path = directory / "scan.json"
   if path.exists():
     return json.loads(path.read_text())
+  sources.require_writable_data_dir(data_dir)
   plan = units.plan(source, splits)
   size = sum(u.size for u in plan)
   with console.announce(f"preparing data.source={source.spec!r} ({size / 1e6:,.1f} MB) once, "
@@ -257,6 +258,7 @@ def prepare(spec: str, tokenizer_spec: str, *, options: Options, workdir,
   out = directory / f"tokens-{tokenizer.fingerprint()[:16]}"
   index_path = out / "index.json"
   if not index_path.exists():
+    sources.require_writable_data_dir(data_dir)
     dtype = "<u2" if tokenizer.vocab_size <= 1 << 16 else "<u4"
     _tokenize(tasks, out, spec, tokenizer_spec, functools.partial(
         work.tokenize_unit, field=options.text_field, data_dir=data_dir, tokenizer=tokenizer,

@@ -14,6 +14,7 @@ import codecs
 import contextlib
 import gzip
 import json
+import zlib
 from typing import Iterator
 
 from etils import epath
@@ -28,13 +29,27 @@ _ROWS_PER_READ = 1024
 
 @contextlib.contextmanager
 def open_binary(path: epath.Path):
-  """`path` opened for binary reading, decompressed if it ends in .gz."""
+  """`path` opened for binary reading, decompressed if it ends in .gz. A .gz file that is not
+  gzip, or whose stream is truncated or damaged, is a ValueError naming it (gzip finds out
+  only while it is read, so the reads in the `with` block are covered too)."""
   with epath.Path(path).open("rb") as raw:
-    if sources.is_gzip(epath.Path(path)):
+    if not sources.is_gzip(epath.Path(path)):
+      yield raw
+      return
+    try:
       with gzip.GzipFile(fileobj=raw) as f:
         yield f
-    else:
-      yield raw
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+      raise ValueError(_bad_gzip(path, e)) from None
+
+
+def _bad_gzip(path, error: Exception) -> str:
+  if isinstance(error, gzip.BadGzipFile) and str(error).startswith("Not a gzipped file"):
+    return (f"data.source: {path} is not gzip-compressed ({error}) though its name ends in "
+            ".gz; compress it (gzip FILE) or drop the .gz from its name")
+  what, copy = ("truncated", "complete") if isinstance(error, EOFError) else ("damaged", "good")
+  return (f"data.source: {path} is a {what} gzip file ({error}); replace it with a {copy} "
+          "copy (`gzip -t FILE` checks one) or remove it from the source")
 
 
 def parquet_file(f, path):

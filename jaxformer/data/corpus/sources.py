@@ -48,6 +48,16 @@ def resolve_data_dir(data_dir: str | os.PathLike | None) -> str:
   return os.fspath(paths.path(data_dir or DEFAULT_DATA_DIR, "data.data_dir"))
 
 
+def require_writable_data_dir(data_dir: str | os.PathLike) -> None:
+  """Before preparing data under `data_dir` (data.data_dir, resolved): a ValueError naming
+  it when it cannot be written (a read-only or pseudo file system such as /proc, a file in
+  the way, missing permissions), before the source is read. A finished preparation is only
+  read, so a read-only data_dir that holds one is fine."""
+  paths.check_writable_directory(
+      data_dir, "data.data_dir", "prepared data is kept there: set --config.data.data_dir to "
+      "a directory you can write to")
+
+
 def file_format(path: epath.Path) -> str | None:
   """'txt' | 'jsonl' | 'parquet' from the name (a trailing .gz ignored), or None."""
   name = path.name.removesuffix(".gz")

@@ -24,6 +24,7 @@ import grain
 import numpy as np
 
 from jaxformer import console
+from jaxformer.data.corpus import sources
 from jaxformer.data.images.source import ImageSource
 from jaxformer.data.images.stats import ChannelStats
 
@@ -124,6 +125,7 @@ def prepare_cached(name: str, root: pathlib.Path, kind: str, fingerprint: Any,
                     convert: Callable[[], tuple[dict[str, Iterable], tuple, int]]) -> ImageSource:
   directory = _cache_dir(root, kind, fingerprint)
   if not (directory / "meta.json").exists():
+    sources.require_writable_data_dir(root)
     with console.announce(f"preparing data.source={name!r} once, into "
                           f"{console.short_path(directory)}") as note:
       splits, shape, num_classes = convert()
