@@ -125,6 +125,48 @@ def test_cli_post_training_mistakes_are_one_line(tmp_path, source_run):
     assert not (tmp_path / "run").exists() or set(os.listdir(tmp_path / "run")) <= {".lock"}
 
 
+def test_a_run_takes_its_source_config_and_tokenizer_from_its_own_workdir(tmp_path,
+                                                                          monkeypatch):
+  """What configs/sft.py and the pipeline read from posttrain.init_from is recorded in the
+  run's workdir, so rerunning the command resumes the run once the source is gone."""
+  import shutil
+  from configs import dpo as dpo_config
+  from jaxformer.posttrain import init as pinit
+  source, run, other = (str(tmp_path / n) for n in ("source", "run", "other"))
+  os.makedirs(source)
+  source_cfg = tiny_run_config(seed=7)
+  source_cfg.data.seq_len = 24
+  (tmp_path / "source" / "config.json").write_text(source_cfg.to_json())
+  CharTokenizer("abc :\n").save(source)
+  monkeypatch.setattr("sys.argv", ["train", f"--config=configs/sft.py:{source}"])
+  expected = {m: c.get_config(source).to_json() for m, c in (("sft", sft_config),
+                                                             ("dpo", dpo_config))}
+  cfg = ConfigDict(json.loads(expected["sft"]))
+  cfg.data.source = "x.jsonl"
+  source_vocab = CharTokenizer("abc :\n").vocab_size
+  assert pinit.run_tokenizer(cfg, run).vocab_size == source_vocab   # the run has not started
+  os.makedirs(run)
+  pinit.record_source(run, source, ConfigDict(json.loads(source_cfg.to_json())))
+  (tmp_path / "run" / "config.json").write_text(cfg.to_json())
+  CharTokenizer("abcdef :\n").save(run)      # told apart from the source's by its size
+  shutil.rmtree(source)
+  user_error(lambda: sft_config.get_config(source), f"posttrain.init_from={source!r} holds no "
+             "training run", "pass that run's --workdir")
+  for argv in (["--workdir", run], [f"--workdir={other}", f"--workdir={run}"]):
+    monkeypatch.setattr("sys.argv", ["train", f"--config=configs/sft.py:{source}", *argv])
+    got = {m: c.get_config(source).to_json() for m, c in (("sft", sft_config),
+                                                          ("dpo", dpo_config))}
+    assert got == expected
+  assert pinit.run_tokenizer(cfg, run).vocab_size == source_vocab + 3      # its own copy
+  monkeypatch.setattr("sys.argv", ["train", f"--config=configs/sft.py:{source}",
+                                   f"--workdir={other}"])
+  user_error(lambda: sft_config.get_config(source), f"--workdir={other!r} holds no run "
+             "started from it")
+  assert pinit.recorded_source(run, source + "2") is None        # a record of another source
+  (tmp_path / "run" / "posttrain_source.json").write_text("[1]")
+  user_error(lambda: pinit.recorded_source(run, source), "posttrain_source.json", "--fresh")
+
+
 def test_resume_refuses_a_changed_posttrain_setting(tmp_path, source_run):
   from jaxformer.train import config_checks
   cfg = sft_config.get_config(source_run)

@@ -96,7 +96,7 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
     state, start = plan.init_state(init_boxed)[0], 0
     if config.get("posttrain") is not None:      # SFT / DPO: the source run's params
       from jaxformer.posttrain import init as posttrain_init
-      state = posttrain_init.init_state(config, plan, state, abstract)
+      state = posttrain_init.init_state(config, plan, state, abstract, workdir)
   else:
     start, state = restored
   if is_main:
