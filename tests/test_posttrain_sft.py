@@ -94,6 +94,36 @@ def test_wrong_data_fields_are_one_line_errors(tmp_path, line, message):
   assert "\n" not in text and re.search(message, text), text
 
 
+def _pipeline(tmp_path, records, cls=pdata.SFTPipeline, seq_len=16):
+  path = tmp_path / "data.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in records))
+  data = ConfigDict(dict(source=str(path), eval_source=str(path), seq_len=seq_len))
+  return lambda: cls(data, TOK, seed=0, global_batch_size=2, eval_batch_size=2)
+
+
+def test_sft_examples_with_no_response_token_are_dropped_and_all_of_them_refused(tmp_path):
+  """An empty response (TOK has no eos) or one cut away by seq_len has no target to learn:
+  such examples are dropped and counted; data holding only them is refused in one line (it
+  trained to loss 0.0000, perplexity 1.0, and saved a best checkpoint)."""
+  empty = [{"prompt": f"say {c}: ", "response": ""} for c in "abc"]
+  cut = {"prompt": "x" * 20, "response": "late."}            # the prompt fills seq_len=16
+  good = [{"prompt": "who? ", "response": "me."}, {"prompt": "hi: ", "response": "hi!"}]
+  pipeline = _pipeline(tmp_path, empty + [cut] + good)()
+  assert pipeline.info["dropped_examples"] == 2 * 4        # train and eval read the same file
+  assert pipeline.dropped == {"train": (4, 6), "validation": (4, 6)}
+  rows = [pipeline.records["train"][i] for i in range(len(pipeline.records["train"]))]
+  assert sum(int(r["segment_ids"].max()) for r in rows) == len(good)
+  assert all(r["weights"][r["segment_ids"] == k].any() for r in rows
+             for k in range(1, int(r["segment_ids"].max()) + 1))
+  line = pdata.dropped_summary(pipeline, "examples", "why")
+  assert line == "sft data: dropped 4 of 6 train and 4 of 6 validation examples (why)"
+  text = user_error(_pipeline(tmp_path, empty + [cut]), "data.source=", "data.jsonl",
+                    "no train example has a response token", "the tokenizer has no eos",
+                    "data.seq_len=16")
+  assert "\n" not in text
+  assert pdata.dropped_summary(_pipeline(tmp_path, good)(), "examples", "why") is None
+
+
 def test_batch_specs_match_the_pipelines_first_batch(tmp_path):
   """What `jaxformer.plan` compiles for: data/batch_spec.py's sft and dpo layouts."""
   sft_path, dpo_path = tmp_path / "sft.jsonl", tmp_path / "dpo.jsonl"
