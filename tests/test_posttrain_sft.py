@@ -179,9 +179,12 @@ def test_a_run_takes_its_source_config_and_tokenizer_from_its_own_workdir(tmp_pa
   pinit.record_source(run, source, ConfigDict(json.loads(source_cfg.to_json())))
   (tmp_path / "run" / "config.json").write_text(cfg.to_json())
   CharTokenizer("abcdef :\n").save(run)      # told apart from the source's by its size
+  pinit.require_source(cfg)                  # what --fresh checks before discarding a run
   shutil.rmtree(source)
   user_error(lambda: sft_config.get_config(source), f"posttrain.init_from={source!r} holds no "
              "training run", "pass that run's --workdir")
+  user_error(lambda: pinit.require_source(cfg), "--fresh would start over from it",
+             "drop --fresh")
   for argv in (["--workdir", run], [f"--workdir={other}", f"--workdir={run}"]):
     monkeypatch.setattr("sys.argv", ["train", f"--config=configs/sft.py:{source}", *argv])
     got = {m: c.get_config(source).to_json() for m, c in (("sft", sft_config),

@@ -135,6 +135,19 @@ def source_config(init_from: str, run_workdir: str | None = None) -> ConfigDict:
                    f"{run_files.CONFIG}), {fix}")
 
 
+def require_source(config) -> None:
+  """Refuse (one line) a start from posttrain.init_from when it is gone: before --fresh
+  discards a run that could still resume from its own record."""
+  init_from = _source(config)
+  directory = hf_dir(init_from)
+  present = (paths.path(directory, "posttrain.init_from").exists() if directory is not None
+             else train_state.read_config(init_from) is not None)
+  if not present:
+    raise ValueError(f"posttrain.init_from={init_from!r} holds no training run: --fresh would "
+                     "start over from it; train it first, or drop --fresh to resume this run "
+                     "from its own workdir")
+
+
 def command_line_workdir() -> str | None:
   """The value of --workdir on this process's command line (None without one): how a config
   file, which is parsed before the flags it sits beside, finds the run it configures."""
