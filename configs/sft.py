@@ -8,6 +8,10 @@ tokenizer.json; data.seq_len then defaults to min(max_len, 256)): its model sect
 its shapes), its latest checkpoint's params and its tokenizer are used; data.seq_len defaults
 to its own. Records are JSON Lines with 'prompt' and 'response' (or chat 'messages'), see
 jaxformer/posttrain/data.py; the loss is on response tokens only.
+
+Rerunning the same command resumes DIR even once SOURCE_WORKDIR is gone: the run recorded
+the source's config in DIR/posttrain_source.json at its start, and this file reads it (DIR
+from the command line's --workdir) when the source holds no run.
 """
 
 from ml_collections import config_dict

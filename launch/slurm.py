@@ -5,9 +5,11 @@
     python -m launch.slurm --nodes=1 --out=sweep.sbatch --submit \\
         -- python -m jaxformer.sweep --config=configs/sweeps/lr_width.py --workdir=DIR
 
-The script's last line is `srun <command>`: srun starts `nodes x ntasks_per_node` copies of the
-command, and in each one `jaxformer.parallel.initialize()` (called by the train entry point)
-builds the `jax.distributed` cluster from SLURM_NTASKS / SLURM_PROCID / SLURM_JOB_NODELIST.
+The script's last line is `srun --kill-on-bad-exit=1 <command>`: srun starts `nodes x
+ntasks_per_node` copies of the command (and ends them all as soon as one exits non-zero, so a
+failed process never leaves the others waiting in a collective), and in each one
+`jaxformer.parallel.initialize()` (called by the train entry point) builds the
+`jax.distributed` cluster from SLURM_NTASKS / SLURM_PROCID / SLURM_JOB_NODELIST.
 The default is one task per node that drives all of the node's GPUs (JAX's usual layout);
 `--ntasks_per_node=<gpus>` gives one process per GPU instead (every task sees all GPUs and
 takes its share by SLURM_LOCALID), and `--gpus_per_task=G` asks Slurm to bind G GPUs to each

@@ -2,14 +2,19 @@
 log-probabilities, and against a float64 NumPy transcription of the paper's formula."""
 
 import collections
+import json
 import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from ml_collections import ConfigDict
 
+from jaxformer.data.tokenizers import CharTokenizer
+from jaxformer.posttrain import data as pdata
 from jaxformer.posttrain import dpo
+from tests.user_errors import user_error
 
 
 def _logps(n=16, seed=0):
@@ -95,3 +100,30 @@ def test_dpo_gradient_is_the_papers():
 def test_dpo_loss_refuses_bad_beta():
   with pytest.raises(ValueError, match="posttrain.beta"):
     dpo.dpo_loss(jnp.zeros(2), jnp.zeros(2), jnp.zeros(2), jnp.zeros(2), beta=0.0)
+
+
+def test_pairs_with_no_preference_are_dropped_and_all_of_them_refused(tmp_path):
+  """chosen == rejected (also: equal once cut to seq_len) gives loss log 2 and a zero
+  gradient whatever the params: such pairs are dropped and counted; data holding only them is
+  refused in one line (it trained at 0.6931, accuracy 0, exit 0)."""
+  tok = CharTokenizer("abcdefghijklmnopqrstuvwxyz :.")
+  same = [{"prompt": f"say {c}:", "chosen": "ab.", "rejected": "ab."} for c in "abc"]
+  same_when_cut = {"prompt": "x" * 13, "chosen": "abcd", "rejected": "abzz"}   # seq_len 14
+  good = [{"prompt": f"pick {c}:", "chosen": c, "rejected": "zz"} for c in "de"]
+
+  def pipeline(records):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    data = ConfigDict(dict(source=str(path), eval_source=str(path), seq_len=14))
+    return lambda: pdata.DPOPipeline(data, tok, seed=0, global_batch_size=2, eval_batch_size=2)
+
+  p = pipeline(same + [same_when_cut] + good)()
+  assert p.info["identical_pairs"] == 2 * 4 and p.info["dropped_pairs"] == 0
+  assert p.dropped == {"train": (4, 6), "validation": (4, 6)}
+  kept = [p.records["train"][i] for i in range(len(p.records["train"]))]
+  assert len(kept) == len(good) and not any(pdata.same_rows(r) for r in kept)
+  assert pdata.dropped_summary(p, "pairs", "why") == (
+      "dpo data: dropped 4 of 6 train and 4 of 6 validation pairs (why)")
+  text = user_error(pipeline(same + [same_when_cut]), "data.source=", "pairs.jsonl",
+                    "every train pair's chosen equals its rejected", "data.seq_len=14")
+  assert "\n" not in text

@@ -1,8 +1,9 @@
 """A tiny DPO run from a trained workdir: the reference stays the source's params, the policy
-moves, rewards and margins are logged, and the run resumes exactly."""
+moves, rewards and margins are logged, and the run resumes exactly, without its source."""
 
 import json
 import os
+import shutil
 
 import flax.linen as nn
 import jax
@@ -27,20 +28,35 @@ def _pairs(path, n=48):
                           "rejected": "zz" + good[:2] + "\n"}) + "\n")
 
 
-@pytest.mark.slow
-def test_tiny_dpo_run_trains_against_a_frozen_reference_and_resumes_exactly(tmp_path):
-  source = str(tmp_path / "source")
-  loop.train(tiny_run_config(steps=8, checkpoint_every=8, eval_every=8, log_every=4), source)
-  data = str(tmp_path / "pairs.jsonl")
-  _pairs(data)
+def _config(source, data):
   cfg = dpo_config.get_config(source)
   cfg.data.source, cfg.data.eval_batches = data, 1
   cfg.optim.update(lr=1e-3, warmup_steps=1)
   cfg.train.update(steps=6, batch_size=8, log_every=2, eval_every=3, checkpoint_every=3)
+  return cfg
+
+
+@pytest.mark.slow
+def test_tiny_dpo_run_trains_against_a_frozen_reference_and_resumes_exactly(tmp_path,
+                                                                            monkeypatch):
+  """...and resumes with its source workdir deleted (its config, tokenizer and reference are
+  in its own workdir)."""
+  source = str(tmp_path / "source")
+  loop.train(tiny_run_config(steps=8, checkpoint_every=8, eval_every=8, log_every=4), source)
+  _, src_params, _ = load_run(source)
+  data = str(tmp_path / "pairs.jsonl")
+  _pairs(data)
+  cfg = _config(source, data)
   full, parted = str(tmp_path / "full"), str(tmp_path / "parted")
   loop.train(cfg, full)
   loop.train(cfg, parted, stop_after=4)
-  loop.train(cfg, parted)
+  assert os.path.exists(os.path.join(parted, "posttrain_source.json"))
+  shutil.rmtree(source)
+  monkeypatch.setattr("sys.argv", ["train", f"--config=configs/dpo.py:{source}",
+                                   f"--workdir={parted}"])      # as rerunning the command
+  resumed = _config(source, data)
+  assert resumed.to_json() == cfg.to_json()
+  loop.train(resumed, parted)
   records = read(os.path.join(full, "metrics.jsonl"))
   keys = ("step", "loss", "grad_norm", "dpo_rewards_margin", "eval_loss", "eval_accuracy",
           "eval_kl")
@@ -52,7 +68,6 @@ def test_tiny_dpo_run_trains_against_a_frozen_reference_and_resumes_exactly(tmp_
   evals = [r for r in records if "eval_loss" in r]
   assert {"eval_rewards_margin", "eval_kl", "eval_rewards_chosen"} <= set(evals[-1])
   # the checkpoint keeps the reference equal to the source's params; the policy moved
-  _, src_params, _ = load_run(source)
   _, _, init_boxed = train_state.train_state_fns(ConfigDict(train_state.read_config(full)))
   ckpts = checkpoint.Checkpoints(os.path.join(full, "checkpoints"), read_only=True)
   step, state = ckpts.restore_latest(nn.unbox(jax.eval_shape(init_boxed)))

@@ -94,6 +94,36 @@ def test_wrong_data_fields_are_one_line_errors(tmp_path, line, message):
   assert "\n" not in text and re.search(message, text), text
 
 
+def _pipeline(tmp_path, records, cls=pdata.SFTPipeline, seq_len=16):
+  path = tmp_path / "data.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in records))
+  data = ConfigDict(dict(source=str(path), eval_source=str(path), seq_len=seq_len))
+  return lambda: cls(data, TOK, seed=0, global_batch_size=2, eval_batch_size=2)
+
+
+def test_sft_examples_with_no_response_token_are_dropped_and_all_of_them_refused(tmp_path):
+  """An empty response (TOK has no eos) or one cut away by seq_len has no target to learn:
+  such examples are dropped and counted; data holding only them is refused in one line (it
+  trained to loss 0.0000, perplexity 1.0, and saved a best checkpoint)."""
+  empty = [{"prompt": f"say {c}: ", "response": ""} for c in "abc"]
+  cut = {"prompt": "x" * 20, "response": "late."}            # the prompt fills seq_len=16
+  good = [{"prompt": "who? ", "response": "me."}, {"prompt": "hi: ", "response": "hi!"}]
+  pipeline = _pipeline(tmp_path, empty + [cut] + good)()
+  assert pipeline.info["dropped_examples"] == 2 * 4        # train and eval read the same file
+  assert pipeline.dropped == {"train": (4, 6), "validation": (4, 6)}
+  rows = [pipeline.records["train"][i] for i in range(len(pipeline.records["train"]))]
+  assert sum(int(r["segment_ids"].max()) for r in rows) == len(good)
+  assert all(r["weights"][r["segment_ids"] == k].any() for r in rows
+             for k in range(1, int(r["segment_ids"].max()) + 1))
+  line = pdata.dropped_summary(pipeline, "examples", "why")
+  assert line == "sft data: dropped 4 of 6 train and 4 of 6 validation examples (why)"
+  text = user_error(_pipeline(tmp_path, empty + [cut]), "data.source=", "data.jsonl",
+                    "no train example has a response token", "the tokenizer has no eos",
+                    "data.seq_len=16")
+  assert "\n" not in text
+  assert pdata.dropped_summary(_pipeline(tmp_path, good)(), "examples", "why") is None
+
+
 def test_batch_specs_match_the_pipelines_first_batch(tmp_path):
   """What `jaxformer.plan` compiles for: data/batch_spec.py's sft and dpo layouts."""
   sft_path, dpo_path = tmp_path / "sft.jsonl", tmp_path / "dpo.jsonl"
@@ -123,6 +153,51 @@ def test_cli_post_training_mistakes_are_one_line(tmp_path, source_run):
     result = _cli("jaxformer.train", config, f"--workdir={tmp_path / 'run'}", *overrides)
     _assert_user_error(result, fragment)
     assert not (tmp_path / "run").exists() or set(os.listdir(tmp_path / "run")) <= {".lock"}
+
+
+def test_a_run_takes_its_source_config_and_tokenizer_from_its_own_workdir(tmp_path,
+                                                                          monkeypatch):
+  """What configs/sft.py and the pipeline read from posttrain.init_from is recorded in the
+  run's workdir, so rerunning the command resumes the run once the source is gone."""
+  import shutil
+  from configs import dpo as dpo_config
+  from jaxformer.posttrain import init as pinit
+  source, run, other = (str(tmp_path / n) for n in ("source", "run", "other"))
+  os.makedirs(source)
+  source_cfg = tiny_run_config(seed=7)
+  source_cfg.data.seq_len = 24
+  (tmp_path / "source" / "config.json").write_text(source_cfg.to_json())
+  CharTokenizer("abc :\n").save(source)
+  monkeypatch.setattr("sys.argv", ["train", f"--config=configs/sft.py:{source}"])
+  expected = {m: c.get_config(source).to_json() for m, c in (("sft", sft_config),
+                                                             ("dpo", dpo_config))}
+  cfg = ConfigDict(json.loads(expected["sft"]))
+  cfg.data.source = "x.jsonl"
+  source_vocab = CharTokenizer("abc :\n").vocab_size
+  assert pinit.run_tokenizer(cfg, run).vocab_size == source_vocab   # the run has not started
+  os.makedirs(run)
+  pinit.record_source(run, source, ConfigDict(json.loads(source_cfg.to_json())))
+  (tmp_path / "run" / "config.json").write_text(cfg.to_json())
+  CharTokenizer("abcdef :\n").save(run)      # told apart from the source's by its size
+  pinit.require_source(cfg)                  # what --fresh checks before discarding a run
+  shutil.rmtree(source)
+  user_error(lambda: sft_config.get_config(source), f"posttrain.init_from={source!r} holds no "
+             "training run", "pass that run's --workdir")
+  user_error(lambda: pinit.require_source(cfg), "--fresh would start over from it",
+             "drop --fresh")
+  for argv in (["--workdir", run], [f"--workdir={other}", f"--workdir={run}"]):
+    monkeypatch.setattr("sys.argv", ["train", f"--config=configs/sft.py:{source}", *argv])
+    got = {m: c.get_config(source).to_json() for m, c in (("sft", sft_config),
+                                                          ("dpo", dpo_config))}
+    assert got == expected
+  assert pinit.run_tokenizer(cfg, run).vocab_size == source_vocab + 3      # its own copy
+  monkeypatch.setattr("sys.argv", ["train", f"--config=configs/sft.py:{source}",
+                                   f"--workdir={other}"])
+  user_error(lambda: sft_config.get_config(source), f"--workdir={other!r} holds no run "
+             "started from it")
+  assert pinit.recorded_source(run, source + "2") is None        # a record of another source
+  (tmp_path / "run" / "posttrain_source.json").write_text("[1]")
+  user_error(lambda: pinit.recorded_source(run, source), "posttrain_source.json", "--fresh")
 
 
 def test_resume_refuses_a_changed_posttrain_setting(tmp_path, source_run):

@@ -14,7 +14,10 @@ predictions with `segment_ids` 1..k (0: padding) and `positions` from 0 in each 
 decoder's attention takes the segment ids, so no token attends across examples, and a row's
 per-example logits equal that example's logits alone (tests/test_posttrain_sft.py). An
 example longer than a row is cut to its first seq_len predictions (counted in
-`info['truncated']`), never split across rows.
+`info['truncated']`), never split across rows. An example left with no response token (an
+empty response with a tokenizer that has no eos, or a response cut away) has nothing to learn
+or score: it is dropped and counted (`info['dropped_examples']`, one printed line); a split
+with none left is refused before training (it would train to loss 0 and perplexity 1).
 
 Chat template (the project's own, plain text so the char tokenizer can write it):
 each turn is "{role}: " (never weighted) then "{content}\n" (weighted on assistant turns).
@@ -25,7 +28,10 @@ the completion's targets: a batch of B pairs is {'chosen_inputs', 'chosen_target
 'chosen_weights', 'rejected_*'} of [B, seq_len] and 'pairs' [B] (1.0; the eval's padding rows
 carry `valid` 0). Padding at the end of a causal row changes nothing before it, so no segment
 ids are needed. A pair whose chosen or rejected completion is cut away entirely is dropped
-(counted in `info['dropped_pairs']`).
+(counted in `info['dropped_pairs']`), and so is a pair whose chosen and rejected rows are equal
+(`info['identical_pairs']`: its loss is log 2 whatever the params, its gradient 0, its reward
+accuracy 0); both are counted in one printed line. A split with no pair left is refused
+before training.
 
 Splits: `data.source` (train) and `data.eval_source` (optional; else a record goes to eval
 when a hash of its line falls in the last 1 - `data.train_fraction` (default 0.9)).
@@ -175,6 +181,21 @@ def split_records(data_config) -> dict[str, list[tuple[str, dict]]]:
   return split
 
 
+def _split_source(data_config, role: str) -> str:
+  """The config field (and file) a split's records come from."""
+  if role == "validation" and data_config.get("eval_source"):
+    return f"data.eval_source={data_config.eval_source!r}"
+  return f"data.source={data_config.source!r}"
+
+
+def dropped_summary(pipeline, what: str, why: str) -> str | None:
+  """One line counting the records each split dropped (None: none dropped)."""
+  parts = [f"{d} of {n} {role}" for role, (d, n) in pipeline.dropped.items() if d]
+  if not parts:
+    return None
+  return f"{pipeline.task} data: dropped {' and '.join(parts)} {what} ({why})"
+
+
 def _check_split(data_config, role: str, items: list, total: int):
   """After every record of a split was read (so a bad field is reported first)."""
   if not items:
@@ -198,8 +219,7 @@ class SFTPipeline(batching.SplitPipeline):
   def __init__(self, data_config, tokenizer, *, seed: int, global_batch_size: int,
                eval_batch_size: int, process_index: int = 0, process_count: int = 1):
     self._start(data_config, tokenizer)
-    truncated, weighted = 0, 0
-    self.records = {}
+    truncated, weighted, self.records, self.dropped = 0, 0, {}, {}
     splits = split_records(data_config)
     encoded = {role: [(where, encode_pieces(tokenizer, sft_pieces(r, where), where))
                       for where, r in records] for role, records in splits.items()}
@@ -210,13 +230,22 @@ class SFTPipeline(batching.SplitPipeline):
       for where, (ids, w) in records:
         truncated += len(ids) - 1 > self.seq_len
         e = sft_example(ids, w, self.seq_len)
-        if len(e["inputs"]) == 0:
-          continue
-        weighted += int(e["weights"].sum())
-        examples.append(e)
+        if e["weights"].any():           # else nothing to learn or score: dropped, counted
+          weighted += int(e["weights"].sum())
+          examples.append(e)
+      self.dropped[role] = (len(records) - len(examples), len(records))
+      if not examples:
+        raise ValueError(
+            f"{_split_source(data_config, role)}: no {role} example has a response token to "
+            f"train on ({len(records)} records, each response empty or cut away by "
+            f"data.seq_len={self.seq_len}"
+            + ("" if tokenizer.eos_id is not None else "; the tokenizer has no eos to learn")
+            + "): it would train to loss 0; give the records non-empty responses or raise "
+            "data.seq_len")
       self.records[role] = grain.MapDataset.source(pack_examples(examples, self.seq_len))
     self.info = {"vocab_size": tokenizer.vocab_size, "truncated": truncated,
-                 "response_tokens": weighted}
+                 "response_tokens": weighted,
+                 "dropped_examples": sum(d for d, _ in self.dropped.values())}
     self._batch_splits(self.records["train"], self.records["validation"], seed=seed,
                        global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
                        process_index=process_index, process_count=process_count,
@@ -245,6 +274,13 @@ def dpo_pair(tokenizer, record: dict, where: str, seq_len: int) -> dict[str, np.
   return out
 
 
+def same_rows(pair: dict[str, np.ndarray]) -> bool:
+  """Whether a pair's chosen and rejected rows are equal (as tokenized and cut): its DPO
+  loss is log 2 whatever the params, with a zero gradient, and its reward accuracy 0."""
+  return all(np.array_equal(pair[f"chosen_{k}"], pair[f"rejected_{k}"])
+             for k in ("inputs", "targets", "weights"))
+
+
 class DPOPipeline(SFTPipeline):
   """Preference pairs (see the module docstring), batched like every pipeline."""
   task = "dpo"
@@ -252,20 +288,30 @@ class DPOPipeline(SFTPipeline):
   def __init__(self, data_config, tokenizer, *, seed: int, global_batch_size: int,
                eval_batch_size: int, process_index: int = 0, process_count: int = 1):
     self._start(data_config, tokenizer)
-    dropped, self.records = 0, {}
+    dropped, identical, self.records, self.dropped = 0, 0, {}, {}
     splits = split_records(data_config)
     encoded = {role: [dpo_pair(tokenizer, r, where, self.seq_len) for where, r in records]
                for role, records in splits.items()}
     total = sum(len(r) for r in splits.values())
     for role, pairs in encoded.items():
       _check_split(data_config, role, pairs, total)
-      dropped += sum(p is None for p in pairs)
-      pairs = [p for p in pairs if p is not None]
-      if not pairs:
-        raise ValueError(f"data.source: no {role} pair has a completion within "
+      where = _split_source(data_config, role)
+      cut = [p for p in pairs if p is not None]
+      if not cut:
+        raise ValueError(f"{where}: no {role} pair has a completion within "
                          f"data.seq_len={self.seq_len}; raise data.seq_len")
-      self.records[role] = grain.MapDataset.source(pairs)
-    self.info = {"vocab_size": tokenizer.vocab_size, "dropped_pairs": dropped}
+      kept = [p for p in cut if not same_rows(p)]
+      if not kept:
+        raise ValueError(f"{where}: every {role} pair's chosen equals its rejected "
+                         f"({len(cut)} pairs, as tokenized and cut to data.seq_len="
+                         f"{self.seq_len}): there is no preference to learn; give each "
+                         "pair two different completions")
+      dropped += len(pairs) - len(cut)
+      identical += len(cut) - len(kept)
+      self.dropped[role] = (len(pairs) - len(kept), len(pairs))
+      self.records[role] = grain.MapDataset.source(kept)
+    self.info = {"vocab_size": tokenizer.vocab_size, "dropped_pairs": dropped,
+                 "identical_pairs": identical}
     self._batch_splits(self.records["train"], self.records["validation"], seed=seed,
                        global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
                        process_index=process_index, process_count=process_count,
@@ -276,14 +322,23 @@ def make_pipeline(config, task: str, *, workdir: str, seed: int, global_batch_si
                   eval_batch_size: int, process_index: int = 0, process_count: int = 1,
                   data_dir=None):
   """The SFT (or DPO) pipeline of `config`, with the tokenizer of `posttrain.init_from`,
-  saved into `workdir` too (so sampling the post-trained run finds it)."""
+  saved into `workdir` too (so sampling the post-trained run finds it, and a resume reads that
+  copy, not the source: `init.run_tokenizer`)."""
   from jaxformer.posttrain import init
   if task not in ("sft", "dpo"):
     raise ValueError(f"task={task!r} has no post-training pipeline (sft, dpo)")
-  tokenizer = init.source_tokenizer(config)
+  tokenizer = init.run_tokenizer(config, workdir)
   kw = dict(seed=seed, global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
             process_index=process_index, process_count=process_count)
   pipeline = (SFTPipeline if task == "sft" else DPOPipeline)(config.data, tokenizer, **kw)
   if process_index == 0:                  # after the data passed its checks
     tokenizer.save(workdir)
+    line = (dropped_summary(pipeline, "examples with no response token to learn",
+                            "an empty response, or one cut away by data.seq_len")
+            if task == "sft" else
+            dropped_summary(pipeline, "pairs with no preference to learn",
+                            "chosen equal to rejected, or a completion cut away by "
+                            "data.seq_len"))
+    if line:
+      print(line, flush=True)
   return pipeline

@@ -56,6 +56,9 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
   passed the checks that need the data and the mesh (a rejected first attempt leaves none
   behind to refuse the corrected rerun)."""
   is_main = jax.process_index() == 0
+  if fresh and config.get("posttrain") is not None:   # starting over needs the source: check
+    from jaxformer.posttrain import init as posttrain_init     # it before discarding the run
+    posttrain_init.require_source(config)
   if fresh and is_main:
     removed = workdir_lib.clear(workdir)
     print(f"{workdir}: --fresh, removed the previous run's {', '.join(removed) or 'nothing'}",
@@ -96,7 +99,7 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
     state, start = plan.init_state(init_boxed)[0], 0
     if config.get("posttrain") is not None:      # SFT / DPO: the source run's params
       from jaxformer.posttrain import init as posttrain_init
-      state = posttrain_init.init_state(config, plan, state, abstract)
+      state = posttrain_init.init_state(config, plan, state, abstract, workdir)
   else:
     start, state = restored
   if is_main:

@@ -30,7 +30,7 @@ _TOKENIZER_FILES = (tokenizers.TOKENIZER_FILE, tokenizers.SPM_MODEL_FILE,
 # What a training run writes (all of it goes on --fresh; the lock file stays).
 RUN_FILES = (run_files.CHECKPOINTS, run_files.BEST, run_files.METRICS, run_files.SAMPLES,
              run_files.CURVES, run_files.ATTENTION, run_files.PROFILE, run_files.CONFIG,
-             run_files.BRANCH, *_TOKENIZER_FILES)
+             run_files.BRANCH, run_files.POSTTRAIN_SOURCE, *_TOKENIZER_FILES)
 
 
 def check_usable(workdir: str) -> None:
