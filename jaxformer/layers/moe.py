@@ -35,6 +35,9 @@ Dropless mode sends a fixed buffer of all n*k local assignments to every expert 
 static worst case: every assignment may go to one shard), so its exchange buffers and the
 expert activations on each device are S x those of the unsharded layer; nothing is dropped.
 Routing and aux losses are computed outside the shard_map, so they equal the unsharded values.
+The batch must split over ('data', 'expert'): the trainer checks its batch and micro-batches
+before compiling (`ShardingPlan.check_batch_size`) and initialises parameters outside the mesh
+(`ShardingPlan.init_state`), so the error in `MoE._run` is only a backstop.
 """
 
 from __future__ import annotations

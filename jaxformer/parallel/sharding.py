@@ -174,11 +174,18 @@ class ShardingPlan:
 
   def init_state(self, init_boxed: Callable[[], Any]):
     """(state, shardings): runs `init_boxed` (returns a state with `nn.Partitioned` params,
-    e.g. optimizer state from boxed params) directly into its shardings, unboxed."""
+    e.g. optimizer state from boxed params) directly into its shardings, unboxed.
+
+    Traced outside the plan's scope, as `jax.eval_shape` traces it for the shardings (and
+    `jaxformer.plan` for the state): parameters do not depend on the mesh, and `out_shardings`
+    alone places them (each device generates only its shards: per-device memory of the
+    compiled init is the same with or without the scope). Under the mesh, `module.init`'s
+    forward pass on the family's 1-row example would have to be runnable by every layer's
+    sharded path, and expert parallelism's all-to-all needs the batch split over
+    mesh.data * mesh.expert (layers/moe.py)."""
     shardings = self.state_shardings(jax.eval_shape(init_boxed))
-    with self.scope():
-      state = jax.jit(lambda: _strip_boxes(init_boxed()), out_shardings=shardings,
-                      compiler_options=compilation.run_once_options())()
+    state = jax.jit(lambda: _strip_boxes(init_boxed()), out_shardings=shardings,
+                    compiler_options=compilation.run_once_options())()
     return state, shardings
 
   # --- batches -----------------------------------------------------------------------------
@@ -198,12 +205,23 @@ class ShardingPlan:
       raise ValueError(f"batch arrays need a leading batch dim; got ndim={ndim}")
     return NamedSharding(self.mesh, PartitionSpec(self._batch_axes, *([None] * (ndim - 1))))
 
-  def check_batch_size(self, global_batch_size: int, field: str = "train.batch_size") -> None:
-    """Before any step: the batch (`field` names it) must split evenly over the batch shards."""
+  def check_batch_size(self, global_batch_size: int, field: str = "train.batch_size",
+                       grad_accum: int = 1) -> None:
+    """Before any step: the batch (`field` names it) must split evenly over the batch shards,
+    and with expert parallelism so must each of its `grad_accum` micro-batches: the experts'
+    all-to-all (layers/moe.py) takes each device's own rows, where other layers let XLA
+    reshard a micro-batch that does not split evenly."""
+    axes = "*".join(f"mesh.{a}" for a in mesh_axes_tuple(self._batch_axes))
     if global_batch_size % self.batch_shards:
-      axes = "*".join(f"mesh.{a}" for a in mesh_axes_tuple(self._batch_axes))
       raise ValueError(f"{field}={global_batch_size} is not divisible by "
                        f"{axes}={self.batch_shards}; use a multiple of {self.batch_shards}")
+    micro = global_batch_size // grad_accum
+    if self.mesh.shape["expert"] > 1 and micro % self.batch_shards:
+      raise ValueError(f"optim.grad_accum={grad_accum} splits {field}={global_batch_size} into "
+                       f"micro-batches of {micro} rows, not divisible by "
+                       f"{axes}={self.batch_shards} (expert parallelism routes each device's "
+                       f"own rows); use a {field} that is a multiple of "
+                       f"{grad_accum * self.batch_shards} or a smaller optim.grad_accum")
 
   def global_batch(self, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """Global arrays from this process's rows [p*L, (p+1)*L) of every batch field; rows go

@@ -68,7 +68,7 @@ def build_program(config, devices: Sequence[Any], settings=None) -> Program:
   settings = settings or config_checks.validate(config)
   task = tasks.task_for_run(config)
   plan = parallel.ShardingPlan.from_config(settings.mesh, devices)
-  plan.check_batch_size(settings.train.batch_size)
+  plan.check_batch_size(settings.train.batch_size, grad_accum=settings.optim.grad_accum)
   module, tx, init_boxed = state_lib.train_state_fns(config)
   abstract = jax.eval_shape(init_boxed)
   state_shardings = plan.state_shardings(abstract)

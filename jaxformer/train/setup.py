@@ -70,7 +70,7 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
   t = settings.train
   task = tasks.task_for_run(config)
   plan = parallel.ShardingPlan.from_config(settings.mesh)
-  plan.check_batch_size(t.batch_size)
+  plan.check_batch_size(t.batch_size, grad_accum=settings.optim.grad_accum)
   if t.eval_batch_size:
     plan.check_batch_size(t.eval_batch_size, "train.eval_batch_size")
   pipeline = parallel.process_zero_first(     # dataset and tokenizer made once, by process 0
