@@ -82,6 +82,31 @@ print("slept through", flush=True)
 """
 
 
+_STALLED = """
+import time
+from jaxformer.parallel import watchdog
+with watchdog.Watchdog(1.0, resume_hint="; rerun"):
+  time.sleep(2)                 # set-up: not watched
+  watchdog.beat("reading data", 7)
+  time.sleep(60)                # a read that never returns
+"""
+
+
+def test_the_watchdog_stops_a_stalled_run_with_its_stacks():
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  result = subprocess.run([sys.executable, "-c", _STALLED], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, "PYTHONPATH": root,
+                                           "JAX_PLATFORMS": "cpu"})
+  lines = result.stderr.splitlines()
+  assert result.returncode == 75, result.stderr
+  assert lines[0].startswith("error: no progress for 1 s (the run, in reading data at step 7; "
+                             "train.stall_timeout=1 s); stopping this process so the job "
+                             "stops; rerun; the stacks of its threads follow"), lines[0]
+  assert any("line 7 in <module>" in line for line in lines), result.stderr   # the sleep
+
+
 def test_a_second_stop_signal_exits_at_once_even_with_the_main_thread_blocked():
   """The signals are read off the main thread: the first asks for the agreed stop, the
   second exits with 128 + its number and one line (the issue's hung job ignored SIGTERM)."""

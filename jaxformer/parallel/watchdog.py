@@ -9,10 +9,10 @@ and a daemon thread checks, off the main thread, two things:
 - **a stall**: no progress for `timeout` seconds (`train.stall_timeout`; the first call of each
   jitted step compiles, so a phase marked `compiling=True` gets `COMPILE_ALLOWANCE` times
   more). It prints one line naming the phase, step and process, then every thread's Python
-  stack (faulthandler), and exits with `EXIT_STALLED`;
+  stack (faulthandler), and exits with `EXIT_RESUMABLE`;
 - **a dead peer** (several processes): a process of the same host that is gone (its pid,
   polled every `poll_s` seconds; see `_Peers` for other hosts) or a coordinator that cannot
-  be reached prints one line naming it and exits with `EXIT_PEER_LOST` at once, before JAX's
+  be reached prints one line naming it and exits with `EXIT_RESUMABLE` at once, before JAX's
   own handling (an abort after its heartbeat timeout) prints a hundred lines of C++ stack.
 
 Both exits are `os._exit`: the main thread may be inside XLA, where no Python exception
@@ -34,8 +34,7 @@ import time
 
 import jax
 
-EXIT_STALLED = 75
-EXIT_PEER_LOST = 75
+EXIT_RESUMABLE = 75            # EX_TEMPFAIL: the job stopped, a rerun resumes it
 COMPILE_ALLOWANCE = 5           # a phase that compiles may take this many timeouts
 DEFAULT_POLL_S = 2.0
 
@@ -148,7 +147,7 @@ class Watchdog:
     while not self._stop.wait(interval):
       waited = time.monotonic() - self._last
       if self.timeout > 0 and waited > self._allowance:
-        self._exit(EXIT_STALLED,
+        self._exit(EXIT_RESUMABLE,
                    f"no progress for {waited:.0f} s ({self._where()}; train.stall_timeout="
                    f"{self.timeout:g} s); stopping this process so the job stops{self.resume_hint}"
                    "; the stacks of its threads follow", stacks=True)
@@ -160,12 +159,12 @@ class Watchdog:
       dead = self._peers.gone()
     except Exception as e:  # noqa: BLE001  (the coordinator itself is gone)
       if self.index != 0 and not self._stop.is_set():
-        self._exit(EXIT_PEER_LOST,
+        self._exit(EXIT_RESUMABLE,
                    f"process 0 (the job's coordinator) stopped or cannot be reached "
                    f"({type(e).__name__}); {self._where()} stops too{self.resume_hint}")
       return
     if dead and not self._stop.is_set():
-      self._exit(EXIT_PEER_LOST, self._lost_message(dead))
+      self._exit(EXIT_RESUMABLE, self._lost_message(dead))
 
   def _lost_message(self, dead: list[int]) -> str:
     names = ", ".join(map(str, dead))
@@ -185,7 +184,7 @@ class Watchdog:
         break
       time.sleep(0.2)
     first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-    self._exit(EXIT_PEER_LOST, self._lost_message(dead) if dead else
+    self._exit(EXIT_RESUMABLE, self._lost_message(dead) if dead else
                f"a collective failed ({first}); {self._where()} stops{self.resume_hint}")
 
   def _exit(self, code: int, message: str, *, stacks: bool = False) -> None:
