@@ -35,14 +35,46 @@ _DIRECTORY_KINDS = ("mnist", "images")
 _NOT_FILES = ("synthetic:", "tfds:", "digits")
 
 
-def _sample_hash(path, size: int) -> str:
+def _sample_hash(open_file, size: int) -> str:
   digest = hashlib.sha256()
-  with path.open("rb") as f:
+  with open_file() as f:
     for offset in sorted({0, max(size // 2 - _SAMPLE_BYTES // 2, 0),
                           max(size - _SAMPLE_BYTES, 0)}):
       f.seek(offset)
       digest.update(f.read(_SAMPLE_BYTES))
   return digest.hexdigest()
+
+
+def _local_files(root: str) -> list[tuple[str, str]]:
+  """(name relative to `root`, path) of every file under the directory `root`, hidden ones
+  skipped, sorted (os, not epath: ~10x faster on a folder of many small images)."""
+  out = []
+  for directory, dirs, names in os.walk(root):
+    dirs[:] = [d for d in dirs if not d.startswith(".")]
+    out += [(os.path.relpath(os.path.join(directory, n), root), os.path.join(directory, n))
+            for n in names if not n.startswith(".")]
+  return sorted(out)
+
+
+def _entries(spec: str, path_str: str) -> list[list]:
+  """[spec, name, size, sample hash] of each file `path_str` names (none if it names none)."""
+  if not paths.is_remote(path_str):
+    root = os.path.expanduser(path_str)
+    named = (_local_files(root) if os.path.isdir(root) else
+             [(os.path.basename(root), root)] if os.path.isfile(root) else [])
+    return [[spec, name, size, _sample_hash(lambda p=p: open(p, "rb"), size)]
+            for name, p in named for size in [os.path.getsize(p)]]
+  root = paths.path(path_str, "data.source")
+  if root.is_dir():
+    named = []
+    for directory, dirs, names in root.walk():
+      dirs[:] = [d for d in dirs if not d.startswith(".")]
+      named += [(str((directory / n).relative_to(root)), directory / n) for n in names
+                if not n.startswith(".")]
+  else:
+    named = [(root.name, root)] if root.is_file() else []
+  return [[spec, name, size, _sample_hash(lambda p=p: p.open("rb"), size)]
+          for name, p in sorted(named) for size in [p.stat().length]]
 
 
 def _source_path(spec) -> str | None:
@@ -59,23 +91,8 @@ def _files_fingerprint(specs: list[str]) -> dict | None:
   entries = []
   for spec in specs:
     path_str = _source_path(spec)
-    if path_str is None:
-      continue
-    root = paths.path(os.path.expanduser(path_str), "data.source")
-    if root.is_dir():
-      named = []
-      for directory, dirs, names in root.walk():
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        named += [(str((directory / n).relative_to(root)), directory / n) for n in names
-                  if not n.startswith(".")]
-      named.sort()
-    elif root.is_file():
-      named = [(root.name, root)]
-    else:
-      continue                 # not a path (a bundled name, a glob): the pipeline read it
-    for name, p in named:
-      size = p.stat().length
-      entries.append([spec, name, size, _sample_hash(p, size)])
+    if path_str is not None:   # one that is no path (a bundled name, a glob): nothing to add
+      entries += _entries(spec, path_str)
   if not entries:
     return None
   digest = hashlib.sha256(json.dumps(entries).encode()).hexdigest()
