@@ -128,6 +128,10 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
   metrics = MetricsWriter(os.path.join(workdir, run_files.METRICS))
   had_checkpoints = bool(workdir_lib.checkpoint_steps(workdir)) if is_main else False
   restored = ckpts.restore_latest(plan.restore_target(abstract))   # from any mesh
+  if restored is None and not fresh:    # every checkpoint there was unreadable (moved aside)?
+    parallel.process_zero_first(
+        lambda: workdir_lib.check_nothing_overwritten(workdir, *save_points(workdir, settings))
+        if is_main and had_checkpoints else None, "checking --workdir")
   if restored is None:
     state, start = plan.init_state(init_boxed)[0], 0
     if config.get("posttrain") is not None:      # SFT / DPO: the source run's params
@@ -135,10 +139,6 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
       state = posttrain_init.init_state(config, plan, state, abstract)
   else:
     start, state = restored
-  if restored is None and not fresh:    # every checkpoint there was unreadable (moved aside)?
-    parallel.process_zero_first(
-        lambda: workdir_lib.check_nothing_overwritten(workdir, *save_points(workdir, settings))
-        if is_main and had_checkpoints else None, "checking --workdir")
   if is_main:
     print(f"{workdir}: " + (f"resumed from step {start}" if start else "starting fresh"),
           flush=True)

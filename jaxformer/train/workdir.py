@@ -49,7 +49,8 @@ def _is_member(name: str) -> bool:
 
 
 def _cleared_by_fresh(name: str) -> bool:
-  return name in RUN_FILES or name.startswith(run_files.TENSORBOARD_PREFIX) or name.endswith(".tmp")
+  return (name in RUN_FILES or name.startswith(run_files.TENSORBOARD_PREFIX)
+          or name.endswith(".tmp"))
 
 
 def _member_problem(path, want_dir: bool) -> str | None:
@@ -73,8 +74,8 @@ def _member_problem(path, want_dir: bool) -> str | None:
 def check_members(workdir: str, *, fresh: bool = False) -> None:
   """Every member of `workdir` a run writes is of the kind it writes (`run_files.DIRECTORIES`
   are directories, the rest plain files), readable and writable: a ValueError naming the first
-  that is not, and the fix, before anything is read, written or compiled. Members --fresh
-  removes whatever they are are not checked with `fresh`. Writes nothing."""
+  that is not, and the fix, before anything is read, written or compiled. With `fresh`, the
+  members --fresh removes (whatever their kind) are not checked. Writes nothing."""
   p = paths.path(workdir)
   if not p.is_dir():
     return                                   # none yet (check_usable refuses a file)
@@ -318,10 +319,15 @@ def branch(trunk: str, step: int, workdir: str, *, config=None, fresh: bool = Fa
     raise ValueError(f"{where}: the trunk has no checkpoint at step {step} (kept: "
                      f"{kept or 'none'}); branch from a kept step, or keep this one with "
                      f"--config.train.checkpoint_steps=({step},) when training the trunk")
-  trunk_config = json.loads((src / run_files.CONFIG).read_text())
+  try:
+    trunk_config = json.loads((src / run_files.CONFIG).read_text())
+  except ValueError as e:
+    raise ValueError(f"{where}: {src / run_files.CONFIG} is not JSON ({e}); restore it, or "
+                     "branch from another run") from None
   trunk_config.setdefault("train", {})["checkpoint_steps"] = []
   if config is not None:
-    from jaxformer.train import config_checks    # not at import: jax; see `clear`'s callers
+    from jaxformer.train import config_checks    # not at import: the sweep driver imports
+                                                 # this module, and config_checks loads JAX
     config_checks.validate(config)
     config_checks.check_continues(config, trunk_config, step, where=where, branch=True)
   marker = {"trunk": paths.absolute(trunk), "step": int(step)}
