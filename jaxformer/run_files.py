@@ -10,8 +10,13 @@ SAMPLES = "samples.txt"                # text sampled at evals and at the end
 CURVES = "curves.png"                  # loss curves plotted at the end
 ATTENTION = "attention"                # attention-map heatmaps, one PNG per eval
 PROFILE = "profile"                    # jax.profiler traces
-BRANCH = "branched_from.json"
-POSTTRAIN_SOURCE = "posttrain_source.json"   # SFT/DPO: the source run's config, for resumes          # a cooldown branch: the run and step it started from
+BRANCH = "branched_from.json"          # a cooldown branch: the run and step it started from
+DATA = "data.json"                     # the fingerprint of the data the run trains on
+POSTTRAIN_SOURCE = "posttrain_source.json"   # SFT/DPO: the source run's config, for resumes
 LOGS = "logs"                          # process i > 0: its console output
 LOCK = ".lock"                         # the advisory lock of the training that owns it
 TENSORBOARD_PREFIX = "events.out.tfevents"
+
+# The members that are directories (every other member is a file): `train.workdir` refuses a
+# workdir holding one of the other kind before any work.
+DIRECTORIES = (CHECKPOINTS, BEST, ATTENTION, PROFILE, LOGS)

@@ -100,8 +100,8 @@ def test_cooldown_branch_equals_the_run_trained_to_its_length(tmp_path):
   assert json.load(open(os.path.join(branch, "branched_from.json")))["step"] == 18
   # idempotent: branching again resumes the finished branch; another trunk step is refused
   assert not workdir_lib.branch(trunk, 18, branch)
-  with pytest.raises(ValueError, match="not a branch of .* at step 8"):
-    workdir_lib.branch(trunk, 8, branch)
+  with pytest.raises(ValueError, match="not a branch of .* at step 24.*--fresh"):
+    workdir_lib.branch(trunk, 24, branch)
   with pytest.raises(ValueError, match=r"no checkpoint at step 9 \(kept: \[18, .*checkpoint_steps"):
     workdir_lib.branch(trunk, 9, str(tmp_path / "other"))
   # a branch whose steps would change a learning rate already taken is refused on resume

@@ -33,6 +33,15 @@ def _options(name: str, *, read_only: bool = False, **kwargs) -> ocp.CheckpointM
           barrier_sync_key_prefix=name), **kwargs)
 
 
+def _check_directory(directory: str) -> None:
+  """A path in the way of a checkpoint directory, refused before Orbax sees it (Orbax's
+  background threads fail on it with tracebacks and then keep the process from exiting)."""
+  p = paths.path(directory)
+  if p.exists() and not p.is_dir():
+    raise ValueError(f"{directory} is a file, not a directory of checkpoints; move it away "
+                     "or delete it")
+
+
 class Checkpoints:
   """Keeps the last `keep` checkpoints of a pytree state under `directory`, and with
   `keep_every=N` also every step that is a multiple of N (intermediate checkpoints for
@@ -46,6 +55,7 @@ class Checkpoints:
     if not read_only and (keep < 1 or keep_every < 0):
       raise ValueError(f"keep={keep} must be >= 1 and keep_every={keep_every} >= 0 (0: off)")
     self.directory = paths.absolute(directory)
+    _check_directory(self.directory)
     self.read_only = read_only
     policies = [ocp.checkpoint_managers.LatestN(keep)]
     if keep_every:
@@ -158,6 +168,7 @@ class BestCheckpoints:
     self.metric, self.mode = metric, ("min" if metric.endswith("loss") else "max")
     self.keep = keep
     self.directory = paths.absolute(directory)
+    _check_directory(self.directory)
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=_options("best", read_only=read_only, best_fn=lambda m: m[metric],

@@ -130,37 +130,48 @@ def check_workdir_config(config, workdir: str, fresh: bool):
   saved = None if fresh else train_state.read_config(workdir)
   if saved is None:
     return
+  check_continues(config, saved, steps_taken(workdir), where=workdir)
+
+
+def check_continues(config, saved: dict, taken: int, *, where: str, branch: bool = False):
+  """`config` continues the run of config `saved` (JSON data) after its first `taken` steps:
+  the checks of `check_workdir_config`. `where` starts each message (the workdir, or the
+  --branch_from value); `branch`: the saved run is the trunk of a cooldown branch, whose
+  only way out is to drop the change (a new workdir or --fresh would branch the same trunk)."""
+  holds = f"{where}: the trunk is a run" if branch else f"{where} holds a run"
   model = _with_defaults(saved.get("model", {}))
   current = _with_defaults(json.loads(config.model.to_json()))
   changed = sorted(k for k in set(model) | set(current)
                    if model.get(k) != current.get(k) and k not in EXECUTION_FIELDS)
   if changed:
-    raise ValueError(f"{workdir} holds a run with a different model (fields {changed}); "
-                     "use a new --workdir, or --fresh to discard its checkpoints")
+    raise ValueError(f"{holds} with a different model (fields {changed}); " + (
+        "a branch continues the trunk's model: drop the --config.model overrides of them"
+        if branch else "use a new --workdir, or --fresh to discard its checkpoints"))
   now = json.loads(config.to_json())
   for section, free in RESUMABLE_CHANGES.items():
     old, new = saved.get(section, {}), now.get(section, {})
     for key in sorted(set(old) & set(new)):       # a key saved before it existed: not compared
       if key not in free and old[key] != new[key]:
         raise ValueError(
-            f"{workdir} holds a run trained with {section}.{key}={old[key]!r}, not "
-            f"{new[key]!r}: resuming would not continue its steps; drop "
-            f"--config.{section}.{key}, or use a new --workdir, or --fresh to discard it")
-  _check_schedule_unchanged(saved, config, workdir)
-  _check_kept_checkpoints_stay(saved, config, workdir)
+            f"{holds} trained with {section}.{key}={old[key]!r}, not {new[key]!r}: "
+            f"{'branching' if branch else 'resuming'} would not continue its steps; drop "
+            f"--config.{section}.{key}" + ("" if branch else
+                                           ", or use a new --workdir, or --fresh to discard it"))
+  _check_schedule_unchanged(saved, config, taken, holds, branch)
+  _check_kept_checkpoints_stay(saved, config, holds, branch)
 
 
-def _check_kept_checkpoints_stay(saved: dict, config, workdir: str):
+def _check_kept_checkpoints_stay(saved: dict, config, holds: str, branch: bool):
   """train.keep_checkpoint_every may change on resume if the checkpoints the run kept stay
   kept (the new value divides the old): Orbax applies the new rule to every checkpoint at the
   next save, so turning it off or raising it would delete them."""
   old = run_settings.parse_section("train", saved.get("train")).keep_checkpoint_every
   new = run_settings.parse_section("train", config.train).keep_checkpoint_every
   if old and (not new or old % new):
-    raise ValueError(f"{workdir} holds a run that keeps a checkpoint every {old} steps; "
+    raise ValueError(f"{holds} that keeps a checkpoint every {old} steps; "
                      f"train.keep_checkpoint_every={new} would delete them at the next save: "
-                     f"set --config.train.keep_checkpoint_every={old} (or a divisor of it), or "
-                     "use --fresh to discard them")
+                     f"set --config.train.keep_checkpoint_every={old} (or a divisor of it)"
+                     + ("" if branch else ", or use --fresh to discard them"))
 
 
 def steps_taken(workdir: str) -> int:
@@ -171,7 +182,7 @@ def steps_taken(workdir: str) -> int:
   return max((int(p.name) for p in directory.iterdir() if p.name.isdigit()), default=0)
 
 
-def _check_schedule_unchanged(saved: dict, config, workdir: str):
+def _check_schedule_unchanged(saved: dict, config, taken: int, holds: str, branch: bool):
   """train.steps and optim.decay_steps may change on resume (extend or shorten a run, or a
   cooldown branch of a wsd run) unless that moves the learning rate of the steps already
   taken (cosine/linear decay over train.steps when optim.decay_steps is unset)."""
@@ -180,15 +191,21 @@ def _check_schedule_unchanged(saved: dict, config, workdir: str):
   if old_steps is None or (old_steps == new_steps and old_optim.get("decay_steps")
                            == config.optim.get("decay_steps")):
     return
-  shared = jnp.arange(min(old_steps, new_steps, steps_taken(workdir)))
+  shared = jnp.arange(min(old_steps, new_steps, taken))
   old_lr = optim.learning_rate_schedule(run_settings.parse_section("optim", old_optim),
                                        old_steps)(shared)
   new_lr = optim.learning_rate_schedule(run_settings.parse_section("optim", config.optim),
                                         new_steps)(shared)
   if not bool(jnp.allclose(old_lr, new_lr, rtol=1e-6, atol=0)):
     keep = old_optim.get("decay_steps") or old_steps
+    if branch:
+      raise ValueError(
+          f"{holds} of train.steps={old_steps}; train.steps={new_steps} would change the "
+          f"learning rate of the {taken} steps it took (a branch's decay must start at or "
+          "after its branch point): branch from an earlier kept step, or raise "
+          "--config.train.steps")
     raise ValueError(
-        f"{workdir} holds a run of train.steps={old_steps} whose optim.schedule="
+        f"{holds} of train.steps={old_steps} whose optim.schedule="
         f"{config.optim.schedule!r} decays over {keep} steps; this config would change the "
         f"learning rate of the steps already taken: add --config.optim.decay_steps={keep} to "
         "keep its schedule, or use --fresh")

@@ -26,15 +26,21 @@ from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import read
 
 
-def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None = None) -> dict:
+RESUME_HINT = "; rerun the same command to resume from the last complete checkpoint"
+
+
+def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None = None,
+          data_changed_ok: bool = False) -> dict:
   """Train (or resume) `config` in `workdir`; returns the last eval record.
 
   The config is validated and the workdir checked before anything is written (on TPUs the
   train step is compiled first and refused when it cannot fit in HBM); the workdir is
   locked for the run (a second training on it is refused at once). `stop_after` ends the run
-  after that many steps as if preempted (for tests/benchmarks).
+  after that many steps as if preempted (for tests/benchmarks). `data_changed_ok`: resume
+  although the data changed since the run recorded it (`train.data_record`).
   """
   settings = config_checks.validate(config)
+  setup.check_workdir(workdir, settings, fresh=fresh)   # before anything is written or compiled
   if jax.devices()[0].platform == "tpu":     # refuse a step that cannot fit before any work
     from jaxformer.train import plan_search
     devices = jax.devices()
@@ -45,7 +51,8 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
   owner = workdir_lib.Lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
   with owner, watchdog.Watchdog(settings.train.stall_timeout, resume_hint=RESUME_HINT):
     try:
-      return _train(config, settings, workdir, fresh=fresh, stop_after=stop_after)
+      return _train(config, settings, workdir, fresh=fresh, stop_after=stop_after,
+                    data_changed_ok=data_changed_ok)
     except Exception as e:  # noqa: BLE001  (re-raised unless the disk is full)
       where = console.disk_full_path(e)
       if where is None:
@@ -55,22 +62,21 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
                        ) from e
 
 
-RESUME_HINT = "; rerun the same command to resume from the last complete checkpoint"
-
-
-def _train(config, settings, workdir: str, *, fresh: bool, stop_after: int | None) -> dict:
+def _train(config, settings, workdir: str, *, fresh: bool, stop_after: int | None,
+           data_changed_ok: bool) -> dict:
   """The run, with its shutdown in one place: however it ends (done, preempted, an exception,
   Ctrl-C), the pending asynchronous checkpoint is waited for and the writers are closed."""
   with contextlib.ExitStack() as shutdown:
     return _run(config, settings, workdir, fresh=fresh, stop_after=stop_after,
-                shutdown=shutdown)
+                data_changed_ok=data_changed_ok, shutdown=shutdown)
 
 
 def _run(config, settings, workdir: str, *, fresh: bool, stop_after: int | None,
-         shutdown: contextlib.ExitStack) -> dict:
+         data_changed_ok: bool, shutdown: contextlib.ExitStack) -> dict:
   """Set up (or find the run finished), step, shut down; then the curves plot and the
   end-of-training sample, which never hold a checkpoint or a writer open."""
-  run = setup.open_run(config, settings, workdir, fresh=fresh, shutdown=shutdown)
+  run = setup.open_run(config, settings, workdir, fresh=fresh, data_changed_ok=data_changed_ok,
+                       shutdown=shutdown)
   if run.start >= settings.train.steps:
     print(f"{workdir}: already trained for {run.start} steps")
     return _last_eval(run.metrics.path)
@@ -86,7 +92,7 @@ def _run(config, settings, workdir: str, *, fresh: bool, stop_after: int | None,
     raise
   watchdog.beat("closing (the last checkpoint's write)", run.settings.train.steps)
   shutdown.close()           # checkpoints written, writers closed, before plots and samples
-  if run.is_main:
+  if run.is_main and _records(run.metrics.path):      # none: stopped before the first log
     plots.plot_curves(run.metrics.path, os.path.join(workdir, run_files.CURVES))
   if not preempted:
     watchdog.beat("the final sample", run.settings.train.steps, compiling=True)
@@ -171,6 +177,10 @@ def _log(run: setup.Run, steps: setup.Steps, writers: setup.Writers, done: int, 
   writers.write(record)
 
 
+def _records(path) -> list[dict]:
+  return read(path) if paths.path(path).exists() else []
+
+
 def _last_eval(path):
-  evals = [r for r in read(path) if "eval_loss" in r] if paths.path(path).exists() else []
+  evals = [r for r in _records(path) if "eval_loss" in r]
   return evals[-1] if evals else None

@@ -22,7 +22,7 @@ from jaxformer import models, parallel, paths, run_files, run_settings
 from jaxformer.data.pipeline import make_pipeline
 from jaxformer.state import checkpoint, optim
 from jaxformer.state import train_state as state_lib
-from jaxformer.train import config_checks, profiling, progress, tasks
+from jaxformer.train import config_checks, data_record, profiling, progress, tasks
 from jaxformer.train import step as step_lib
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import MetricsWriter
@@ -50,11 +50,39 @@ class Run:
   metrics: MetricsWriter
 
 
+def save_points(workdir: str, settings: run_settings.RunSettings) -> tuple[int, int]:
+  """(the first step the run in `workdir` saves a checkpoint at, its last step): by its saved
+  config where it has one (the run that wrote what is there; checkpoint_every and steps may
+  change on resume) and by this one, the earlier of each."""
+  trains = [settings.train]
+  saved = (state_lib.read_config(workdir) or {}).get("train")
+  if saved:
+    try:
+      trains.append(run_settings.parse_section("train", saved))
+    except ValueError:              # a config of an older version: this one's values decide
+      pass
+  return (min(min(t.checkpoint_every, t.steps, *t.checkpoint_steps[:1]) for t in trains),
+          min(t.steps for t in trains))
+
+
+def check_workdir(workdir: str, settings: run_settings.RunSettings, *, fresh: bool) -> None:
+  """Before anything is written or compiled: the workdir's members are of the kind a run
+  writes, and a start from step 0 would overwrite no earlier results (unless `fresh`).
+  Process 0 checks; the others follow its verdict."""
+  def check():
+    workdir_lib.check_members(workdir, fresh=fresh)
+    if not fresh:
+      workdir_lib.check_nothing_overwritten(workdir, *save_points(workdir, settings))
+  parallel.process_zero_first(lambda: check() if jax.process_index() == 0 else None,
+                              "checking --workdir")
+
+
 def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh: bool,
-             shutdown: contextlib.ExitStack) -> Run:
+             shutdown: contextlib.ExitStack, data_changed_ok: bool = False) -> Run:
   """The run in `workdir`, resumed or started. config.json is written only once the config has
   passed the checks that need the data and the mesh (a rejected first attempt leaves none
-  behind to refuse the corrected rerun)."""
+  behind to refuse the corrected rerun); data.json with it (`data_record`: a resume on
+  changed data is refused unless `data_changed_ok`)."""
   is_main = jax.process_index() == 0
   if fresh and config.get("posttrain") is not None:   # starting over needs the source: check
     from jaxformer.posttrain import init as posttrain_init     # it before discarding the run
@@ -83,8 +111,15 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
   module, tx, init_boxed = state_lib.train_state_fns(config)
   abstract = jax.eval_shape(init_boxed)
   state_shardings = plan.state_shardings(abstract)     # divisibility errors: no compile yet
+  data = parallel.process_zero_first(
+      lambda: data_record.check(workdir, config, data_record.fingerprint(config, pipeline),
+                                taken=config_checks.steps_taken(workdir),
+                                data_changed_ok=data_changed_ok) if is_main else None,
+      "checking the data against the run's")
   if is_main:
     _write_config(config, workdir)
+    if data is not None:
+      data_record.write(workdir, data)
   ckpts = checkpoint.Checkpoints(os.path.join(workdir, run_files.CHECKPOINTS),
                                  keep=t.keep_checkpoints, keep_every=t.keep_checkpoint_every,
                                  keep_steps=t.checkpoint_steps)
@@ -94,7 +129,12 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
   if best is not None:
     shutdown.callback(best.close)
   metrics = MetricsWriter(os.path.join(workdir, run_files.METRICS))
+  had_checkpoints = bool(workdir_lib.checkpoint_steps(workdir)) if is_main else False
   restored = ckpts.restore_latest(plan.restore_target(abstract))   # from any mesh
+  if restored is None and not fresh:    # every checkpoint there was unreadable (moved aside)?
+    parallel.process_zero_first(
+        lambda: workdir_lib.check_nothing_overwritten(workdir, *save_points(workdir, settings))
+        if is_main and had_checkpoints else None, "checking --workdir")
   if restored is None:
     state, start = plan.init_state(init_boxed)[0], 0
     if config.get("posttrain") is not None:      # SFT / DPO: the source run's params

@@ -1,6 +1,12 @@
 """The run directory: checked before any work, owned by one training at a time, cleared by
 --fresh.
 
+Checked before any work (`check_members`): every member a run writes (`run_files`) is of the
+kind it writes (a file where a directory belongs, a link to nothing or an unreadable member
+is refused in one line naming it and the fix), and a run that would start from step 0 over
+the results of an earlier one whose checkpoints are gone is refused unless --fresh
+(`check_nothing_overwritten`).
+
 The lock is an advisory `flock` on `<workdir>/.lock`, held for the life of the training
 process: the kernel releases it when the process exits in any way (a crash or a SIGKILL
 included), so a lock left by a dead process is never in the way and needs no clean-up. It is
@@ -30,7 +36,114 @@ _TOKENIZER_FILES = (tokenizers.TOKENIZER_FILE, tokenizers.SPM_MODEL_FILE,
 # What a training run writes (all of it goes on --fresh; the lock file stays).
 RUN_FILES = (run_files.CHECKPOINTS, run_files.BEST, run_files.METRICS, run_files.SAMPLES,
              run_files.CURVES, run_files.ATTENTION, run_files.PROFILE, run_files.CONFIG,
-             run_files.BRANCH, run_files.POSTTRAIN_SOURCE, *_TOKENIZER_FILES)
+             run_files.BRANCH, run_files.DATA, run_files.POSTTRAIN_SOURCE,
+             *_TOKENIZER_FILES)
+# Members written in place (the others are created, or replaced by a rename).
+_APPENDED = (run_files.METRICS, run_files.SAMPLES, run_files.LOCK)
+# Orbax writes a checkpoint into `<step>.orbax-checkpoint-tmp-<n>` and renames it when done.
+_ORBAX_TMP = ".orbax-checkpoint-tmp"
+
+
+def _is_member(name: str) -> bool:
+  return (name in RUN_FILES or name in (run_files.LOGS, run_files.LOCK)
+          or name.startswith(run_files.TENSORBOARD_PREFIX))
+
+
+def _cleared_by_fresh(name: str) -> bool:
+  return (name in RUN_FILES or name.startswith(run_files.TENSORBOARD_PREFIX)
+          or name.endswith(".tmp"))
+
+
+def _member_problem(path, want_dir: bool) -> str | None:
+  """What is wrong with member `path` of a workdir (None: nothing)."""
+  local = not paths.is_remote(os.fspath(path))
+  if local and os.path.islink(path) and not os.path.exists(path):
+    return f"is a link to {os.readlink(path)!r}, which does not exist"
+  if want_dir and not path.is_dir():
+    return "is a file" if path.is_file() else "is not a directory"
+  if not want_dir and path.is_dir():
+    return "is a directory"
+  if not want_dir and local and not os.path.isfile(path):
+    return "is not a regular file"
+  if local and not os.access(path, os.R_OK | (os.W_OK | os.X_OK if want_dir else 0)):
+    return "cannot be read by this user"
+  if local and path.name in _APPENDED and not os.access(path, os.W_OK):
+    return "cannot be written by this user"
+  return None
+
+
+def check_members(workdir: str, *, fresh: bool = False) -> None:
+  """Every member of `workdir` a run writes is of the kind it writes (`run_files.DIRECTORIES`
+  are directories, the rest plain files), readable and writable: a ValueError naming the first
+  that is not, and the fix, before anything is read, written or compiled. With `fresh`, the
+  members --fresh removes (whatever their kind) are not checked. Writes nothing."""
+  p = paths.path(workdir)
+  if not p.is_dir():
+    return                                   # none yet (check_usable refuses a file)
+  for path in sorted(p.iterdir()):
+    name = path.name
+    if not _is_member(name) or (fresh and _cleared_by_fresh(name)):
+      continue
+    want_dir = name in run_files.DIRECTORIES
+    problem = _member_problem(path, want_dir)
+    if problem is None:
+      continue
+    kind = f"a directory ({name}/)" if want_dir else "a file"
+    if problem.startswith("cannot"):
+      fix = "give this user access to it (chmod/chown)"
+    elif _cleared_by_fresh(name):
+      fix = "move it away or delete it, or rerun with --fresh to discard the run in --workdir"
+    else:
+      fix = "move it away or delete it"
+    raise ValueError(f"--workdir={workdir!r}: {name} {problem}, where a run keeps {kind}; "
+                     f"{fix}")
+
+
+def checkpoint_steps(workdir: str, which: str = run_files.CHECKPOINTS) -> list[int]:
+  """The steps of the finished checkpoints under `workdir/which` (directories named by their
+  step), sorted; [] if there are none."""
+  directory = paths.path(workdir) / which
+  if not directory.is_dir():
+    return []
+  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
+
+
+def check_nothing_overwritten(workdir: str, first_checkpoint: int, last_step: int) -> None:
+  """A run that starts from step 0 (no checkpoint to resume from) must not overwrite what an
+  earlier run in `workdir` wrote once it was saved (metrics.jsonl records, best/ checkpoints
+  past its first checkpoint at `first_checkpoint`, or of its last step `last_step`, whose save
+  the run waits for): its checkpoints are gone (deleted, or every one unreadable). A
+  ValueError pointing at --fresh, unless an interrupted first save explains it (Orbax's
+  temporary directory is there). What a run stopped before its first checkpoint was complete
+  leaves (killed, or a full disk) is no loss: the restart writes it again, identically."""
+  p = paths.path(workdir)
+  directory = p / run_files.CHECKPOINTS
+  if checkpoint_steps(workdir):
+    return
+  names = [q.name for q in directory.iterdir()] if directory.is_dir() else []
+  if any(_ORBAX_TMP in n for n in names):
+    return                                   # its first save was interrupted
+
+  def saved(step: int) -> bool:
+    return step > first_checkpoint or step >= last_step
+  reached = []
+  if (p / run_files.METRICS).is_file():
+    from jaxformer.train import metrics    # not at import: the sweep driver imports this module
+    steps = [r["step"] for r in metrics.read(str(p / run_files.METRICS))]
+    if steps and saved(max(steps)):
+      reached.append(f"{run_files.METRICS} up to step {max(steps)}")
+  best = checkpoint_steps(workdir, run_files.BEST)
+  if best and saved(best[-1]):
+    reached.append(f"{run_files.BEST}/ at steps {best}")
+  if not reached:
+    return
+  unreadable = sorted(n for n in names if ".unreadable" in n)
+  why = (f"its checkpoints are unreadable ({', '.join(unreadable)})" if unreadable else
+         f"{run_files.CHECKPOINTS}/ is " + ("empty" if directory.is_dir() else "missing"))
+  raise ValueError(f"--workdir={workdir!r} holds a run that was saved ({' and '.join(reached)}) "
+                   f"but no checkpoint to resume it from ({why}); starting again from step 0 "
+                   "would overwrite them: rerun with --fresh to discard them, or use a new "
+                   "--workdir")
 
 
 def check_usable(workdir: str) -> None:
@@ -160,8 +273,8 @@ def clear(workdir: str) -> list[str]:
   removed = []
   for path in sorted(paths.path(workdir).iterdir()):
     name = path.name
-    if name in RUN_FILES or name.startswith(run_files.TENSORBOARD_PREFIX) or name.endswith(".tmp"):
-      if path.is_dir():
+    if _cleared_by_fresh(name):
+      if path.is_dir() and not os.path.islink(path):
         path.rmtree()
       else:
         path.unlink()
@@ -178,7 +291,7 @@ def parse_branch(value: str) -> tuple[str, int]:
   return trunk, int(step)
 
 
-def branch(trunk: str, step: int, workdir: str) -> bool:
+def branch(trunk: str, step: int, workdir: str, *, config=None, fresh: bool = False) -> bool:
   """Start `workdir` as a cooldown branch of the run in `trunk` at its checkpoint `step`.
 
   Why: a warmup-stable-decay run (`optim.schedule="wsd"`) holds its learning rate until the
@@ -186,42 +299,126 @@ def branch(trunk: str, step: int, workdir: str) -> bool:
   same schedule; training a copy of it with a smaller `train.steps` decays there and gives the
   loss of that shorter run for the cost of its decay (Hägele et al. 2024). The copy is an
   ordinary resumable run: config.json (the trunk's, without its `checkpoint_steps`), that one
-  checkpoint, the tokenizer and the trunk's metrics up to `step`; the resume checks then refuse
-  a branch whose model, data or learning rate of the steps taken differ from the trunk's.
-  Idempotent: a workdir already branched from (trunk, step) is left as it is (False); one
-  holding another run is refused. Written on process 0 only.
+  checkpoint, the tokenizer, the data's fingerprint and the trunk's metrics up to `step`; the
+  resume checks then refuse a branch whose model, data or learning rate of the steps taken
+  differ from the trunk's.
+
+  Everything that can refuse it is checked before anything is copied: the trunk and its
+  checkpoint, `workdir`'s members, and with `config` (the branch's training config) the
+  config checks and the resume checks against the trunk's config, so a refused branch leaves
+  nothing behind. Idempotent: a workdir already branched from (trunk, step) is left as it is
+  (False); one holding another run is refused, or with `fresh` cleared first (--fresh).
+  Written on process 0 only.
   """
   src, dst = paths.path(trunk), paths.path(workdir)
+  where = f"--branch_from={trunk}@{step}"
+  if not (src / run_files.CONFIG).is_file():
+    raise ValueError(f"{where}: no such run: {trunk} (it holds no {run_files.CONFIG}); give the "
+                     "--workdir of the trunk's training")
+  kept = checkpoint_steps(trunk)
+  if step not in kept:
+    raise ValueError(f"{where}: the trunk has no checkpoint at step {step} (kept: "
+                     f"{kept or 'none'}); branch from a kept step, or keep this one with "
+                     f"--config.train.checkpoint_steps=({step},) when training the trunk")
+  try:
+    trunk_config = json.loads((src / run_files.CONFIG).read_text())
+  except ValueError as e:
+    raise ValueError(f"{where}: {src / run_files.CONFIG} is not JSON ({e}); restore it, or "
+                     "branch from another run") from None
+  trunk_config.setdefault("train", {})["checkpoint_steps"] = []
+  if config is not None:
+    from jaxformer.train import config_checks    # not at import: the sweep driver imports
+                                                 # this module, and config_checks loads JAX
+    config_checks.validate(config)
+    config_checks.check_continues(config, trunk_config, step, where=where, branch=True)
   marker = {"trunk": paths.absolute(trunk), "step": int(step)}
-  if (dst / run_files.CONFIG).exists():
-    if (dst / run_files.BRANCH).exists():
+  check_members(workdir, fresh=fresh)
+  if not fresh and (dst / run_files.CONFIG).exists():
+    if (dst / run_files.BRANCH).is_file():
       if json.loads((dst / run_files.BRANCH).read_text()) == marker:
         return False
     raise ValueError(f"--workdir={workdir} already holds a run that is not a branch of "
-                     f"{trunk} at step {step}; branch into a new --workdir")
-  checkpoint = src / run_files.CHECKPOINTS / str(step)
-  if not (src / run_files.CONFIG).exists() or not checkpoint.is_dir():
-    kept = sorted(int(p.name) for p in (src / run_files.CHECKPOINTS).iterdir()
-                  if p.name.isdigit()) if (src / run_files.CHECKPOINTS).exists() else []
-    raise ValueError(f"--branch_from={trunk}@{step}: the trunk has no checkpoint at step "
-                     f"{step} (kept: {kept or 'none'}); keep it with "
-                     f"--config.train.checkpoint_steps=({step},) when training the trunk")
+                     f"{trunk} at step {step}; branch into a new --workdir, or add --fresh to "
+                     "discard that run")
+  results = [n for n in (run_files.CHECKPOINTS, run_files.BEST, run_files.METRICS)
+             if (dst / n).exists()]
+  if not fresh and results and not (dst / run_files.BRANCH).exists():
+    raise ValueError(f"--workdir={workdir} holds a run's {', '.join(results)} (without its "
+                     f"{run_files.CONFIG}); branch into a new --workdir, or add --fresh to "
+                     "discard them")
   check_usable(workdir)
   with Lock(workdir):
-    clear(workdir)                          # the remains of an interrupted branch, if any
-    _copy_tree(checkpoint, dst / run_files.CHECKPOINTS / str(step))
-    for name in _TOKENIZER_FILES:
+    # --fresh, or the remains of an interrupted branch (its marker is written first) or of a
+    # rejected attempt (a tokenizer)
+    removed = clear(workdir)
+    if fresh:
+      print(f"{workdir}: --fresh, removed the previous run's {', '.join(removed) or 'nothing'}",
+            flush=True)
+    paths.write_text(str(dst / run_files.BRANCH), json.dumps(marker) + "\n")
+    _copy_tree(src / run_files.CHECKPOINTS / str(step), dst / run_files.CHECKPOINTS / str(step))
+    for name in (*_TOKENIZER_FILES, run_files.DATA):
       if (src / name).exists():
         (src / name).copy(dst / name)
     if (src / run_files.METRICS).exists():
       lines = [line for line in (src / run_files.METRICS).read_text().splitlines()
                if line.strip() and json.loads(line).get("step", 0) <= step]
       paths.write_text(str(dst / run_files.METRICS), "".join(l + "\n" for l in lines))
-    config = json.loads((src / run_files.CONFIG).read_text())
-    config.setdefault("train", {})["checkpoint_steps"] = []
-    paths.write_text(str(dst / run_files.BRANCH), json.dumps(marker) + "\n")
-    paths.write_text(str(dst / run_files.CONFIG), json.dumps(config, indent=2))   # last: done
+    paths.write_text(str(dst / run_files.CONFIG), json.dumps(trunk_config, indent=2))  # last
   return True
+
+
+def train_branch(config, workdir: str, trunk: str, step: int, *, fresh: bool = False,
+                 data_changed_ok: bool = False) -> dict:
+  """--branch_from: `branch` (process 0), then train the branch (`loop.train`, resuming the
+  copy). A branch refused before it trained leaves nothing behind: its copy is discarded, so
+  the corrected command (or one naming another trunk or step) starts as if it were the first.
+  `fresh`: whatever `workdir` held is discarded before branching."""
+  import jax
+  from jaxformer import console, parallel
+  from jaxformer.train import loop
+  main_process = jax.process_index() == 0
+  existed = paths.path(workdir).exists()
+  created = parallel.process_zero_first(
+      lambda: branch(trunk, step, workdir, config=config, fresh=fresh) if main_process
+      else False, "branching")
+  console.route_process_output(jax.process_index(), jax.process_count(), workdir)
+  try:
+    return loop.train(config, workdir, data_changed_ok=data_changed_ok)
+  except Exception as e:
+    from jaxformer import cli
+    if created and cli.is_user_error(e) and is_unstarted_branch(workdir):
+      discard_branch(workdir, created_dir=not existed)
+    raise
+
+
+def is_unstarted_branch(workdir: str) -> bool:
+  """`workdir` is a branch that has not trained past its branch point: nothing in it but the
+  copy `branch` made (its checkpoint, and metrics up to that step)."""
+  p = paths.path(workdir)
+  try:
+    step = json.loads((p / run_files.BRANCH).read_text())["step"]
+    if checkpoint_steps(workdir) != [step] or checkpoint_steps(workdir, run_files.BEST):
+      return False
+    if (p / run_files.METRICS).is_file():
+      from jaxformer.train import metrics
+      if any(r["step"] > step for r in metrics.read(str(p / run_files.METRICS))):
+        return False
+  except (OSError, ValueError, KeyError, TypeError):
+    return False
+  return True
+
+
+def discard_branch(workdir: str, *, created_dir: bool) -> None:
+  """Undo `branch` after its run was refused before training (`is_unstarted_branch`): the
+  copied run goes, and the directory too when `branch` created it and nothing else is there."""
+  with Lock(workdir):
+    clear(workdir)
+  if created_dir and not paths.is_remote(workdir):
+    lock = os.path.join(workdir, run_files.LOCK)
+    if set(os.listdir(workdir)) <= {run_files.LOCK}:
+      if os.path.exists(lock):
+        os.unlink(lock)
+      os.rmdir(workdir)
 
 
 def _copy_tree(src, dst) -> None:
