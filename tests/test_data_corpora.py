@@ -411,8 +411,8 @@ def test_gs_sources_and_caches_go_through_the_path_layer(gcs, tmp_path):
     for role in work.ROLES:
       a, b = remote.corpus.stream(role), local.corpus.stream(role)
       np.testing.assert_array_equal(a.read(0, len(a)), b.read(0, len(b)))
-  # packed rows: their ArrayRecord index is written locally and uploaded (ArrayRecord opens
-  # local files only), and read from a local copy
+  # packed rows: their row index is written locally and uploaded, and read by offset from a
+  # local copy
   remote, local = (text.make_text_pipeline(
       data_config(f"{root}/*.jsonl", packing="packed", workers=1), seed=0, global_batch_size=4,
       eval_batch_size=4, workdir=str(tmp_path / run / "packed"), data_dir=dd)
