@@ -17,6 +17,7 @@ in memory bounded by the block size) and `layout_row` lays out a row from its to
 
 from __future__ import annotations
 
+import itertools
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -55,8 +56,8 @@ def next_fit_blocks(length_blocks: Iterable[np.ndarray], row_len: int,
                     rows_per_block: int = 1 << 16) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """`next_fit` for corpora of any size: the document lengths arrive as blocks (integer
   arrays), the rows leave as blocks (pieces per row [rows], the piece lengths [sum of it])
-  of at most about `rows_per_block` pieces (a document of many row lengths is cut into
-  blocks too), so memory is bounded by the block sizes, not by the corpus. Concatenated, the blocks
+  of at most 2 x `rows_per_block` pieces (a document of many row lengths is cut into blocks
+  too), so memory is bounded by the block sizes, not by the corpus. Concatenated, the blocks
   give exactly `next_fit`'s rows."""
   _check_row_len(row_len)
   return _next_fit_blocks(length_blocks, int(row_len), rows_per_block)
@@ -83,12 +84,14 @@ def _next_fit_blocks(length_blocks, row_len: int, rows_per_block: int):
         if open_n:
           counts.append(open_n)
           open_n, fill = 0, 0
-        if counts:
-          yield closed()
         full, rest = divmod(length, row_len)
-        for n in range(0, full, rows_per_block):
-          k = min(rows_per_block, full - n)
-          yield np.ones(k, np.int64), np.full(k, row_len, np.int64)
+        while full:                                 # one row each, a block at a time
+          k = min(full, rows_per_block)
+          counts.extend(itertools.repeat(1, k))
+          pieces.extend(itertools.repeat(row_len, k))
+          full -= k
+          if len(pieces) >= rows_per_block:
+            yield closed()
         if rest:
           pieces.append(rest)
           open_n, fill = 1, rest
