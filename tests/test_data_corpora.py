@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
-from jaxformer.data import text, tfds_catalog
+from jaxformer.data import packing, text, tfds_catalog
 from jaxformer.data.corpus import prepare, readers, sources, tokens, units, work
 from tests.runs import tiny_run_config
 from tests.test_cloud_storage import BUCKET, gcs  # noqa: F401  (the emulator fixture)
@@ -133,6 +133,23 @@ def test_every_source_kind_is_prepared_with_each_document_whole(tmp_path, kind):
     lengths = [*train.document_lengths(), *val.document_lengths()]
     assert sorted(lengths) == sorted(map(len, docs))
 
+
+
+def test_packed_rows_read_back_next_fit_of_the_documents(tmp_path):
+  """The row index (.rows, .pieces) read by offset gives next_fit's rows of the split's
+  documents in order: rows holding several documents, documents across rows."""
+  from tests.test_data_text import pack_documents
+  _write(tmp_path / "docs.jsonl", _jsonl(documents(80)))
+  p = pipeline(data_config(tmp_path / "docs.jsonl", seq_len=400), tmp_path)
+  stream = p.corpus.stream("train")
+  lengths = np.asarray(list(stream.document_lengths()))
+  docs = np.split(stream.read(0, len(stream)), np.cumsum(lengths)[:-1])
+  expected, rows = pack_documents(docs, 401), p.corpus.packed("train", 401)
+  assert len(rows) == len(expected["tokens"]) and (lengths > 401).any()
+  assert (expected["segment_ids"].max(axis=1) > 1).any()
+  for i in range(len(rows)):
+    for k, field in enumerate(packing.PACKED_FIELDS):
+      np.testing.assert_array_equal(rows[i][k], expected[field][i])
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
