@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import shutil
 import tempfile
 import threading
 
@@ -168,14 +169,14 @@ def local_copy_path(target: str | os.PathLike) -> str:
 
 def local_copy(target: str | os.PathLike) -> str:
   """A local file with the bytes of `target` (`target` itself when it is local): for readers
-  that open local files only (ArrayRecord). Downloaded into the mirror once; the object is
-  immutable once written (its name is content-keyed by the caller)."""
+  that open local files only (or read by offset). Downloaded into the mirror once, streamed;
+  the object is immutable once written (its name is content-keyed by the caller)."""
   local = local_copy_path(target)
   if is_remote(target) and not os.path.exists(local):
     os.makedirs(os.path.dirname(local), exist_ok=True)
     tmp = f"{local}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "wb") as f:
-      f.write(path(target).read_bytes())
+    with path(target).open("rb") as src, open(tmp, "wb") as f:
+      shutil.copyfileobj(src, f, 1 << 20)
     os.replace(tmp, local)
   return local
 

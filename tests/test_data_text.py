@@ -284,6 +284,28 @@ def pack_documents(docs, row_len):
   return {k: stacked[:, i] for i, k in enumerate(packing.PACKED_FIELDS)}
 
 
+
+@pytest.mark.parametrize("row_len", [1, 5, 12])
+def test_next_fit_blocks_gives_next_fits_rows_in_bounded_blocks(row_len):
+  """Lengths in blocks of any size, rows out in blocks of at most `rows_per_block` pieces:
+  the same rows as next_fit (empty documents, documents of exactly k rows, one document of
+  many rows, which is cut into blocks too)."""
+  rng = np.random.default_rng(row_len)
+  lengths = rng.integers(0, 3 * row_len + 2, size=400)
+  lengths[rng.integers(0, 400, size=20)] = row_len * rng.integers(1, 4, size=20)
+  lengths[7] = 50 * row_len + 1
+  expected = list(packing.next_fit(lengths.tolist(), row_len))
+  for per_block in (1, 3, 64):
+    blocks = np.array_split(lengths, [3, 4, 150])
+    out = list(packing.next_fit_blocks(blocks, row_len, rows_per_block=per_block))
+    assert all(len(p) == c.sum() and len(p) <= 2 * per_block + row_len for c, p in out)
+    pieces = iter(np.concatenate([p for _, p in out]).tolist())
+    assert [[next(pieces) for _ in range(c)]
+            for c in np.concatenate([c for c, _ in out]).tolist()] == expected
+  assert list(packing.next_fit_blocks([], row_len)) == []
+  with pytest.raises(ValueError, match="row_len=0"):
+    packing.next_fit_blocks([np.asarray([3])], 0)
+
 @pytest.mark.parametrize("row_len", [1, 7, 13])
 def test_packing_matches_reference_and_invariants(row_len):
   rng = np.random.default_rng(row_len)
@@ -400,7 +422,7 @@ def test_packed_lm_pipeline_batches_cache_and_processes(tmp_path, data_dir, smal
   evals = list(p.eval_batches())
   assert sum(b["valid"].sum() for b in evals) == len(p.records["validation"])
 
-  monkeypatch.setattr(packing, "next_fit", lambda *a: pytest.fail("re-packed"))
+  monkeypatch.setattr(packing, "next_fit_blocks", lambda *a: pytest.fail("re-packed"))
   halves = [pipeline(cfg, workdir=tmp_path, data_dir=data_dir, process_index=k,
                      process_count=2).train_batch(9) for k in (0, 1)]
   for key, value in p.train_batch(9).items():
@@ -427,7 +449,7 @@ def test_packed_rows_are_indexed_once_and_reused_without_reading(tmp_path, data_
   def must_not_read(*args, **kwargs):
     raise AssertionError("read the source or re-packed although the corpus is prepared")
   monkeypatch.setattr(readers, "texts", must_not_read)
-  monkeypatch.setattr(packing, "next_fit", must_not_read)
+  monkeypatch.setattr(packing, "next_fit_blocks", must_not_read)
   for workdir in (tmp_path, tmp_path / "other_run"):     # a new run: the char set is cached
     again = pipeline(cfg, workdir=workdir, data_dir=data_dir)
     for key, value in p.train_batch(3).items():
@@ -438,16 +460,15 @@ def test_packed_rows_are_indexed_once_and_reused_without_reading(tmp_path, data_
 
 def test_interrupted_cache_write_leaves_no_file(tmp_path):
   from etils import epath
-  path = epath.Path(tmp_path) / "train.array_record"
-
-  def rows():
-    yield b"row"
-    raise KeyboardInterrupt("killed while packing")
+  path = epath.Path(tmp_path) / "train.rows"
   with pytest.raises(KeyboardInterrupt):
-    files.write_array_record(path, rows())
+    with files.writing(path) as f:
+      f.write(b"row")
+      raise KeyboardInterrupt("killed while packing")
   assert list(tmp_path.iterdir()) == []
-  files.write_array_record(path, iter([b"a", b"b"]))
-  assert [p.name for p in tmp_path.iterdir()] == ["train.array_record"]
+  with files.writing(path) as f:
+    f.write(b"ab")
+  assert [p.name for p in tmp_path.iterdir()] == ["train.rows"] and path.read_bytes() == b"ab"
 
 
 def test_mlm_masking_statistics_determinism_and_processes(tmp_path, data_dir, small_file):

@@ -5,14 +5,18 @@ so there the final name is written directly (`jaxformer.paths` does the same).""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import uuid
-from typing import Iterable
+from typing import BinaryIO, Iterator
 
 from etils import epath
 
 from jaxformer import paths
+
+COPY_BYTES = 1 << 20
 
 
 def temporary(path: epath.Path) -> epath.Path:
@@ -34,25 +38,24 @@ def write_json(path: epath.Path, value):
   paths.write_text(path, json.dumps(value))
 
 
-def write_array_record(path: epath.Path, rows: Iterable[bytes]):
-  """Write records to `path` as `rows` yields them; a temporary file until complete, removed
-  if `rows` raises. ArrayRecord writes local files only: for a remote `path` the file is
-  written locally (where `paths.local_copy` will find it) and then uploaded whole."""
-  from array_record.python.array_record_module import ArrayRecordWriter
-  if paths.is_remote(path):
-    local = epath.Path(paths.local_copy_path(path))
+@contextlib.contextmanager
+def writing(path: epath.Path) -> Iterator[BinaryIO]:
+  """A binary file to write `path` through, streamed: `path` once the block ends, nothing if
+  it raises. A remote `path` is written locally (where `paths.local_copy` finds it: readers
+  by offset read local files) and then uploaded."""
+  remote = paths.is_remote(path)
+  local = epath.Path(paths.local_copy_path(path)) if remote else path
+  if remote:
     local.parent.mkdir(parents=True, exist_ok=True)
-    write_array_record(local, rows)
-    paths.write_bytes(path, local.read_bytes())
-    return
-  tmp = temporary(path)
-  writer, complete = ArrayRecordWriter(str(tmp), "group_size:1"), False
+  tmp, complete = temporary(local), False
   try:
-    for row in rows:
-      writer.write(row)
+    with tmp.open("wb") as f:
+      yield f
     complete = True
   finally:
-    writer.close()
-    if not complete:
+    if not complete and tmp.exists():
       tmp.unlink()
-  finish(tmp, path)
+  finish(tmp, local)
+  if remote:
+    with local.open("rb") as src, path.open("wb") as dst:
+      shutil.copyfileobj(src, dst, COPY_BYTES)

@@ -64,7 +64,7 @@ class Prepared:
 
   def packed(self, role: str, row_len: int) -> grain.MapDataset:
     return tokens.packed_rows(self.stream(role), self.directory /
-                              f"packed-{row_len}.{role}.array_record", row_len)
+                              f"packed-{row_len}.{role}", row_len)
 
 
 def _sample_hash(path: epath.Path, size: int) -> str:

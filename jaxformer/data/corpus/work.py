@@ -67,45 +67,49 @@ def role_texts(unit: Unit, *, field: str, data_dir=None, train_chars: int | None
 
 
 class _RoleFiles:
-  """One role's token and document-end files of a unit, written under temporary names."""
+  """One role's token and document-end files of a unit, written under temporary names, a
+  block at a time (memory does not grow with the unit)."""
 
   def __init__(self, directory: epath.Path, name: str, dtype: str):
     self.path, self.dtype = directory / f"{name}.tok", np.dtype(dtype)
-    self.tmp = files.temporary(self.path)
-    self.file, self.pending, self.buffered, self.tokens, self.ends = None, [], 0, 0, []
+    self.ends_path = self.path.with_suffix(".ends")
+    self.tmp, self.ends_tmp = files.temporary(self.path), files.temporary(self.ends_path)
+    self.files, self.pending, self.pending_ends = None, [], []
+    self.buffered, self.tokens, self.docs = 0, 0, 0
 
   def add(self, ids: np.ndarray, ends: bool):
     self.pending.append(ids.astype(self.dtype))
     self.buffered += len(ids)
     self.tokens += len(ids)
     if ends:
-      self.ends.append(self.tokens)
-    if self.buffered >= FLUSH_TOKENS:
+      self.pending_ends.append(self.tokens)
+      self.docs += 1
+    if self.buffered >= FLUSH_TOKENS or len(self.pending_ends) >= FLUSH_TOKENS:
       self.flush()
 
   def flush(self):
-    if self.file is None:
-      self.file = self.tmp.open("wb")
-    self.file.write(b"".join(p.tobytes() for p in self.pending))
-    self.pending, self.buffered = [], 0
+    if self.files is None:
+      self.files = (self.tmp.open("wb"), self.ends_tmp.open("wb"))
+    self.files[0].write(b"".join(p.tobytes() for p in self.pending))
+    self.files[1].write(np.asarray(self.pending_ends, "<i8").tobytes())
+    self.pending, self.pending_ends, self.buffered = [], [], 0
 
   def close(self, complete: bool) -> dict:
     """Rename the files into place (complete) or remove them; the role's counts."""
     if complete and self.tokens:
       self.flush()
-    if self.file is not None:
-      self.file.close()
-    if not complete:
-      if self.tmp.exists():
-        self.tmp.unlink()
-      return {}
-    if self.tokens:
-      ends = self.path.with_suffix(".ends")
-      tmp = files.temporary(ends)
-      tmp.write_bytes(np.asarray(self.ends, "<i8").tobytes())
-      files.finish(tmp, ends)
+    for f in self.files or ():
+      f.close()
+    if not complete or not self.tokens:
+      for tmp in (self.tmp, self.ends_tmp):
+        if tmp.exists():
+          tmp.unlink()
+      if not complete:
+        return {}
+    else:
+      files.finish(self.ends_tmp, self.ends_path)
       files.finish(self.tmp, self.path)
-    return {"tokens": self.tokens, "docs": len(self.ends)}
+    return {"tokens": self.tokens, "docs": self.docs}
 
 
 def unit_name(index: int) -> str:
