@@ -16,17 +16,43 @@ from configs import shakespeare_char
 from jaxformer.parallel import ShardingPlan
 from jaxformer.state import train_state as state_lib
 from jaxformer.train import step as step_lib, tasks
+from tests.arrays import LAMBDA, adam_tol, assert_trained_close, sum_tol
 
 SEQ_LEN, GLOBAL_BATCH = 16, 8
 
 
 def constant_lr(cfg):
   """`cfg` trained at its peak LR from the first step (every one of a few steps moves the
-  params), with Adam's eps above float32 gradient noise: a parameter whose gradient is exactly
-  zero in exact arithmetic (an attention key bias) must not turn rounding noise into
-  full-size steps."""
-  cfg.optim.update(schedule="constant", warmup_steps=0, eps=1e-6)
+  params), with Adam's eps (1e-3) far above float32 gradient noise (~1e-5 of the gradients'
+  scale): a coordinate whose gradient is ~0 in exact arithmetic (an attention key bias) takes
+  a step of lr * noise / eps instead of a full-size one of random sign, which is what makes
+  two runs' parameters comparable at a derived bound (`tests.arrays.adam_tol`). It also makes
+  the step follow the gradient's size (a gradient summed twice, or averaged over too few rows,
+  moves the parameters differently), where Adam at eps=1e-8 would take the same step."""
+  cfg.optim.update(schedule="constant", warmup_steps=0, eps=1e-3)
   return cfg
+
+
+def assert_runs_close(got, want, config, *, seq: int = SEQ_LEN, batch: int = GLOBAL_BATCH):
+  """Two `train` results ((losses, state, ...)) of `config` on the same batches of `batch`
+  sequences of `seq` tokens, computed differently (a mesh, a kernel, a CPU), agree to the
+  float32 bounds of tests/arrays.py. Parameters: `adam_tol`, each gradient coordinate a sum
+  over the batch's tokens whose terms' magnitudes add up to <= 1 (the loss is a token mean of
+  terms bounded by layer-normed activations times a softmax error; the tiny GPT's largest
+  gradient coordinate is 0.09). Losses: the network's chain of reductions (the tokens, per
+  layer d_model for q/k/v, the sequence, d_model and mlp_dim, then the logits' d_model and
+  the vocabulary or classes), plus what the parameters' differences move a later step's loss
+  by: sum_i g_i dp_i over independent |dp_i| <= adam_tol, at most LAMBDA |g|_2 adam_tol with
+  |g|_2 <= the clip norm (1.0)."""
+  (losses, state), (want_losses, want_state) = got[:2], want[:2]
+  steps, m, opt, tokens = len(want_losses), config.model, config.optim, batch * seq
+  assert len(losses) == steps
+  kw = dict(steps=steps, lr=opt.lr, eps=opt.eps, grad_length=tokens)
+  outputs = m.get("vocab_size") or m.num_classes
+  chain = tokens + m.num_layers * (4 * m.d_model + seq + m.mlp_dim) + m.d_model + outputs
+  np.testing.assert_allclose(losses, want_losses, rtol=sum_tol(chain),
+                             atol=LAMBDA * (opt.clip or 1.0) * adam_tol(**kw))
+  assert_trained_close(state["params"], want_state["params"], **kw)
 
 
 def tiny_gpt_config(**model):

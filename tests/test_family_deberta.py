@@ -506,20 +506,20 @@ def test_mup_scales_attention_and_logits(monkeypatch):
 @pytest.mark.slow
 def test_sharded_training_matches_one_device():
   """Two train steps on a data x model = 2 x 4 mesh (heads and the MLP split 4 ways) give the
-  one-device losses."""
+  one-device losses and parameters."""
   from jaxformer.parallel import ShardingPlan
   from tests import sharded_gpt
   cfg = sharded_gpt.constant_lr(configs.get_config("deberta", "tiny"))
   cfg.model.update(d_model=32, num_heads=4, mlp_dim=64, vocab_size=64, num_layers=1,
                    max_len=sharded_gpt.SEQ_LEN, position_buckets=4, attention_impl="xla")
   batches = [sharded_gpt.token_batch(i, 64) for i in range(2)]
-  losses = {}
+  runs = {}
   for name, (data, model) in {"one": (1, 1), "mesh": (2, 4)}.items():
     plan = ShardingPlan.from_config(dict(data=data, model=model, expert=1),
                                     jax.devices()[:data * model])
-    losses[name] = sharded_gpt.train(plan, cfg, batches)[0]
-  np.testing.assert_allclose(losses["mesh"], losses["one"], rtol=2e-5)
-  assert losses["one"][1] < losses["one"][0]
+    runs[name] = sharded_gpt.train(plan, cfg, batches)
+  sharded_gpt.assert_runs_close(runs["mesh"], runs["one"], cfg)
+  assert runs["one"][0][1] < runs["one"][0][0]
 
 
 @pytest.mark.slow
