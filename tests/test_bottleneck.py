@@ -72,7 +72,9 @@ def test_bad_arguments_raise_value_error():
 
 
 @pytest.mark.slow
-def test_train_evaluate_and_write_results(tmp_path):
+def test_train_evaluate_and_write_results(tmp_path, monkeypatch):
+  from tests.runs import on_one_device
+  on_one_device(monkeypatch)
   configs = {"rnn": _tiny(max_len=9)}
   results = bottleneck.train_and_evaluate(configs, str(tmp_path / "runs"), [5, 9], 4)
   assert results["rnn"]["steps"] == 2 and results["rnn"]["params"] > 0

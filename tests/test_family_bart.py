@@ -397,9 +397,11 @@ def test_plan_builds_and_lowers_the_sharded_train_step():
 # --- training ---------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_tiny_config_learns_to_denoise(tmp_path):
+def test_tiny_config_learns_to_denoise(tmp_path, monkeypatch):
   """configs/bart.py:tiny for 60 steps on tiny Shakespeare: the eval loss falls."""
   from jaxformer.train import loop
+  from tests.runs import on_one_device
+  on_one_device(monkeypatch)
   from jaxformer.train.metrics import read
   cfg = bart_configs.get_config("tiny")
   cfg.model.update(d_model=32, mlp_dim=64, num_heads=2, max_len=32)

@@ -540,8 +540,10 @@ def test_plan_compiles_for_a_tpu_topology():
 # ----------------------------------------------------------------------------- training
 
 @pytest.mark.slow
-def test_tiny_mlm_trains(tmp_path):
+def test_tiny_mlm_trains(tmp_path, monkeypatch):
   """configs/deberta.py:tiny, shortened: masked-token accuracy rises on tiny Shakespeare."""
+  from tests.runs import on_one_device
+  on_one_device(monkeypatch)
   from jaxformer.train import loop
   cfg = configs.get_config("deberta", "tiny")
   cfg.data.eval_batches = 4

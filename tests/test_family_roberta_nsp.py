@@ -21,6 +21,7 @@ from jaxformer.state import train_state
 from jaxformer.train import config_checks, loop, tasks
 from jaxformer.train import step as step_lib
 from jaxformer.train.metrics import read
+from tests.runs import on_one_device
 
 V, T = 100, 10
 PAD = 1                                                  # RoBERTa's padding id
@@ -404,9 +405,10 @@ def _alphabet_run(cfg, tmp_path, *, vocab: int, steps: int = 150):
 
 
 @pytest.mark.slow
-def test_roberta_trains_and_its_dynamic_masking_resumes_exactly(tmp_path):
+def test_roberta_trains_and_its_dynamic_masking_resumes_exactly(tmp_path, monkeypatch):
   """Masked-token accuracy rises; masks are re-drawn every step from (seed, step, row), so a
   run stopped at step 40 and resumed logs what the uninterrupted run logs."""
+  on_one_device(monkeypatch)
   cfg = configs.get_config("roberta", "tiny")
   cfg.model.update(pad_id=27, max_len=16 + 28)          # 26 letters, [MASK] 26, <pad> 27
   evals = _alphabet_run(cfg, tmp_path, vocab=28, steps=100)
@@ -421,7 +423,8 @@ def test_roberta_trains_and_its_dynamic_masking_resumes_exactly(tmp_path):
 
 
 @pytest.mark.slow
-def test_bert_nsp_trains_next_sentence_accuracy_rises(tmp_path):
+def test_bert_nsp_trains_next_sentence_accuracy_rises(tmp_path, monkeypatch):
+  on_one_device(monkeypatch)
   cfg = bert_nsp_shakespeare.get_config("tiny")
   cfg.model.max_len = 16
   evals = _alphabet_run(cfg, tmp_path, vocab=29)        # + [MASK] 26, [CLS] 27, [SEP] 28

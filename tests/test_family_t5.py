@@ -315,8 +315,10 @@ def test_too_few_sentinels_is_refused(tmp_path):
 # ----------------------------------------------------------------------------- training
 
 @pytest.mark.slow
-def test_span_corruption_trains_with_falling_eval_loss(tmp_path):
+def test_span_corruption_trains_with_falling_eval_loss(tmp_path, monkeypatch):
   from jaxformer.train import loop
+  from tests.runs import on_one_device
+  on_one_device(monkeypatch)
   cfg = t5_configs.get_config("tiny")
   cfg.model.update(d_model=32, num_heads=2, mlp_dim=64, num_encoder_layers=1,
                    num_decoder_layers=1)
