@@ -195,6 +195,14 @@ def _orbax_barriers_without_collectives():
     flags.FLAGS[ORBAX_BARRIER_FLAG].value = True
 
 
+def coordination_client():
+  """The coordination service's client of `jax.distributed.initialize` (None before it):
+  its key-value store and barriers work without device collectives. JAX keeps it in a
+  private module, so this is the one place that reaches for it."""
+  from jax._src import distributed as jax_distributed
+  return getattr(jax_distributed.global_state, "client", None)
+
+
 _barriers = 0
 
 
@@ -205,9 +213,8 @@ def barrier(what: str, timeout_s: float = 24 * 3600) -> None:
   global _barriers
   if jax.process_count() == 1:
     return
-  from jax._src import distributed as jax_distributed
   _barriers += 1
-  jax_distributed.global_state.client.wait_at_barrier(
+  coordination_client().wait_at_barrier(
       f"jaxformer/barrier/{_barriers}/{'_'.join(what.split())}", int(timeout_s * 1000))
 
 
@@ -229,8 +236,7 @@ def process_zero_first(fn: Callable[[], T], what: str) -> T:
   global _one_time_calls
   if jax.process_count() == 1:
     return fn()
-  from jax._src import distributed as jax_distributed     # the coordination service's store
-  client = jax_distributed.global_state.client
+  client = coordination_client()
   _one_time_calls += 1
   key = f"jaxformer/process_zero_first/{_one_time_calls}"
   if jax.process_index() == 0:

@@ -34,6 +34,8 @@ import time
 
 import jax
 
+from jaxformer.parallel import distributed
+
 EXIT_RESUMABLE = 75            # EX_TEMPFAIL: the job stopped, a rerun resumes it
 COMPILE_ALLOWANCE = 5           # a phase that compiles may take this many timeouts
 DEFAULT_POLL_S = 2.0
@@ -45,11 +47,6 @@ def beat(phase: str, step: int, *, compiling: bool = False) -> None:
   """Mark progress of the running watchdog (if any): `phase` started at `step`."""
   if _active is not None:
     _active.beat(phase, step, compiling=compiling)
-
-
-def _client():
-  from jax._src import distributed as jax_distributed    # the coordination service's client
-  return getattr(jax_distributed.global_state, "client", None)
 
 
 def _pid_gone(pid: int) -> bool:
@@ -80,7 +77,7 @@ class _Peers:
 
   def __init__(self, index: int, count: int):
     self.index, self.count, self.local = index, count, {}
-    self.client = _client() if count > 1 else None
+    self.client = distributed.coordination_client() if count > 1 else None
     if self.client is not None:
       self.client.key_value_set(f"jaxformer/process/{index}",
                                 f"{socket.gethostname()} {os.getpid()}", allow_overwrite=True)
