@@ -125,6 +125,13 @@ def test_plan_memory_by_hand_and_collectives_of_each_strategy():
   for p in plans.values():
     assert p.estimated_step_seconds > 0 and p.roofline["step_seconds"] > 0
     assert 0.5 < p.flops_per_step["compiler"] / p.flops_per_step["analytic"] < 3
+    # the compiler estimate = its compute + the communication its schedule leaves exposed
+    e = p.estimate
+    assert e["compute_seconds"] + e["exposed_communication_seconds"] == pytest.approx(
+        p.estimated_step_seconds)
+    assert e["communication_seconds"] == pytest.approx(
+        p.roofline["ici_seconds"] + p.roofline["dcn_seconds"])
+    assert 0 <= e["exposed_communication_seconds"] <= e["communication_seconds"]
 
 
 @needs_libtpu
@@ -253,6 +260,27 @@ def test_pallas_attention_kernels_are_costed_at_their_roofline():
   assert pallas.mfu["roofline"] < 1 and pallas.to_json()["kernels"] == kernels
   assert "(incl. 3 Pallas kernels at their roofline" in planning.table(pallas)
   assert "WARNING" not in planning.table(pallas)
+
+
+def test_exposed_communication_is_what_a_scope_cannot_hide_behind_its_own_compute():
+  """Per scope: synchronous collectives in full, asynchronous ones beyond the scope's compute;
+  one scope's compute never hides another's collectives."""
+  import dataclasses
+  from jaxformer.tpu import chips, hlo
+  from jaxformer.train import planning
+  chip = dataclasses.replace(chips.CHIPS["v5e"], clock_hz=1e9, ici_bytes_per_s=4e9,
+                             ici_ports=4, dcn_bytes_per_s=1e9)
+  assert chip.ici_axis_bytes_per_s == 2e9
+  stats = lambda scopes: hlo.ProgramStats(collectives={}, estimated_cycles=0, matmul_flops=0,
+                                          hbm_bytes=0, loops=[], comm_scopes=scopes)
+  # (cycles, async ICI bytes, sync ICI bytes, async DCN bytes, sync DCN bytes)
+  assert planning.exposed_communication(stats([(3e9, 2e9, 0, 0, 0)]), chip) == 0   # 1 s < 3 s
+  assert planning.exposed_communication(stats([(1e9, 8e9, 0, 0, 0)]), chip) == 3.0  # 4 s - 1
+  assert planning.exposed_communication(stats([(5e9, 0, 4e9, 0, 1e9)]), chip) == 3.0  # sync
+  assert planning.exposed_communication(stats([(5e9, 0, 0, 2e9, 0)]), chip) == 0     # hidden
+  assert planning.exposed_communication(stats([(0, 2e9, 0, 0, 0), (9e9, 0, 0, 0, 0)]),
+                                        chip) == 1.0
+  assert planning.exposed_communication(stats([]), chip) == 0
 
 
 def test_plan_table_warns_of_kernels_without_a_cost():

@@ -212,6 +212,12 @@ def test_a_loop_multiplies_cycles_flops_and_collectives_by_its_trip_count():
   assert [s.collectives["all-reduce over data"]["count"] for s in stats.values()] == [5, 10, 15]
   cycles = [s.estimated_cycles for s in stats.values()]
   assert cycles[2] - cycles[1] == cycles[1] - cycles[0] > 0   # 5 more iterations, same cost
+  # the overlap model's scopes: every cycle and every collective byte in exactly one scope
+  # (an all-reduce's bytes twice: a ring crosses the links twice), loops multiplied out
+  for n, s in stats.items():
+    assert sum(scope[0] for scope in s.comm_scopes) == s.estimated_cycles
+    assert sum(sum(scope[1:]) for scope in s.comm_scopes) == \
+        2 * s.collectives["all-reduce over data"]["bytes"]
   # XLA's own cost analysis counts a loop body once, whatever the trip count
   flops = [c.cost_analysis()["flops"] for c in compiled.values()]
   assert flops[0] == flops[1] == flops[2] < stats[5].matmul_flops

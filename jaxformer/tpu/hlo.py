@@ -38,6 +38,14 @@ What is counted (per device, per execution of the program):
   collective spread over several async collective fusions (same channel_id) count once. A
   group's ids are positions in `mesh.devices.flat` (checked by the tests); its axes are the
   mesh axes along which its members' coordinates differ.
+- `comm_scopes`, the input of the planner's overlap model: the executed schedule cut into
+  scopes (the entry computation, each loop body and condition, the branch taken, each call),
+  each with its own ops' estimated cycles and the bytes of its collectives, split into
+  asynchronous ones (a `-start`/`-done` pair, a collective inside an async collective fusion
+  or wrapper: they run beside the scope's other ops) and synchronous ones (a bare collective
+  op in the scope's schedule: nothing runs beside it), over ICI and DCN; an all-reduce's ICI
+  bytes count twice (a ring's reduce-scatter and all-gather). Counted per piece, before the
+  channel deduplication of `collectives`.
 - Multi-slice programs (devices with several `slice_index`es) are one SPMD program per
   slice: replica groups number the devices of one slice (in mesh order) and stay on ICI, and
   the collectives across slices are host `send`s to the megascale runtime (DCN), recorded
@@ -95,6 +103,9 @@ class ProgramStats:
   # "transcendentals" (per execution)}
   kernels: dict = dataclasses.field(default_factory=dict)
   uncosted_kernels: int = 0     # custom calls with neither estimated_cycles nor a cost_estimate
+  # the overlap model's input: one (estimated cycles, async ICI bytes, sync ICI bytes, async
+  # DCN bytes, sync DCN bytes) per executed scope, loops multiplied out (module docstring)
+  comm_scopes: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -112,14 +123,22 @@ def analyse(hlo_text: str, mesh) -> ProgramStats:
   (a jax.sharding.Mesh: `mesh.devices`, `mesh.axis_names`)."""
   module = _Module(hlo_text)
   groups = _Groups(mesh)
-  totals = module.stats(module.entry, False, groups)
+  totals = module.stats(module.entry, False, groups, scope=True)
   channels = {}
-  for (kind, axes, dcn, channel, _), (count, moved) in totals.collectives.items():
+  for (kind, axes, dcn, channel, name), (count, moved) in totals.collectives.items():
     best = channels.get((kind, axes, dcn, channel))
     if best is None or count < best[0]:
-      channels[(kind, axes, dcn, channel)] = (count, moved)
+      channels[(kind, axes, dcn, channel)] = (count, moved, name)
+  counted = {(*key, name) for key, (_, _, name) in channels.items()}
+  comm_scopes = []
+  for cycles, comm in totals.scopes:              # the counted pieces only, as `collectives`
+    parts = [0.0] * 4
+    for piece, (moved, sync) in comm.items():
+      if piece in counted:
+        parts[2 * piece[2] + sync] += moved
+    comm_scopes.append((cycles, *parts))
   collectives = {}
-  for (kind, axes, dcn, _), (count, moved) in sorted(channels.items()):
+  for (kind, axes, dcn, _), (count, moved, _) in sorted(channels.items()):
     key = f"{kind} over {'+'.join(axes) or 'no axis'}" + (" (dcn)" if dcn else "")
     record = collectives.setdefault(key, {"kind": kind, "axes": axes, "dcn": dcn, "count": 0,
                                           "bytes": 0})
@@ -137,7 +156,7 @@ def analyse(hlo_text: str, mesh) -> ProgramStats:
       kernel_bytes=float(sum(k["executions"] * k["bytes"] for k in kernels.values())),
       kernel_transcendentals=float(sum(k["executions"] * k["transcendentals"]
                                        for k in kernels.values())),
-      kernels=kernels, uncosted_kernels=len(totals.uncosted))
+      kernels=kernels, uncosted_kernels=len(totals.uncosted), comm_scopes=comm_scopes)
 
 
 @dataclasses.dataclass
@@ -147,6 +166,11 @@ class _Totals:
   hbm: float = 0.0
   collectives: dict = dataclasses.field(default_factory=dict)   # (kind, axes, dcn) -> [n, B]
   loops: dict = dataclasses.field(default_factory=dict)
+  own_cycles: float = 0.0       # cycles of this scope's own ops (not of nested scopes)
+  # this scope's collectives so far: piece (the key of `collectives`) -> [bytes moved over
+  # the links, synchronous]
+  comm: dict = dataclasses.field(default_factory=dict)
+  scopes: list = dataclasses.field(default_factory=list)     # closed: (own cycles, comm)
   # custom call -> [executions, target, flops, bytes, transcendentals] (cost per execution)
   kernels: dict = dataclasses.field(default_factory=dict)
   uncosted: set = dataclasses.field(default_factory=set)   # custom calls with no cost at all
@@ -155,6 +179,12 @@ class _Totals:
     if not fused:
       self.cycles += other.cycles * times
       self.hbm += other.hbm * times
+      self.own_cycles += other.own_cycles * times    # zero for a closed scope
+    for piece, (moved, sync) in other.comm.items():
+      self.comm.setdefault(piece, [0.0, sync])[0] += moved * times
+    self.scopes.extend((cycles * times, {piece: (moved * times, sync)
+                                         for piece, (moved, sync) in comm.items()})
+                       for cycles, comm in other.scopes)
     self.flops += other.flops * times
     for name, record in other.kernels.items():
       mine = self.kernels.setdefault(name, [0] + record[1:])
@@ -205,20 +235,25 @@ class _Module:
     self._users_memo: dict = {}
     self._read_memo: dict = {}
 
-  def stats(self, computation: str, fused: bool, groups: _Groups) -> _Totals:
-    key = (computation, fused)
+  def stats(self, computation: str, fused: bool, groups: _Groups, scope: bool = False
+            ) -> _Totals:
+    """The totals of one execution of `computation`; `scope`: it is a unit of the overlap
+    model (the entry, a loop body or condition, a branch, a call), whose collectives can
+    hide only behind its own ops."""
+    key = (computation, fused, scope)
     if key not in self._memo:
       self._memo[key] = None                      # a cycle in the call graph counts 0
-      self._memo[key] = self._stats(computation, fused, groups)
+      self._memo[key] = self._stats(computation, fused, groups, scope)
     return self._memo[key] or _Totals()
 
-  def _stats(self, computation: str, fused: bool, groups: _Groups) -> _Totals:
+  def _stats(self, computation: str, fused: bool, groups: _Groups, scope: bool) -> _Totals:
     totals = _Totals()
     for instr in self.computations.get(computation, ()):
       op, attrs = instr.op, instr.attrs
       if not fused and "estimated_cycles" in attrs:
         cycles = _CYCLES.search(attrs)
         totals.cycles += int(cycles.group(1)) if cycles else 0
+        totals.own_cycles += int(cycles.group(1)) if cycles else 0
       if op in ("dot", "convolution"):
         try:
           totals.flops += self._dot_flops(instr) if op == "dot" else self._conv_flops(instr)
@@ -239,13 +274,19 @@ class _Module:
         totals.uncosted.add(instr.name)
       kind = _collective_kind(op, computation)
       if kind:
-        self._collective(instr, kind, groups, totals)
+        # synchronous: a bare collective op in the scope's own schedule; one in an async
+        # wrapper or fusion, or a -start, runs beside the scope's other ops
+        self._collective(instr, kind, groups, totals,
+                         sync=scope and not op.endswith("-start"))
       elif op == "send" and "_xla_megascale_transfer_type" in attrs:
         self._dcn_collective(instr, groups, totals)
       elif (not fused and cost is None and op not in _NO_HBM
             and not op.endswith(("-done", "-update"))):
         totals.hbm += self._hbm_traffic(instr)
       self._descend(instr, fused, groups, totals)
+    if scope:                                     # close it: (cycles, its communication)
+      totals.scopes.append((totals.own_cycles, totals.comm))
+      totals.own_cycles, totals.comm = 0.0, {}
     return totals
 
   def _descend(self, instr: _Instr, fused: bool, groups: _Groups, totals: _Totals) -> None:
@@ -255,18 +296,18 @@ class _Module:
       trip = self._trip_count(instr, condition)
       totals.loops.setdefault(instr.name, trip)
       trip = 1 if trip is None else trip
-      totals.add(self.stats(body, fused, groups), trip)
-      totals.add(self.stats(condition, fused, groups), trip + 1)
+      totals.add(self.stats(body, fused, groups, not fused), trip)
+      totals.add(self.stats(condition, fused, groups, not fused), trip + 1)
     elif op == "conditional":
       branches = _branches(attrs)
       if branches:
-        costs = [self.stats(b, fused, groups) for b in branches]
+        costs = [self.stats(b, fused, groups, not fused) for b in branches]
         totals.add(max(costs, key=lambda t: (t.cycles, t.flops, t.hbm)), 1)
     elif op == "fusion":
       totals.add(self.stats(_attr_name(attrs, "calls"), True, groups), 1, fused=True)
     elif op == "call":
       callee = _attr_name(attrs, "to_apply") or _attr_name(attrs, "calls")
-      totals.add(self.stats(callee, fused, groups), 1, fused=fused)
+      totals.add(self.stats(callee, fused, groups, not fused), 1, fused=fused)
     elif "calls=" in attrs:                       # async-start and other wrappers
       totals.add(self.stats(_attr_name(attrs, "calls"), fused, groups), 1, fused=fused)
     elif op == "custom-call" and "called_computations=" in attrs:
@@ -387,7 +428,8 @@ class _Module:
 
   # -- collectives -------------------------------------------------------------------------
 
-  def _collective(self, instr: _Instr, kind: str, groups: _Groups, totals: _Totals) -> None:
+  def _collective(self, instr: _Instr, kind: str, groups: _Groups, totals: _Totals, *,
+                  sync: bool = False) -> None:
     operands = [n for n in _names(instr.operands) if n in self.instrs]
     if kind == "ragged-all-to-all":
       operands = operands[:1]                     # (input, output, offsets and sizes)
@@ -399,10 +441,13 @@ class _Module:
     # fusions (some in a loop body, overlapping the loop) share its channel_id: the logical
     # collective runs as often as its least frequent piece (see `analyse`)
     channel = re.search(r"channel_id=(\d+)", instr.attrs)
-    record = totals.collectives.setdefault(
-        (kind, axes, dcn, channel.group(1) if channel else instr.name, instr.name), [0, 0])
+    piece = (kind, axes, dcn, channel.group(1) if channel else instr.name, instr.name)
+    record = totals.collectives.setdefault(piece, [0, 0])
     record[0] += 1
     record[1] += moved
+    # a ring all-reduce crosses the links twice (reduce-scatter, then all-gather)
+    link_bytes = moved * (2 if kind == "all-reduce" and not dcn else 1)
+    totals.comm.setdefault(piece, [0.0, sync])[0] += link_bytes
 
   def _dcn_collective(self, instr: _Instr, groups: _Groups, totals: _Totals) -> None:
     """A multi-slice program's collective across slices: a host `send` to the megascale
@@ -412,10 +457,11 @@ class _Module:
     kind = kind.lower().replace("_", "-")
     operands = [n for n in _names(instr.operands) if n in self.instrs]
     moved = _bytes(self.instrs[operands[0]].shape) if operands else 0
-    record = totals.collectives.setdefault(
-        (kind, groups.slice_axes, True, instr.name, instr.name), [0, 0])
+    piece = (kind, groups.slice_axes, True, instr.name, instr.name)
+    record = totals.collectives.setdefault(piece, [0, 0])
     record[0] += 1
     record[1] += moved
+    totals.comm.setdefault(piece, [0.0, False])[0] += moved   # host transfers: async
 
   # -- FLOPs -------------------------------------------------------------------------------
 
