@@ -269,7 +269,7 @@ def test_exposed_communication_is_what_a_scope_cannot_hide_behind_its_own_comput
   from jaxformer.tpu import chips, hlo
   from jaxformer.train import planning
   chip = dataclasses.replace(chips.CHIPS["v5e"], clock_hz=1e9, ici_bytes_per_s=4e9,
-                             ici_ports=4, dcn_bytes_per_s=1e9)
+                             ici_ports=2, dcn_bytes_per_s=1e9)
   assert chip.ici_axis_bytes_per_s == 2e9
   stats = lambda scopes: hlo.ProgramStats(collectives={}, estimated_cycles=0, matmul_flops=0,
                                           hbm_bytes=0, loops=[], comm_scopes=scopes)
