@@ -27,10 +27,11 @@ writes what was measured and exits at budget + 30 s, so the whole run stays unde
    (configs/llama.py:llama3-8b with Llama 3.2 1B's shape: d_model 2048, 16 layers, 32 heads
    over 8 kv heads, mlp 8192, tied embeddings, vocab 128256; batch 4 x 2048), bf16 compute
    and float32 params, dropout off, unpacked rows, `attention_impl="auto"`; then, as time
-   allows, GPT-2 small with each other impl. Reported: compile (first step) seconds, median
-   step time, tokens/s, MFU = 6N + attention FLOPs (`train.progress.flops_per_step`) per
-   second over the device's dense bf16 peak (`train.progress.peak_flops_per_device`), peak
-   device memory. A step that runs out of memory is retried once at half the batch.
+   allows, GPT-2 small with each other impl. Reported: compile seconds, median step time
+   (windows of 5 steps), tokens/s, MFU = 6N + attention FLOPs (`train.progress.flops_per_step`)
+   per second over the device's dense bf16 peak (`train.progress.peak_flops_per_device`), the
+   compiled step's device memory. A step that runs out of memory is retried once at half the
+   batch.
 
 The table is printed, and written as gpu_check.md and gpu_check.json under `--out` (default
 experiments/results/ when the device is a GPU; elsewhere only with `--out`), with the device,
@@ -146,16 +147,18 @@ class Results:
              if r.get("note")]
     lines += [""] + notes + ([""] if notes else [])
     lines += ["## Train steps (one device, bf16 compute, float32 params, AdamW)", "",
-              "| model | params | batch x seq | attention | first step s | step ms | tokens/s "
-              "| TFLOP/s | MFU | peak GiB |",
+              "GiB: the compiled step's device memory (arguments + outputs - donated + "
+              "temporaries). MFU: 6N + attention FLOPs per second over the dense bf16 peak.", "",
+              "| model | params | batch x seq | attention | compile s | step ms | tokens/s "
+              "| TFLOP/s | MFU | GiB |",
               "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in self.train:
       lines.append(
           f"| {r['model']} | {_num(r.get('params'), ',')} | {r.get('batch', '-')} x "
           f"{r.get('seq_len', '-')} | {r.get('attention_impl', '-')} | "
-          f"{_num(r.get('first_step_s'), '.1f')} | {_num(r.get('step_ms'), '.1f')} | "
+          f"{_num(r.get('compile_s'), '.1f')} | {_num(r.get('step_ms'), '.1f')} | "
           f"{_num(r.get('tokens_per_s'), ',.0f')} | {_num(r.get('tflops'), '.1f')} | "
-          f"{_pct(r.get('mfu'))} | {_num(r.get('peak_gib'), '.1f')} |")
+          f"{_pct(r.get('mfu'))} | {_num(r.get('compiled_gib'), '.1f')} |")
     notes = [f"- {r['model']} ({r.get('attention_impl', '-')}): {r['note']}"
              for r in self.train if r.get("note")]
     lines += [""] + notes + ([""] if notes else [])
@@ -432,7 +435,11 @@ def train_row(name: str, *, batch: int, seq_len: int, impl: str, smoke: bool,
   key = jax.device_put(jax.random.key(1), program.key.sharding)
   flops = progress.flops_per_step(cfg.model, program.task, program.batch, 1)
   start = time.perf_counter()
-  state, metrics = program.step(state, data, key)
+  step = program.step.lower(state, data, key).compile()     # the trainer's jit, compiled
+  row["compile_s"] = round(time.perf_counter() - start, 2)
+  row["compiled_gib"] = _compiled_gib(step)
+  start = time.perf_counter()
+  state, metrics = step(state, data, key)
   jax.block_until_ready(metrics)
   row["first_step_s"] = round(time.perf_counter() - start, 2)
   row["loss"] = float(metrics["loss"])
@@ -442,7 +449,7 @@ def train_row(name: str, *, batch: int, seq_len: int, impl: str, smoke: bool,
   while len(times) < max_windows and (not times or deadline.left() > 2 * times[-1] * window):
     start = time.perf_counter()
     for _ in range(window):
-      state, metrics = program.step(state, data, key)
+      state, metrics = step(state, data, key)
     jax.block_until_ready(metrics)
     times.append((time.perf_counter() - start) / window)
   step_s = statistics.median(times)
@@ -452,10 +459,20 @@ def train_row(name: str, *, batch: int, seq_len: int, impl: str, smoke: bool,
              tflops=flops / step_s / 1e12, mfu=flops / step_s / peak if peak else None,
              final_loss=float(metrics["loss"]))
   stats = _memory_stats(device)
-  if "peak_bytes_in_use" in stats:
-    row["peak_gib"] = stats["peak_bytes_in_use"] / 2**30
+  if "peak_bytes_in_use" in stats:           # the process's peak so far, not this row's alone
+    row["process_peak_gib"] = stats["peak_bytes_in_use"] / 2**30
   del state, data
   return row
+
+
+def _compiled_gib(compiled) -> float | None:
+  """Device memory the compiled step needs (arguments + outputs - donated + temporaries)."""
+  try:
+    m = compiled.memory_analysis()
+    return (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+            + m.temp_size_in_bytes) / 2**30
+  except Exception:  # noqa: BLE001 (a backend without the analysis)
+    return None
 
 
 def _out_of_memory(e: BaseException) -> bool:
@@ -476,6 +493,7 @@ def check_training(res: Results, deadline: Deadline, *, smoke: bool, rows: list[
   min_left = 0.0 if smoke else 30.0
   for part, name, batch, seq_len, impl in rows:
     part_start = time.perf_counter()
+    print(f"train: {name} {impl} batch {batch} x {seq_len}", flush=True)
     deadline.start_part(SHARES[part])
     if deadline.left() <= min_left:
       res.train.append(dict(model=name, batch=batch, seq_len=seq_len, attention_impl=impl,
