@@ -4,14 +4,16 @@ GPT-2 small and a Llama-style 1B train step with tokens/s and MFU, in under 8 mi
     python -m experiments.gpu_check [--out DIR] [--budget SECONDS] [--smoke]
 
 On the device machine (one H100/H200; its image has JAX, flax, optax, orbax and chex but not
-ml_collections: prepare the wheels once on a machine with PyPI, `bash experiments/gpu_wheels.sh`,
-which fills the git-ignored `.wheels/`; carry `.wheels` with the run), one line:
+ml_collections or grain: prepare their wheels once on a machine with PyPI, `bash
+experiments/gpu_wheels.sh`, which fills the git-ignored `.wheels/`; carry `.wheels` with the
+run), one line:
 
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .wheels/*.whl && PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 timeout 480 python3 -m experiments.gpu_check --out $OUT
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wheels/*.whl && PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 timeout 480 python3 -m experiments.gpu_check --out $OUT
 
-Parts, in order, each time-boxed (a share of `--budget`, default 420 s; a part or row that
-would start after its box or the budget is skipped with a note in the table, and a watchdog
-writes what was measured and exits at budget + 30 s, so the whole run stays under 8 minutes):
+Parts, in order, each time-boxed (a share of `--budget`, default 400 s from start-up; a part
+or row that would start after its box or the budget is skipped with a note in the table, and a
+watchdog writes what was measured and exits at budget + 30 s, so the whole run stays under 8
+minutes; `timeout 480` is the last resort):
 
 1. Attention: `dot_product_attention` with every `impl` that `jaxformer.ops.attention.IMPLS`
    offers against `impl="xla"` on the same device and dtype: the output and the gradients
@@ -65,7 +67,7 @@ from experiments.timing import median_seconds
 
 DEFAULT_OUT = os.path.join("experiments", "results")
 NAME = "gpu_check"
-DEFAULT_BUDGET = 420.0          # seconds; the watchdog fires GRACE later
+DEFAULT_BUDGET = 400.0          # seconds; the watchdog fires GRACE later
 GRACE = 30.0
 # Share of the budget each part may take (from its own start, so time a part leaves unused
 # goes to the ones after it).
@@ -155,7 +157,9 @@ class Results:
     for r in self.train:
       lines.append(
           f"| {r['model']} | {_num(r.get('params'), ',')} | {r.get('batch', '-')} x "
-          f"{r.get('seq_len', '-')} | {r.get('attention_impl', '-')} | "
+          f"{r.get('seq_len', '-')} | {r.get('attention_impl', '-')}"
+          + (f" ({r['attention_runs_as']})" if r.get("attention_runs_as") not in
+             (None, r.get("attention_impl")) else "") + " | "
           f"{_num(r.get('compile_s'), '.1f')} | {_num(r.get('step_ms'), '.1f')} | "
           f"{_num(r.get('tokens_per_s'), ',.0f')} | {_num(r.get('tflops'), '.1f')} | "
           f"{_pct(r.get('mfu'))} | {_num(r.get('compiled_gib'), '.1f')} |")
@@ -371,7 +375,7 @@ def _runs_as(impl: str, q, k, v, kw) -> str:
 # Part 2: train steps
 # ----------------------------------------------------------------------------------------
 
-# Llama 3.2 1B's shape (Hugging Face meta-llama/Llama-3.2-1B config.json: 1,235,814,400 params)
+# Llama 3.2 1B's shape (its published config): 1,235,814,400 parameters with tied embeddings
 LLAMA_1B = dict(d_model=2048, num_layers=16, num_heads=32, num_kv_heads=8, mlp_dim=8192,
                 vocab_size=128256, tie_embeddings=True, rope_theta=500_000.0)
 SMOKE_MODEL = dict(d_model=32, num_layers=2, num_heads=4, mlp_dim=64, vocab_size=256)
@@ -428,6 +432,12 @@ def train_row(name: str, *, batch: int, seq_len: int, impl: str, smoke: bool,
   row = dict(model=name, batch=batch, seq_len=seq_len, attention_impl=impl,
              params=int(scaling.count_params(cfg.model)["total"]),
              remat_policy=cfg.model.get("remat_policy"), scan_layers=cfg.model.get("scan_layers"))
+  m = cfg.model
+  head_dim = m.get("head_dim") or m.d_model // m.num_heads
+  q = jax.ShapeDtypeStruct((batch, seq_len, m.num_heads, head_dim), jnp.dtype(m.dtype))
+  kv = jax.ShapeDtypeStruct((batch, seq_len, m.get("num_kv_heads") or m.num_heads, head_dim),
+                            jnp.dtype(m.dtype))
+  row["attention_runs_as"] = _runs_as(impl, q, kv, kv, {})
   program = planning.build_program(cfg, [device])
   _, _, init_boxed = state_lib.train_state_fns(cfg)
   state = program.plan.init_state(init_boxed)[0]
@@ -552,6 +562,7 @@ def main(argv=None) -> int:
   parser.add_argument("--parts", nargs="*", default=("attention", "train"),
                       choices=("attention", "train"))
   args = parser.parse_args(argv)
+  started = time.perf_counter()           # the budget counts from here: backend start-up too
   for name in ("gpt2_batch", "llama_batch"):
     if getattr(args, name) < 1:
       parser.error(f"--{name}={getattr(args, name)} must be >= 1")
@@ -568,7 +579,7 @@ def main(argv=None) -> int:
   res = Results(env, out_dir)
   if out_dir is None:
     res.notes.append(f"not written: the device is {env['platform']!r}, not a GPU (pass --out)")
-  deadline = Deadline(budget)
+  deadline = Deadline(budget - (time.perf_counter() - started))
 
   def watchdog():
     res.notes.append(f"stopped by the watchdog at {budget + GRACE:.0f} s (budget {budget:.0f} "
@@ -580,7 +591,7 @@ def main(argv=None) -> int:
     finally:
       os._exit(3)
 
-  timer = threading.Timer(budget + GRACE, watchdog)
+  timer = threading.Timer(max(0.0, budget + GRACE - (time.perf_counter() - started)), watchdog)
   timer.daemon = True
   timer.start()
 
