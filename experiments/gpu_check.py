@@ -260,8 +260,10 @@ FULL_CASES = {
 SMOKE_CASES = {
     "packed, causal GQA 4/2": (1, 32, 32, 4, 2, 16, dict(causal=True, segments=3)),
 }
-# (case, dtype) in the order they run: every case in bf16 first, then float32.
+
+
 def _attention_order(cases: dict, smoke: bool) -> list[tuple[str, Any]]:
+  """(case, dtype) in the order they run: every case in bf16 first, then float32."""
   f32 = list(cases)[:1] if smoke else ["causal", "causal GQA 32/8, D=128", "packed: segment ids"]
   return [(c, jnp.bfloat16) for c in cases] + [(c, jnp.float32) for c in f32 if c in cases]
 
