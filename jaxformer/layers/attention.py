@@ -249,9 +249,12 @@ class MultiHeadAttention(nn.Module):
       weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
       out = attend(weights, v).astype(self.dtype)
     else:
-      attn.update(impl=self.impl, block_sizes=self.block_sizes)
+      impl = self.impl
+      if impl == "splash" and self.is_initializing():
+        impl = "xla"        # init traces a short dummy input (shapes only); splash needs 128s
+      attn.update(impl=impl, block_sizes=self.block_sizes)
       # a kernel (or "auto" on TPU, which picks one) runs per device under a mesh
-      if self.impl in KERNEL_IMPLS or (self.impl == "auto"
+      if impl in KERNEL_IMPLS or (impl == "auto"
                                        and pallas.target_platform(q) == "tpu"):
         out = per_device_attention(q, k, v, **attn)
       else:

@@ -95,6 +95,9 @@ class ProgramStats:
   # "transcendentals" (per execution)}
   kernels: dict = dataclasses.field(default_factory=dict)
   uncosted_kernels: int = 0     # custom calls with neither estimated_cycles nor a cost_estimate
+  # those calls: instruction -> {"executions" (per step), "shape" (its result's HLO shape
+  # text)}, for a caller that can cost a known kernel by name (splash: `train.planning`)
+  uncosted: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -137,7 +140,9 @@ def analyse(hlo_text: str, mesh) -> ProgramStats:
       kernel_bytes=float(sum(k["executions"] * k["bytes"] for k in kernels.values())),
       kernel_transcendentals=float(sum(k["executions"] * k["transcendentals"]
                                        for k in kernels.values())),
-      kernels=kernels, uncosted_kernels=len(totals.uncosted))
+      kernels=kernels, uncosted_kernels=len(totals.uncosted),
+      uncosted={name: {"executions": count, "shape": shape}
+                for name, (count, shape) in sorted(totals.uncosted.items())})
 
 
 @dataclasses.dataclass
@@ -149,7 +154,8 @@ class _Totals:
   loops: dict = dataclasses.field(default_factory=dict)
   # custom call -> [executions, target, flops, bytes, transcendentals] (cost per execution)
   kernels: dict = dataclasses.field(default_factory=dict)
-  uncosted: set = dataclasses.field(default_factory=set)   # custom calls with no cost at all
+  # custom calls with no cost at all: name -> [executions, result shape]
+  uncosted: dict = dataclasses.field(default_factory=dict)
 
   def add(self, other: _Totals, times: float, *, fused: bool = False) -> None:
     if not fused:
@@ -159,7 +165,8 @@ class _Totals:
     for name, record in other.kernels.items():
       mine = self.kernels.setdefault(name, [0] + record[1:])
       mine[0] += record[0] * times
-    self.uncosted |= other.uncosted
+    for name, (count, shape) in other.uncosted.items():
+      self.uncosted.setdefault(name, [0, shape])[0] += count * times
     for key, (count, moved) in other.collectives.items():
       record = self.collectives.setdefault(key, [0, 0])
       record[0] += count * times
@@ -236,7 +243,7 @@ class _Module:
           totals.hbm += moved
       elif (op == "custom-call" and not fused and "estimated_cycles" not in attrs
             and not any(f'custom_call_target="{t}"' in attrs for t in _NO_WORK_TARGETS)):
-        totals.uncosted.add(instr.name)
+        totals.uncosted[instr.name] = [1, instr.shape]
       kind = _collective_kind(op, computation)
       if kind:
         self._collective(instr, kind, groups, totals)

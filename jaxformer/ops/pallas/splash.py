@@ -131,3 +131,37 @@ def splash_attention(q, k, v, *, q_segment_ids=None, kv_segment_ids=None, causal
   if has_key is not None:
     out = jnp.where(jnp.asarray(has_key)[None, :, None, None], out, 0)
   return out.astype(q.dtype)
+
+
+# ------------------------------------------------------------------------------------- cost
+
+# Splash's kernels carry no `pl.CostEstimate`; the planner counts them as ours are counted
+# (`ops.pallas.attention`): matmul flops per visited (q block, kv block) pair, per batch row
+# and query head, in units of block_q * block_kv * head_dim: forward 4 (QK^T, PV), dq 6 (QK^T
+# recomputed, dO V^T, dS K), dk/dv 8 (QK^T recomputed, P^T dO, dO V^T, dS^T Q).
+FLOPS_PER_BLOCK_PAIR = {"fwd": 4, "dq": 6, "dkv": 8}
+
+
+def visited_block_pairs(tq: int, tk: int, *, causal: bool, window=None,
+                        block_sizes=None) -> int:
+  """The (q block, kv block) pairs splash computes for one head: the nonzero entries of its
+  own block map (`process_mask`) for our causal/window mask at these lengths and blocks."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info
+  head_mask, _ = _structural(tq, tk, causal, window)
+  bs = block_sizes_for(tq, tk, block_sizes)
+  info, _ = splash_attention_mask_info.process_mask(sa.MultiHeadMask([head_mask]),
+                                                    (bs.block_q, bs.block_kv))
+  if info.block_mask is None:
+    return (tq // bs.block_q) * (tk // bs.block_kv)
+  return int((np.asarray(info.block_mask) != 0).sum())
+
+
+def kernel_flops(kind: str, *, batch: int, heads: int, tq: int, tk: int, head_dim: int,
+                 causal: bool, window=None, block_sizes=None) -> float:
+  """Matmul flops of one call of splash's `kind` ("fwd" | "dq" | "dkv") kernel over `batch`
+  rows and `heads` query heads."""
+  bs = block_sizes_for(tq, tk, block_sizes)
+  pairs = visited_block_pairs(tq, tk, causal=causal, window=window, block_sizes=block_sizes)
+  return float(FLOPS_PER_BLOCK_PAIR[kind] * bs.block_q * bs.block_kv * head_dim * pairs
+               * batch * heads)
