@@ -33,9 +33,15 @@ from jaxformer.ops.pallas import splash
 IMPLS = ("xla", "blocked", "pallas", "splash", "cudnn", "auto")
 # impls that are custom kernels XLA cannot partition: under a mesh they run per device
 KERNEL_IMPLS = ("pallas", "splash")
-# The kernel "auto" picks on TPU when it takes the inputs (the other one otherwise). Chosen by
-# planning both for Llama-2 7B's attention on compile-only v5e (NOTES.md, "Pallas attention").
-TPU_AUTO_KERNEL = "splash"
+# The kernel "auto" picks on TPU when it takes the inputs (the other one otherwise): the one
+# that plans faster for Llama-2 7B's attention (T=4096, bf16, causal) on compile-only v5e,
+# `python -m experiments.tpu_attention_choice` (NOTES.md, "Pallas attention"): ours 16.1 ms
+# per layer fwd+bwd, splash 17.3 (its 512 blocks compute more of the causal diagonal).
+TPU_AUTO_KERNEL = "pallas"
+# ...unless our kernel's whole-sequence VMEM blocks (K and V, and dk/dv's query and dO rows
+# of a GQA group) would take more than this: splash streams its blocks and has no such bound
+# (ours is refused past the core's VMEM, ~T=16k at D=128 with 4 query heads per kv head).
+PALLAS_AUTO_MAX_RESIDENT_BYTES = 24 * 2**20
 # "auto" switches from xla to blocked once the float32 logits would take more than this.
 AUTO_XLA_MAX_LOGIT_BYTES = 256 * 2**20
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -214,6 +220,11 @@ def _pallas_tpu_reason(q, k, v, a, block_sizes):
     return f"it needs float32/bfloat16 on TPU (got {q.dtype})"
   if block_sizes is not None and block_sizes[0] is not None and min(block_sizes) < 128:
     return "its TPU blocks must be >= 128"
+  group = q.shape[2] // k.shape[2]
+  d = -(-q.shape[-1] // 128) * 128
+  resident = 2 * (k.shape[1] + group * q.shape[1]) * d * q.dtype.itemsize
+  if resident > PALLAS_AUTO_MAX_RESIDENT_BYTES:
+    return f"its whole-sequence VMEM blocks would take {resident / 2**20:.0f} MiB"
   return None
 
 
