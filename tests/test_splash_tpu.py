@@ -81,7 +81,8 @@ def _abstract(shape, dtype, mesh):
 def test_auto_on_tpu_picks_a_kernel_for_the_platform_compiled_for():
   """"auto" resolves for the mesh's TPU devices although jax's default backend is CPU: our
   kernel (it planned faster), splash when our whole-sequence VMEM blocks would be large, the
-  XLA paths for a dtype neither kernel takes; without the mesh it stays off the kernels."""
+  XLA paths for a dtype neither kernel takes and for a decoding step (one query); without
+  the mesh it stays off the kernels."""
   mesh = Mesh(tpu_devices("v5e:2x2")[:1], ("data",))
   q = _abstract((1, 4096, 32, 128), jnp.bfloat16, mesh)
   long_q = _abstract((1, 32768, 32, 128), jnp.bfloat16, mesh)
@@ -93,6 +94,8 @@ def test_auto_on_tpu_picks_a_kernel_for_the_platform_compiled_for():
     assert attention_ops.resolve_impl("auto", q, q, q) == "pallas"
     assert attention_ops.resolve_impl("auto", long_q, long_kv, long_kv) == "splash"
     assert attention_ops.resolve_impl("auto", f16, f16, f16) == "xla"
+    one = _abstract((1, 1, 32, 128), jnp.bfloat16, mesh)       # a decoding step
+    assert attention_ops.resolve_impl("auto", one, q, q) == "xla"
     with pytest.raises(ValueError, match="impl='splash'.*float32 or bfloat16"):
       attention_ops.resolve_impl("splash", f16, f16, f16)
   host = jax.ShapeDtypeStruct((1, 4096, 32, 128), jnp.bfloat16)

@@ -42,6 +42,9 @@ TPU_AUTO_KERNEL = "pallas"
 # of a GQA group) would take more than this: splash streams its blocks and has no such bound
 # (ours is refused past the core's VMEM, ~T=16k at D=128 with 4 query heads per kv head).
 PALLAS_AUTO_MAX_RESIDENT_BYTES = 24 * 2**20
+# Fewer queries than one 128-lane block (decoding with a KV cache) stay on the XLA paths: a
+# kernel would pad them to a whole block.
+TPU_AUTO_MIN_QUERIES = 128
 # "auto" switches from xla to blocked once the float32 logits would take more than this.
 AUTO_XLA_MAX_LOGIT_BYTES = 256 * 2**20
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -239,7 +242,7 @@ def _resolve_impl(impl, q, k, v, a, block_sizes=None):
   if impl not in ("cudnn", "auto"):
     return impl
   platform = pallas.target_platform(q)
-  if impl == "auto" and platform == "tpu":
+  if impl == "auto" and platform == "tpu" and q.shape[1] >= TPU_AUTO_MIN_QUERIES:
     reasons = {"splash": _splash_reason, "pallas": _pallas_tpu_reason}
     for kernel in (TPU_AUTO_KERNEL, *(i for i in KERNEL_IMPLS if i != TPU_AUTO_KERNEL)):
       if reasons[kernel](q, k, v, a, block_sizes) is None:

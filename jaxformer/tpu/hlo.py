@@ -30,7 +30,8 @@ What is counted (per device, per execution of the program):
   executions per step) so that a chip's figures turn them into time (a roofline per kernel,
   `jaxformer.train.planning`). `uncosted_kernels` counts the top-level custom calls (fused ones are
   costed with their fusion) that do work and carry neither `estimated_cycles` nor a
-  `cost_estimate`: their time is in no total.
+  `cost_estimate`: their time is in no total; `uncosted` lists them (executions per step,
+  result shape) for a caller that knows a kernel by name (splash attention: the planner).
 - `collectives`: per kind and mesh axes, the number of executions and the bytes each device
   moves: all-gather its result (operand x group size), reduce-scatter / all-reduce /
   all-to-all / collective-permute their operand. An async -start/-done pair counts once, an
