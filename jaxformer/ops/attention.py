@@ -225,7 +225,7 @@ def _pallas_tpu_reason(q, k, v, a, block_sizes):
     return "its TPU blocks must be >= 128"
   group = q.shape[2] // k.shape[2]
   d = -(-q.shape[-1] // 128) * 128
-  resident = 2 * (k.shape[1] + group * q.shape[1]) * d * q.dtype.itemsize
+  resident = 2 * (k.shape[1] + group * q.shape[1]) * d * jnp.dtype(q.dtype).itemsize
   if resident > PALLAS_AUTO_MAX_RESIDENT_BYTES:
     return f"its whole-sequence VMEM blocks would take {resident / 2**20:.0f} MiB"
   return None
