@@ -194,7 +194,8 @@ chip clock measured from its matmul estimates) and the chips' public figures
 
 How far the estimate can be trusted: the compiler's cycle estimates are what XLA uses to
 schedule, not a simulator; they leave out collective time (carried by the roofline column)
-and Pallas kernels (charged at their roofline). Where the published / estimated ratio is
+and Pallas kernels (charged at `planning.KERNEL_EFFICIENCY`, 50%, of their roofline:
+FlashAttention-2's published lower end). Where the published / estimated ratio is
 near 1 the compiled step is as fast as MaxText's measured one would be if the estimate
 held; a large ratio says our step, as compiled, does much more work or moves much more
 memory than theirs (for instance f32 logits and XLA attention's T x T scores, gradient

@@ -233,10 +233,10 @@ def test_two_slices_put_the_data_parallel_gradient_exchange_on_dcn():
 
 
 @needs_libtpu
-def test_pallas_attention_kernels_are_costed_at_their_roofline():
+def test_pallas_attention_kernels_are_costed_at_a_stated_efficiency():
   """The Pallas kernels' matmuls are no HLO dots and they carry no compiler cycles: their
   cost_estimate puts the plan's FLOPs near the XLA attention plan's (causal blocks skipped)
-  and adds their roofline to the compiler's step time estimate."""
+  and adds their roofline / KERNEL_EFFICIENCY to the compiler's step time estimate."""
   from jaxformer.train import planning
   plans = {}
   for impl in ("xla", "pallas"):
@@ -256,9 +256,14 @@ def test_pallas_attention_kernels_are_costed_at_their_roofline():
   without = (pallas.flops_per_step["compiler"] - 4 * kernels["flops"]) / \
       xla.flops_per_step["compiler"]
   assert without < 0.7 * ratio            # the kernels are a large part of the step
-  assert pallas.estimated_step_seconds >= kernels["roofline_seconds"] > 0
+  assert pallas.estimated_step_seconds >= kernels["seconds"] > kernels["roofline_seconds"] > 0
+  assert kernels["seconds"] == pytest.approx(kernels["roofline_seconds"]
+                                             / planning.KERNEL_EFFICIENCY)
+  assert 0 < planning.KERNEL_EFFICIENCY < 1
   assert pallas.mfu["roofline"] < 1 and pallas.to_json()["kernels"] == kernels
-  assert "(incl. 3 Pallas kernels at their roofline" in planning.table(pallas)
+  assert (f"(incl. 3 Pallas kernels at {100 * planning.KERNEL_EFFICIENCY:.0f}% of their "
+          f"roofline") in planning.table(pallas)
+  assert planning.KERNEL_EFFICIENCY_SOURCE in planning.table(pallas)
   assert "WARNING" not in planning.table(pallas)
 
 
@@ -295,8 +300,9 @@ def test_plan_table_warns_of_kernels_without_a_cost():
           "compute_seconds", "hbm_seconds", "ici_seconds", "dcn_seconds", "step_seconds")},
       mfu={"estimate": 0.1, "roofline": 0.5}, compile_seconds=1.0,
       kernels={"count": 1, "executions": 2, "flops": 1e8, "bytes": 1e6,
-               "roofline_seconds": 2e-5, "uncosted": 2})
+               "roofline_seconds": 2e-5, "efficiency": 0.5, "efficiency_source": "a paper",
+               "seconds": 4e-5, "uncosted": 2})
   text = planning.table(p)
-  assert "(incl. 1 Pallas kernel at its roofline, 0.020 ms)" in text
+  assert "(incl. 1 Pallas kernel at 50% of its roofline, 0.040 ms; a paper)" in text
   assert "WARNING: 2 custom kernel(s) carry no cost" in text
   assert json.loads(json.dumps(p.to_json()))["kernels"]["uncosted"] == 2

@@ -14,7 +14,8 @@ from jax.sharding import PartitionSpec as P
 
 from jaxformer.layers.dense import default_kernel_init, dense
 from jaxformer.ops import disentangled, masks, positions as pos_ops
-from jaxformer.ops.attention import (IMPLS, attend, dot_product_attention,
+from jaxformer.ops import pallas
+from jaxformer.ops.attention import (IMPLS, KERNEL_IMPLS, attend, dot_product_attention,
                                      dot_product_attention_weights)
 from jaxformer.parallel.rules import mesh_axes_tuple
 
@@ -105,8 +106,9 @@ class MultiHeadAttention(nn.Module):
   any model can be inspected without a config switch. Attention dropout also needs the
   probabilities, so it runs on the xla path while training.
 
-  Meshes: impl="pallas" is a custom kernel that XLA's partitioner cannot split, so under a
-  mesh it runs per device in `shard_map` (see `per_device_attention`).
+  Meshes: impl="pallas"/"splash" (and "auto" on TPU, which picks one of them) are custom
+  kernels that XLA's partitioner cannot split, so under a mesh they run per device in
+  `shard_map` (see `per_device_attention`).
   """
   num_heads: int
   head_dim: int | None = None         # default: input width // num_heads
@@ -247,8 +249,13 @@ class MultiHeadAttention(nn.Module):
       weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
       out = attend(weights, v).astype(self.dtype)
     else:
-      attn.update(impl=self.impl, block_sizes=self.block_sizes)
-      if self.impl == "pallas":
+      impl = self.impl
+      if impl == "splash" and self.is_initializing():
+        impl = "xla"        # init traces a short dummy input (shapes only); splash needs 128s
+      attn.update(impl=impl, block_sizes=self.block_sizes)
+      # a kernel (or "auto" on TPU, which picks one) runs per device under a mesh
+      if impl in KERNEL_IMPLS or (impl == "auto"
+                                       and pallas.target_platform(q) == "tpu"):
         out = per_device_attention(q, k, v, **attn)
       else:
         out = dot_product_attention(q, k, v, **attn)

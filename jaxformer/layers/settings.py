@@ -179,6 +179,9 @@ class BlockSettings:
       if self.attention_impl == "pallas" and not all(b & (b - 1) == 0 for b in sizes if b):
         _fail(f"model.attention_block_sizes={sizes} must be powers of two for "
               "attention_impl='pallas' (e.g. (128, 64))")
+      if self.attention_impl == "splash" and any(b % 128 for b in sizes):
+        _fail(f"model.attention_block_sizes={sizes} must be multiples of 128 for "
+              "attention_impl='splash' (e.g. (512, 512))")
 
   @property
   def qkv_bias_or_default(self) -> bool:

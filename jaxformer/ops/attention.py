@@ -5,9 +5,14 @@ Implementations (`impl=`):
   "blocked" pure-JAX online-softmax attention over key blocks (`ops.blocked`), O(T) memory.
   "pallas"  our Pallas flash-attention kernel (`ops.pallas`): skips key blocks outside the
             causal/window band; interpreted on CPU, Triton on GPU, Mosaic on TPU.
+  "splash"  JAX's splash attention TPU kernel (`ops.pallas.splash`): causal/window block
+            skipping, GQA/MQA, segment ids; no bias or dense mask (refused by name).
+            Interpreted on CPU; refused on GPU.
   "cudnn"   `jax.nn.dot_product_attention(implementation="cudnn")` on NVIDIA GPUs.
-  "auto"    cudnn where the inputs allow on GPU; otherwise blocked when the xla path's
-            logits would exceed `AUTO_XLA_MAX_LOGIT_BYTES`, else xla.
+  "auto"    on TPU (the platform compiled for, `pallas.target_platform`) a blocked kernel:
+            `TPU_AUTO_KERNEL` where it takes the inputs, else the other kernel; on GPU cudnn
+            where the inputs allow; otherwise blocked when the xla path's logits would
+            exceed `AUTO_XLA_MAX_LOGIT_BYTES`, else xla.
 
 All paths share the same semantics: masks combine by AND, a query row with no visible key
 returns zeros (values and gradients stay finite), softmax is in float32.
@@ -23,8 +28,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.ops import blocked, masks, pallas
+from jaxformer.ops.pallas import splash
 
-IMPLS = ("xla", "blocked", "pallas", "cudnn", "auto")
+IMPLS = ("xla", "blocked", "pallas", "splash", "cudnn", "auto")
+# impls that are custom kernels XLA cannot partition: under a mesh they run per device
+KERNEL_IMPLS = ("pallas", "splash")
+# The kernel "auto" picks on TPU when it takes the inputs (the other one otherwise): the one
+# that plans faster for Llama-2 7B's attention (T=4096, bf16, causal) on compile-only v5e,
+# `python -m experiments.tpu_attention_choice` (NOTES.md, "Pallas attention"): ours 16.1 ms
+# per layer fwd+bwd, splash 17.3 (its 512 blocks compute more of the causal diagonal).
+TPU_AUTO_KERNEL = "pallas"
+# ...unless our kernel's whole-sequence VMEM blocks (K and V, and dk/dv's query and dO rows
+# of a GQA group) would take more than this: splash streams its blocks and has no such bound
+# (ours is refused past the core's VMEM, ~T=16k at D=128 with 4 query heads per kv head).
+PALLAS_AUTO_MAX_RESIDENT_BYTES = 24 * 2**20
+# Fewer queries than one 128-lane block (decoding with a KV cache) stay on the XLA paths: a
+# kernel would pad them to a whole block.
+TPU_AUTO_MIN_QUERIES = 128
 # "auto" switches from xla to blocked once the float32 logits would take more than this.
 AUTO_XLA_MAX_LOGIT_BYTES = 256 * 2**20
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -56,7 +76,7 @@ def dot_product_attention(q, k, v, *, bias=None, mask=None, causal: bool = False
   """
   a = _validate(q, k, v, bias, mask, causal, window, segment_ids, scale, impl)
   block_q, block_k = check_block_sizes(block_sizes)
-  impl = _resolve_impl(impl, q, k, v, a)
+  impl = _resolve_impl(impl, q, k, v, a, (block_q, block_k))
   if impl == "xla":
     return attend(_weights(q, k, a), v).astype(q.dtype)
   if impl == "blocked":
@@ -66,6 +86,10 @@ def dot_product_attention(q, k, v, *, bias=None, mask=None, causal: bool = False
                                    **({} if block_k is None else dict(block_k=block_k)))
   if impl == "cudnn":
     return _jax_nn_attention(q, k, v, a, implementation="cudnn")
+  if impl == "splash":
+    return splash.splash_attention(q, k, v, q_segment_ids=a["q_seg"], kv_segment_ids=a["kv_seg"],
+                                   causal=causal, window=a["window"], scale=a["scale"],
+                                   block_sizes=None if block_q is None else (block_q, block_k))
   return pallas.pallas_attention(q, k, v, bias=a["bias"], mask=a["mask"],
                                  q_segment_ids=a["q_seg"], kv_segment_ids=a["kv_seg"],
                                  causal=causal, window=a["window"], scale=a["scale"],
@@ -175,9 +199,54 @@ def _jax_nn_attention(q, k, v, a, *, implementation):
 # ------------------------------------------------------------------------ validation/dispatch
 
 
-def _resolve_impl(impl, q, k, v, a):
+def resolve_impl(impl, q, k, v, *, bias=None, mask=None, segment_ids=None,
+                 block_sizes=None) -> str:
+  """The implementation `dot_product_attention` runs for these inputs (no tracing): "auto"
+  resolved for the platform compiled for; a ValueError if an explicit impl cannot take them."""
+  q_seg = kv_seg = None
+  if segment_ids is not None:
+    q_seg, kv_seg = (tuple(segment_ids) if isinstance(segment_ids, (tuple, list))
+                     else (segment_ids, segment_ids))
+  return _resolve_impl(impl, q, k, v, dict(bias=bias, mask=mask, q_seg=q_seg, kv_seg=kv_seg),
+                       check_block_sizes(block_sizes))
+
+
+def _splash_reason(q, k, v, a, block_sizes):
+  blocks = None if block_sizes is None or block_sizes[0] is None else block_sizes
+  return splash.unsupported_reason(q, k, v, bias=a["bias"], mask=a["mask"],
+                                   q_segment_ids=a["q_seg"], kv_segment_ids=a["kv_seg"],
+                                   block_sizes=blocks)
+
+
+def _pallas_tpu_reason(q, k, v, a, block_sizes):
+  if q.dtype not in (jnp.float32, jnp.bfloat16):
+    return f"it needs float32/bfloat16 on TPU (got {q.dtype})"
+  if block_sizes is not None and block_sizes[0] is not None and min(block_sizes) < 128:
+    return "its TPU blocks must be >= 128"
+  group = q.shape[2] // k.shape[2]
+  d = -(-q.shape[-1] // 128) * 128
+  resident = 2 * (k.shape[1] + group * q.shape[1]) * d * jnp.dtype(q.dtype).itemsize
+  if resident > PALLAS_AUTO_MAX_RESIDENT_BYTES:
+    return f"its whole-sequence VMEM blocks would take {resident / 2**20:.0f} MiB"
+  return None
+
+
+def _resolve_impl(impl, q, k, v, a, block_sizes=None):
+  if impl == "splash":
+    reason = _splash_reason(q, k, v, a, block_sizes)
+    if reason:
+      raise ValueError(f"impl='splash' (attention_impl in a config) cannot run these inputs: "
+                       f"{reason}. Use impl='pallas' (bias, masks, any length), 'blocked' or "
+                       "'xla'.")
+    return impl
   if impl not in ("cudnn", "auto"):
     return impl
+  platform = pallas.target_platform(q)
+  if impl == "auto" and platform == "tpu" and q.shape[1] >= TPU_AUTO_MIN_QUERIES:
+    reasons = {"splash": _splash_reason, "pallas": _pallas_tpu_reason}
+    for kernel in (TPU_AUTO_KERNEL, *(i for i in KERNEL_IMPLS if i != TPU_AUTO_KERNEL)):
+      if reasons[kernel](q, k, v, a, block_sizes) is None:
+        return kernel
   reason = cudnn_unsupported_reason(q, k, v, bias=a["bias"])
   if impl == "cudnn" and reason:
     raise ValueError(f"impl='cudnn' cannot run these inputs: {reason}. "

@@ -30,7 +30,8 @@ What is counted (per device, per execution of the program):
   executions per step) so that a chip's figures turn them into time (a roofline per kernel,
   `jaxformer.train.planning`). `uncosted_kernels` counts the top-level custom calls (fused ones are
   costed with their fusion) that do work and carry neither `estimated_cycles` nor a
-  `cost_estimate`: their time is in no total.
+  `cost_estimate`: their time is in no total; `uncosted` lists them (executions per step,
+  result shape) for a caller that knows a kernel by name (splash attention: the planner).
 - `collectives`: per kind and mesh axes, the number of executions and the bytes each device
   moves: all-gather its result (operand x group size), reduce-scatter / all-reduce /
   all-to-all / collective-permute their operand. An async -start/-done pair counts once, an
@@ -103,6 +104,9 @@ class ProgramStats:
   # "transcendentals" (per execution)}
   kernels: dict = dataclasses.field(default_factory=dict)
   uncosted_kernels: int = 0     # custom calls with neither estimated_cycles nor a cost_estimate
+  # those calls: instruction -> {"executions" (per step), "shape" (its result's HLO shape
+  # text)}, for a caller that can cost a known kernel by name (splash: `train.planning`)
+  uncosted: dict = dataclasses.field(default_factory=dict)
   # the overlap model's input: one (estimated cycles, async ICI bytes, sync ICI bytes, async
   # DCN bytes, sync DCN bytes) per executed scope, loops multiplied out (module docstring)
   comm_scopes: list = dataclasses.field(default_factory=list)
@@ -156,7 +160,10 @@ def analyse(hlo_text: str, mesh) -> ProgramStats:
       kernel_bytes=float(sum(k["executions"] * k["bytes"] for k in kernels.values())),
       kernel_transcendentals=float(sum(k["executions"] * k["transcendentals"]
                                        for k in kernels.values())),
-      kernels=kernels, uncosted_kernels=len(totals.uncosted), comm_scopes=comm_scopes)
+      kernels=kernels, uncosted_kernels=len(totals.uncosted),
+      uncosted={name: {"executions": count, "shape": shape}
+                for name, (count, shape) in sorted(totals.uncosted.items())},
+      comm_scopes=comm_scopes)
 
 
 @dataclasses.dataclass
@@ -173,7 +180,8 @@ class _Totals:
   scopes: list = dataclasses.field(default_factory=list)     # closed: (own cycles, comm)
   # custom call -> [executions, target, flops, bytes, transcendentals] (cost per execution)
   kernels: dict = dataclasses.field(default_factory=dict)
-  uncosted: set = dataclasses.field(default_factory=set)   # custom calls with no cost at all
+  # custom calls with no cost at all: name -> [executions, result shape]
+  uncosted: dict = dataclasses.field(default_factory=dict)
 
   def add(self, other: _Totals, times: float, *, fused: bool = False) -> None:
     if not fused:
@@ -189,7 +197,8 @@ class _Totals:
     for name, record in other.kernels.items():
       mine = self.kernels.setdefault(name, [0] + record[1:])
       mine[0] += record[0] * times
-    self.uncosted |= other.uncosted
+    for name, (count, shape) in other.uncosted.items():
+      self.uncosted.setdefault(name, [0, shape])[0] += count * times
     for key, (count, moved) in other.collectives.items():
       record = self.collectives.setdefault(key, [0, 0])
       record[0] += count * times
@@ -271,7 +280,7 @@ class _Module:
           totals.hbm += moved
       elif (op == "custom-call" and not fused and "estimated_cycles" not in attrs
             and not any(f'custom_call_target="{t}"' in attrs for t in _NO_WORK_TARGETS)):
-        totals.uncosted.add(instr.name)
+        totals.uncosted[instr.name] = [1, instr.shape]
       kind = _collective_kind(op, computation)
       if kind:
         # synchronous: a bare collective op in the scope's own schedule; one in an async
