@@ -38,7 +38,7 @@ from jaxformer.tpu import chips as chips_lib
 from jaxformer.tpu import topology as topology_lib
 
 DIMENSIONS = ("mesh", "fsdp", "remat", "accum", "attention", "scan")
-ATTENTION_IMPLS = ("xla", "pallas")
+ATTENTION_IMPLS = ("xla", "pallas", "splash")     # splash refuses what it cannot do: pruned
 
 
 def _divisors(n: int) -> list[int]:
