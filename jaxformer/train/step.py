@@ -4,6 +4,18 @@ Loss is float32 whatever the compute dtype: the weighted mean of per-prediction 
 over the whole global batch. With `grad_accum > 1` the batch is split into that many
 micro-batches scanned in sequence and their gradients summed, so one optimizer step sees
 exactly the gradient of the full batch with a fraction of the activation memory.
+
+Where the gradient is reduced (`optim.grad_reduce`, chosen by `grad_reduce_once`): scanning
+micro-batches of a batch sharded over devices, XLA all-reduces (data parallel) or
+reduce-scatters (FSDP) each micro-batch's gradient inside the loop, so gradient traffic grows
+with `grad_accum`. With `reduce_once` each micro-batch's rows are split into their
+`batch_shards` device blocks and the gradient is `jax.vmap`ped over them
+(`spmd_axis_name` = the batch mesh axes, parameters unmapped): the per-shard gradients come
+out with a leading axis laid on those mesh axes (no reduction), accumulate there, and are
+summed once after the loop: one all-reduce / reduce-scatter per step. Sums over rows are
+unchanged by the split; the MoE token statistics and BERT's NSP mean, which are not sums
+over rows, are averaged / summed over the mapped axis before the loss uses them
+(`layers.moe.batch_shard_axis`), so the objective is that of the whole micro-batch.
 """
 
 from __future__ import annotations
@@ -12,24 +24,83 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxformer.layers.moe import MOE_COLLECTION, collect_moe
+import flax.linen as nn
+from jax.sharding import PartitionSpec as P
+
+from jaxformer.layers.moe import MOE_COLLECTION, batch_shard_axis, collect_moe
+from jaxformer.parallel.rules import without_mesh_axes
 from jaxformer.train.tasks import Task, cross_entropy, eval_sums, nsp_sums
 
 
-def _split_micro(batch: dict, n: int) -> dict:
+GRAD_REDUCE = ("auto", "once", "per_microbatch")
+_SHARDS = "batch_shards"        # the vmap axis name of the reduce-once path
+
+
+def grad_reduce_once(requested: str, *, grad_accum: int, batch_size: int, batch_shards: int,
+                     params_sharded_over_batch: bool, expert_parallel: bool,
+                     own_objective: bool) -> bool:
+  """Whether the step accumulates per-shard gradients and reduces them once (see the module
+  docstring) for `optim.grad_reduce=requested`; ValueError where "once" cannot apply.
+
+  "auto" reduces once where it costs no memory: the parameters are not sharded over the
+  batch axes (no FSDP), so the per-shard accumulator [batch_shards, ...] is one full gradient
+  per device, as the replicated accumulator of the per-micro-batch path is. Under FSDP that
+  accumulator is a whole unsharded gradient per device (mesh.data times the FSDP-sharded
+  one), so "auto" keeps the per-micro-batch reduce-scatters there; "once" trades that memory
+  for one reduce-scatter per step. Nothing changes with grad_accum=1 or one batch shard."""
+  if requested not in GRAD_REDUCE:
+    raise ValueError(f"optim.grad_reduce={requested!r} must be one of "
+                     + ", ".join(repr(r) for r in GRAD_REDUCE))
+  if requested == "per_microbatch" or grad_accum == 1 or batch_shards == 1:
+    return False
+  why_not = None
+  if expert_parallel:
+    why_not = "expert parallelism (mesh.expert > 1) routes each device's rows itself"
+  elif own_objective:
+    why_not = "this task's objective is not a sum over rows"
+  elif batch_size % (grad_accum * batch_shards):
+    why_not = (f"train.batch_size={batch_size} does not split into optim.grad_accum="
+               f"{grad_accum} micro-batches of whole blocks of the {batch_shards} batch shards; "
+               f"use a multiple of {grad_accum * batch_shards}")
+  if requested == "auto":
+    return why_not is None and not params_sharded_over_batch
+  if why_not is not None:
+    raise ValueError(f"optim.grad_reduce='once' cannot apply: {why_not}; use "
+                     "optim.grad_reduce='per_microbatch' (or 'auto')")
+  return True
+
+
+def _split_micro(batch: dict, n: int, shards: int = 1, shard_axes=None, *,
+                 by_shard: bool = False) -> dict:
+  """The batch as `n` micro-batches [n, rows / n, ...]; with `shards` batch shards (rows
+  laid out as `shards` consecutive device blocks) micro-batch i takes block i of every
+  device's rows, so no row changes device (on one shard: rows [i*B/n, (i+1)*B/n)).
+  `by_shard`: [n, shards, rows / (n * shards), ...] instead."""
   def split(x):
     if x.shape[0] % n:
       raise ValueError(f"the per-step batch ({x.shape[0]} rows) is not divisible by "
                        f"optim.grad_accum={n}; use a batch size that is a multiple of it")
-    return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+    if x.shape[0] % (n * shards):          # whole rows of a micro-batch leave their device
+      return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+    m = x.shape[0] // (n * shards)
+    y = x.reshape((shards, n, m) + x.shape[1:]).swapaxes(0, 1)      # [n, shards, m, ...]
+    if shard_axes is not None:
+      y = jax.lax.with_sharding_constraint(y, P(None, shard_axes))
+    return y if by_shard else y.reshape((n, shards * m) + x.shape[1:])
   return jax.tree.map(split, batch)
 
 
 def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
-                    z_loss: float = 0.0, grad_accum: int = 1):
+                    z_loss: float = 0.0, grad_accum: int = 1, batch_shards: int = 1,
+                    shard_axes=None, reduce_once: bool = False):
   """(state, batch, dropout_key) -> (state, metrics); state = {'step', 'params',
   'opt_state', 'skipped'}. A step with a non-finite loss or gradient leaves params and
   optimizer untouched and counts as skipped (reset to 0 by the next good step).
+
+  `batch_shards` / `shard_axes`: how many ways and over which mesh axes the batch is split
+  (micro-batches keep each device's rows on it); `reduce_once`: accumulate per-shard
+  gradients and reduce them once per step (module docstring; `grad_reduce_once` decides).
+  With dropout its masks then come from a key per shard (as good, not the same numbers).
 
   Mixture-of-experts models add their weighted auxiliary losses (load balancing, router
   z-loss; weights on the model config) to the objective and report `moe_*` metrics; BERT
@@ -39,8 +110,10 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
   """
   moe = getattr(getattr(module, "block", None), "moe", None)     # MoESettings or None
 
-  def weighted_sums(params, batch, rng, aux_scale, frozen):
-    """(sum of objective * w [+ aux * aux_scale], (sum nll * w, sum correct * w, moe))."""
+  def weighted_sums(params, batch, rng, aux_scale, frozen, mapped=False):
+    """(sum of objective * w [+ aux * aux_scale], (sum nll * w, sum correct * w, moe));
+    `mapped`: one batch shard's rows under the reduce-once vmap (aux losses of the whole
+    micro-batch, each shard adding its 1 / batch_shards part)."""
     if task.frozen_key is not None:         # e.g. DPO: the reference params, not trained
       return task.objective.train_sums(module, params, batch, rng, frozen=frozen)
     if task.objective is not None:          # its own loss (tasks.Task.objective)
@@ -57,6 +130,8 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
       logits = apply()
     if task.nsp_labels is not None:    # + next-sentence loss (mean over rows, as HF's)
       sums = nsp_sums(task, logits["nsp"], batch)
+      if mapped:
+        sums = jax.lax.psum(sums, _SHARDS)
       count = jnp.maximum(sums["nsp_count"], 1.0)
       aux = aux + sums["nsp_nll"] / count
       moe_metrics = {**moe_metrics, "nsp_loss": sums["nsp_nll"] / count,
@@ -70,6 +145,22 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
     return total, (jnp.sum(nll * w), jnp.sum(correct * w), moe_metrics)
 
   grad_fn = jax.value_and_grad(weighted_sums, has_aux=True)
+  once = reduce_once and grad_accum > 1 and batch_shards > 1
+  if once and (task.objective is not None or task.frozen_key is not None):
+    raise ValueError("optim.grad_reduce='once' cannot apply: this task's objective is not a "
+                     "sum over rows; use optim.grad_reduce='per_microbatch'")
+
+  def shard_grads(params, mb, rng, aux_scale, frozen):
+    """Gradients per batch shard: mb [shards, rows, ...] -> leading [shards] on every output
+    (on the batch mesh axes, not reduced)."""
+    local_rules = without_mesh_axes(nn.get_logical_axis_rules(), shard_axes)
+
+    def one(mb, shard):
+      with nn.logical_axis_rules(local_rules), batch_shard_axis(_SHARDS):
+        return grad_fn(params, mb, jax.random.fold_in(rng, shard), aux_scale / batch_shards,
+                       frozen, mapped=True)
+    return jax.vmap(one, axis_name=_SHARDS, spmd_axis_name=shard_axes)(
+        mb, jnp.arange(batch_shards))
 
   def train_step(state, batch, dropout_key):
     rng = jax.random.fold_in(dropout_key, state["step"])
@@ -79,6 +170,28 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
     aux_scale = total_weight / grad_accum     # aux enters the loss once, micro-batch mean
     if grad_accum == 1:
       (objective, (nll, correct, moe_metrics)), grads = grad_fn(params, batch, rng, aux_scale, frozen)
+    elif once:
+      def lead(x):                  # [shards, ...]: shards on the batch axes, rest as params
+        return jax.lax.with_sharding_constraint(
+            x, P(shard_axes, *(P.UNCONSTRAINED,) * (x.ndim - 1)))
+
+      def micro(carry, xs):
+        i, mb = xs
+        (o, (n, c, mm)), g = shard_grads(params, mb, jax.random.fold_in(rng, i), aux_scale,
+                                         frozen)
+        acc_o, acc_n, acc_c, acc_g = carry
+        acc_g = jax.tree.map(lambda a, b: lead(a + b), acc_g, g)
+        return (acc_o + o, acc_n + n, acc_c + c, acc_g), mm
+      zeros = jax.tree.map(lambda p: lead(jnp.zeros((batch_shards,) + p.shape, p.dtype)),
+                           params)
+      init = (jnp.zeros((batch_shards,)),) * 3 + (zeros,)
+      (objective, nll, correct, grads), moe_metrics = jax.lax.scan(
+          micro, init, (jnp.arange(grad_accum),
+                        _split_micro(batch, grad_accum, batch_shards, shard_axes,
+                                     by_shard=True)))
+      objective, nll, correct = objective.sum(), nll.sum(), correct.sum()
+      grads = jax.tree.map(lambda g: g.sum(0), grads)      # the one reduction of the step
+      moe_metrics = jax.tree.map(lambda x: x.mean((0, 1)), moe_metrics)
     else:
       def micro(carry, xs):
         i, mb = xs
@@ -89,7 +202,8 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
       zeros = jax.tree.map(jnp.zeros_like, params)
       init = (jnp.zeros(()), jnp.zeros(()), jnp.zeros(()), zeros)
       (objective, nll, correct, grads), moe_metrics = jax.lax.scan(
-          micro, init, (jnp.arange(grad_accum), _split_micro(batch, grad_accum)))
+          micro, init, (jnp.arange(grad_accum),
+                        _split_micro(batch, grad_accum, batch_shards, shard_axes)))
       moe_metrics = jax.tree.map(lambda x: x.mean(0), moe_metrics)
     grads = jax.tree.map(lambda g: g / total_weight, grads)
     loss = objective / total_weight
