@@ -97,18 +97,25 @@ def _assert_same(got, want):
     np.testing.assert_allclose(a / scale, b / scale, atol=3e-5, err_msg=str(path))
 
 
-MESHES = {"dp": dict(data=8, model=1, fsdp=False), "fsdp": dict(data=8, model=1, fsdp=True),
-          "dp x tp": dict(data=2, model=4, fsdp=False)}
+# mesh, and the optim.grad_reduce compared with 'per_microbatch' and one device
+MESHES = {"dp": (dict(data=8, model=1, fsdp=False), "once"),
+          "fsdp": (dict(data=8, model=1, fsdp=True), "once"),
+          "dp x tp": (dict(data=2, model=4, fsdp=False), "once"),
+          # hybrid sharding: "auto" maps only 'replica' (FSDP's 'data' shards parameters)
+          "replica x fsdp x tp": (dict(replica=2, data=2, model=2, fsdp=True), "auto")}
 
 
-@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
 @pytest.mark.parametrize("mesh", list(MESHES))
-def test_reduce_once_is_the_per_microbatch_and_the_one_device_gradient(mesh, moe):
+def test_reduce_once_is_the_per_microbatch_and_the_one_device_gradient(mesh):
+  """A MoE GPT (dropless top-2, load-balance and router z-loss weighted in), micro-batch 0
+  with zero weights, 2 micro-batches: the same metrics and SGD gradient three ways."""
+  moe = True
   cfg = _config(moe)
-  plan = ShardingPlan.from_config(dict(MESHES[mesh], expert=1), jax.devices())
+  mesh_config, reduce = MESHES[mesh]
+  plan = ShardingPlan.from_config(dict(mesh_config, expert=1), jax.devices())
   shards = plan.batch_shards
   batch = _batch(cfg, rows=ROWS, shards=shards)
-  once = _sgd_step(cfg, plan, batch, reduce="once")
+  once = _sgd_step(cfg, plan, batch, reduce=reduce)
   per_micro = _sgd_step(cfg, plan, batch, reduce="per_microbatch")
   one = ShardingPlan.from_config(dict(data=1, model=1, expert=1), jax.devices()[:1])
   reference = _sgd_step(cfg, one, batch, batch_shards=shards)
@@ -120,18 +127,22 @@ def test_reduce_once_is_the_per_microbatch_and_the_one_device_gradient(mesh, moe
 
 
 def test_grad_reduce_policy():
-  kw = dict(grad_accum=2, batch_size=16, batch_shards=4, params_sharded_over_batch=False,
+  kw = dict(grad_accum=2, batch_size=16, batch_axes={"data": 4}, param_axes={"model"},
             expert_parallel=False, own_objective=False)
-  once = step_lib.grad_reduce_once
-  assert once("auto", **kw) and once("once", **kw) and not once("per_microbatch", **kw)
-  assert not once("auto", **{**kw, "params_sharded_over_batch": True})      # FSDP: memory
-  assert once("once", **{**kw, "params_sharded_over_batch": True})
-  assert not once("auto", **{**kw, "grad_accum": 1}) and not once("once", **{**kw, "batch_shards": 1})
+  axes = step_lib.grad_reduce_axes
+  assert axes("auto", **kw) == axes("once", **kw) == ("data",)
+  assert axes("per_microbatch", **kw) == ()
+  fsdp = {**kw, "param_axes": {"data", "model"}}
+  assert axes("auto", **fsdp) == () and axes("once", **fsdp) == ("data",)   # FSDP: memory
+  hybrid = {**fsdp, "batch_axes": {"replica": 2, "data": 2}}
+  assert axes("auto", **hybrid) == ("replica",) and axes("once", **hybrid) == ("replica", "data")
+  assert axes("auto", **{**kw, "grad_accum": 1}) == ()
+  assert axes("once", **{**kw, "batch_axes": {"data": 1}}) == ()
   for bad, field in ((dict(expert_parallel=True), "mesh.expert"),
                      (dict(own_objective=True), "objective"),
                      (dict(batch_size=12), "train.batch_size=12")):
-    assert not once("auto", **{**kw, **bad})
-    user_error(lambda: once("once", **{**kw, **bad}), "optim.grad_reduce='once'", field)
+    assert axes("auto", **{**kw, **bad}) == ()
+    user_error(lambda: axes("once", **{**kw, **bad}), "optim.grad_reduce='once'", field)
   user_error(lambda: config_checks.validate(_with(grad_reduce="never")), "optim.grad_reduce")
 
 
@@ -139,3 +150,34 @@ def _with(**optim):
   cfg = _config(False)
   cfg.optim.update(optim)
   return cfg
+
+
+# --- on compile-only TPU devices: gradient traffic per step ----------------------------------
+
+def _reduced_bytes(plan) -> tuple[int, float]:
+  """(count, bytes per chip) of the all-reduces and reduce-scatters over 'data'."""
+  recs = [r for r in plan.collectives.values()
+          if r["kind"] in ("all-reduce", "reduce-scatter") and "data" in r["axes"]]
+  return sum(r["count"] for r in recs), sum(r["bytes"] for r in recs)
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed: no compile-only TPU devices")
+def test_gradient_reduction_bytes_do_not_grow_with_grad_accum():
+  """gpt2:tiny data-parallel on v5e:2x2: reducing once moves one float32 gradient per step
+  whatever optim.grad_accum is; reducing per micro-batch moves one per micro-batch."""
+  from jaxformer import scaling
+  from jaxformer.train import planning
+  from tests.test_plan import _tiny
+  plans = {}
+  for reduce, accum in (("auto", 2), ("auto", 4), ("per_microbatch", 4)):
+    cfg = _tiny(batch=16)
+    cfg.mesh.update(data=4, model=1, fsdp=False)
+    cfg.optim.update(grad_accum=accum, grad_reduce=reduce)
+    plans[reduce, accum] = _reduced_bytes(planning.plan(cfg, "v5e:2x2"))
+  n = scaling.count_params(_tiny().model)["total"]
+  assert plans["auto", 2] == plans["auto", 4]
+  count, moved = plans["auto", 4]
+  assert count <= 2 and 4 * n <= moved < 4 * n * 1.01          # the f32 gradient, once
+  per_micro = plans["per_microbatch", 4][1]
+  assert per_micro > 4 * 0.9 * 2 * n                             # >= 4 bf16 gradients

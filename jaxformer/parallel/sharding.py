@@ -207,11 +207,11 @@ class ShardingPlan:
     """The mesh axes the batch dim is split over."""
     return mesh_axes_tuple(self._batch_axes)
 
-  def shards_over_batch_axes(self, shardings) -> bool:
-    """Whether any NamedSharding in `shardings` splits an array over a batch axis (FSDP)."""
-    axes = set(self.batch_mesh_axes)
-    return any(axes & set(mesh_axes_tuple(entry)) for s in jax.tree.leaves(shardings)
-               for entry in s.spec)
+  @staticmethod
+  def sharded_over(shardings) -> set[str]:
+    """The mesh axes any NamedSharding in `shardings` splits an array over."""
+    return {a for s in jax.tree.leaves(shardings) for entry in s.spec
+            for a in mesh_axes_tuple(entry)}
 
   def batch_sharding(self, ndim: int) -> NamedSharding:
     """Leading (batch) dim split over the batch axes, the rest replicated."""
