@@ -109,8 +109,7 @@ MESHES = {"dp": (dict(data=8, model=1, fsdp=False), "once"),
 def test_reduce_once_is_the_per_microbatch_and_the_one_device_gradient(mesh):
   """A MoE GPT (dropless top-2, load-balance and router z-loss weighted in), micro-batch 0
   with zero weights, 2 micro-batches: the same metrics and SGD gradient three ways."""
-  moe = True
-  cfg = _config(moe)
+  cfg = _config(moe=True)
   mesh_config, reduce = MESHES[mesh]
   plan = ShardingPlan.from_config(dict(mesh_config, expert=1), jax.devices())
   shards = plan.batch_shards
@@ -120,8 +119,7 @@ def test_reduce_once_is_the_per_microbatch_and_the_one_device_gradient(mesh):
   one = ShardingPlan.from_config(dict(data=1, model=1, expert=1), jax.devices()[:1])
   reference = _sgd_step(cfg, one, batch, batch_shards=shards)
   assert once[0]["loss"] > 0 and np.abs(jax.tree.leaves(once[1])[0]).max() > 0
-  if moe:
-    assert once[0]["moe_load_balance_loss"] > 0
+  assert once[0]["moe_load_balance_loss"] > 0
   _assert_same(once, reference)
   _assert_same(per_micro, reference)
 
