@@ -126,6 +126,9 @@ class OptimSettings:
   weight_decay: float = _number(lambda v: v >= 0, "a number >= 0", 0.1)
   clip: float = _number(lambda v: v >= 0, "a number >= 0 (0: off)", 1.0)
   grad_accum: int = _int(1, 1)
+  # where micro-batch gradients are reduced (train/step.py grad_reduce_once): "once" per step,
+  # "per_microbatch", or "auto" (once unless parameters are FSDP-sharded)
+  grad_reduce: str = _choice(("auto", "once", "per_microbatch"), "auto")
   b1: float = _number(lambda v: 0 <= v < 1, "a number in [0, 1)", 0.9)
   b2: float = _number(lambda v: 0 <= v < 1, "a number in [0, 1)", 0.95)
   eps: float = _number(lambda v: v > 0, "a number > 0", 1e-8)
@@ -155,6 +158,10 @@ class MeshSettings:
   expert: int = _field(1, check=lambda v: _is_int(v) and (v >= 1 or v == -1),
                        want="an int >= 1, or -1 for the remaining devices")
   fsdp: bool = _typed(bool, False)
+  # hybrid sharding: this many data-parallel replicas of the (data, model, expert) mesh; the
+  # batch is split over them, parameters are not (across TPU slices: one per slice keeps
+  # FSDP's all-gathers on ICI). 1: no replica axis.
+  replica: int = _int(1, 1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -125,6 +125,11 @@ def test_rules_per_strategy():
   experts = ("expert", "embed", "mlp")
   assert to_mesh(experts, fsdp=True, expert_parallel=True) == ("expert", "data", "model")
   assert to_mesh(activation, expert_parallel=True) == (("data", "expert"), None, None)
+  # Hybrid sharding: the batch also over 'replica', parameters never (FSDP within a replica).
+  assert to_mesh(activation, fsdp=True, replica=True) == (("replica", "data"), None, None)
+  assert to_mesh(kernel, fsdp=True, replica=True) == ("data", None, "model", None)
+  assert to_mesh(activation, expert_parallel=True, replica=True) == (
+      ("replica", "data", "expert"), None, None)
 
 
 # --- sharded training == one device ----------------------------------------------------------
@@ -150,6 +155,27 @@ def test_sharded_gpt_training_matches_one_device(shape, fsdp):
   single = per_device_bytes(want_state["params"])
   if fsdp and shape == (8, 1, 1):
     assert got * 8 == single                          # every parameter has an embed dim
+
+
+def test_hybrid_replica_mesh_training_matches_one_device():
+  """mesh.replica=2 (two data-parallel replicas of a data=2 x model=2 FSDP mesh): the batch
+  is split 4 ways, parameters only within a replica, and training equals one device."""
+  plan = ShardingPlan.from_config(dict(replica=2, data=2, model=2, fsdp=True))
+  assert plan.mesh.axis_names == ("replica", "data", "model", "expert")
+  assert dict(plan.mesh.shape) == dict(replica=2, data=2, model=2, expert=1)
+  assert plan.batch_shards == 4 and plan.batch_sharding(2).spec == P(("replica", "data"), None)
+  config = worker.tiny_gpt_config()
+  batches = [worker.token_batch(s, config.model.vocab_size) for s in range(3)]
+  got = worker.train(plan, config, batches, initial_state=gpt_initial_state())
+  worker.assert_runs_close(got, gpt_run((1, 1, 1), False), config)
+  qkv = got[1]["params"]["decoder"]["layers_0"]["block"]["self_attention"]["qkv"]["kernel"]
+  assert qkv.sharding.spec == P("data", None, "model", None)
+  assert per_device_bytes(got[1]["params"]) == _expected_param_bytes((2, 2, 1), True)
+  with pytest.raises(ValueError, match="mesh.replica=3 does not divide the 8 devices"):
+    ShardingPlan.from_config(dict(replica=3, data=-1))
+  with pytest.raises(ValueError, match=r"mesh replica=2 x data=8 x model=1 x expert=1 needs 8 "
+                                       r"devices; 4 available \(cpu x4 per replica\)"):
+    ShardingPlan.from_config(dict(replica=2, data=8))
 
 
 @pytest.mark.slow

@@ -233,6 +233,27 @@ def test_two_slices_put_the_data_parallel_gradient_exchange_on_dcn():
 
 
 @needs_libtpu
+def test_hybrid_sharding_keeps_parameter_gathers_on_ici():
+  """Two v5e:2x2 slices with FSDP: mesh.data=8 spans both slices, so parameters are
+  all-gathered over DCN; mesh.replica=2 (a replica per slice, FSDP over its 4 chips) gathers
+  them over ICI only, and what crosses DCN is the gradients' all-reduce over 'replica'."""
+  from jaxformer.train import planning
+  plans = {}
+  for name, mesh in {"data": dict(data=8), "hybrid": dict(replica=2, data=4)}.items():
+    cfg = _tiny()
+    cfg.mesh.update(model=1, fsdp=True, **mesh)
+    plans[name] = planning.plan(cfg, "v5e:2x2", slices=2)
+  dcn = lambda p: [(r["kind"], tuple(r["axes"])) for r in p.collectives.values() if r["dcn"]]
+  assert ("all-gather", ("data",)) in dcn(plans["data"])
+  hybrid = plans["hybrid"]
+  assert hybrid.mesh == dict(replica=2, data=4, model=1, expert=1)
+  assert dcn(hybrid) == [("all-reduce", ("replica",))]
+  assert any(r["kind"] == "all-gather" and tuple(r["axes"]) == ("data",) and not r["dcn"]
+             for r in hybrid.collectives.values())
+  assert hybrid.roofline["dcn_seconds"] < plans["data"].roofline["dcn_seconds"]
+
+
+@needs_libtpu
 def test_pallas_attention_kernels_are_costed_at_a_stated_efficiency():
   """The Pallas kernels' matmuls are no HLO dots and they carry no compiler cycles: their
   cost_estimate puts the plan's FLOPs near the XLA attention plan's (causal blocks skipped)

@@ -42,6 +42,7 @@ before compiling (`ShardingPlan.check_batch_size`) and initialises parameters ou
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable
 
@@ -63,7 +64,7 @@ EXPERT_PARAMS = ("wi_gate", "wi_up", "wi", "wo")
 # Sown metric name -> number of trailing (per-layer) dims.
 MOE_METRICS = {"moe_load_balance_loss": 0, "moe_z_loss": 0, "moe_dropped_fraction": 0,
                "moe_expert_load": 1}
-TOKEN_MESH_AXES = ("data", "expert")
+TOKEN_MESH_AXES = ("replica", "data", "expert")   # those of them the mesh has
 CPU_BLOCK_ROWS = 128               # max rows per block of the CPU grouped matmul
 
 
@@ -93,10 +94,32 @@ def capacity_positions(experts, num_experts: int):
   return slots.reshape(g, k, t).transpose(0, 2, 1)
 
 
+# The named (vmap) axis the batch is split over when a train step maps its gradient over the
+# batch shards (train/step.py, optim.grad_reduce="once"); None otherwise. Token statistics
+# are then averaged over it, so each shard's aux losses are those of the whole micro-batch.
+_SHARD_AXIS: list = [None]
+
+
+@contextlib.contextmanager
+def batch_shard_axis(name: str):
+  """Inside: MoE token statistics are averaged over the named vmap axis `name`."""
+  _SHARD_AXIS.append(name)
+  try:
+    yield
+  finally:
+    _SHARD_AXIS.pop()
+
+
+def _over_shards(x):
+  """`x` (a mean over this shard's tokens) averaged over the batch shards, if mapped."""
+  return x if _SHARD_AXIS[-1] is None else jax.lax.pmean(x, _SHARD_AXIS[-1])
+
+
 def load_balance_loss(probs, experts):
   """Switch load-balancing loss E * sum_i f_i P_i from probs [N, E], experts [N, k]."""
   num_experts = probs.shape[-1]
-  return num_experts * jnp.sum(expert_load(experts, num_experts) * probs.mean(0))
+  return num_experts * jnp.sum(_over_shards(expert_load(experts, num_experts))
+                               * _over_shards(probs.mean(0)))
 
 
 def expert_load(experts, num_experts: int):
@@ -107,7 +130,8 @@ def expert_load(experts, num_experts: int):
 
 def router_z_loss(logits):
   """Mean over tokens of logsumexp(logits)^2 (ST-MoE)."""
-  return jnp.mean(jnp.square(jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)))
+  return _over_shards(
+      jnp.mean(jnp.square(jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1))))
 
 
 def collect_moe(mutated: Any, *, load_balance_weight: float, z_loss_weight: float):
@@ -306,15 +330,16 @@ class MoE(nn.Module):
     self.sow(MOE_COLLECTION, "moe_load_balance_loss", load_balance_loss(flat_probs,
                                                                         flat_experts))
     self.sow(MOE_COLLECTION, "moe_z_loss", router_z_loss(logits))
-    self.sow(MOE_COLLECTION, "moe_expert_load", expert_load(flat_experts, s.num_experts))
+    self.sow(MOE_COLLECTION, "moe_expert_load",
+             _over_shards(expert_load(flat_experts, s.num_experts)))
     weights = self._weights(d)
     inputs = (seqs.astype(self.dtype), experts, gates)
     if s.dispatch == "capacity":
       capacity = expert_capacity(seqs.shape[1], s.num_experts, s.experts_per_token,
                                  s.capacity_factor)
       slots = capacity_positions(experts, s.num_experts)
-      self.sow(MOE_COLLECTION, "moe_dropped_fraction", jnp.mean(slots >= capacity,
-                                                                dtype=jnp.float32))
+      self.sow(MOE_COLLECTION, "moe_dropped_fraction",
+               _over_shards(jnp.mean(slots >= capacity, dtype=jnp.float32)))
       fn = lambda xs, ex, gs, sl, w, axis: capacity_dispatch(
           xs, ex, gs, sl, w, num_experts=s.num_experts, capacity=capacity, act=act, axis=axis)
       inputs = inputs + (slots,)

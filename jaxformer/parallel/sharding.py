@@ -28,7 +28,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxformer import compilation
 from jaxformer.parallel.mesh import describe_devices, make_mesh, mesh_field
-from jaxformer.parallel.rules import Rules, batch_axes, logical_axis_rules, mesh_axes_tuple
+from jaxformer.parallel.rules import (REPLICA_AXIS, Rules, batch_axes, logical_axis_rules,
+                                      mesh_axes_tuple)
 
 _FIX_HINTS = {
     "heads": "choose a mesh.model that divides it, or change model.num_heads",
@@ -100,7 +101,8 @@ class ShardingPlan:
     if not isinstance(fsdp, bool):
       raise ValueError(f"mesh.fsdp={fsdp!r} must be True or False")
     mesh = make_mesh(mesh_config, devices)
-    return cls(mesh, logical_axis_rules(fsdp=fsdp, expert_parallel=mesh.shape["expert"] > 1))
+    return cls(mesh, logical_axis_rules(fsdp=fsdp, expert_parallel=mesh.shape["expert"] > 1,
+                                        replica=REPLICA_AXIS in mesh.axis_names))
 
   def describe(self) -> str:
     sizes = " x ".join(f"{k}={v}" for k, v in self.mesh.shape.items())
@@ -197,7 +199,19 @@ class ShardingPlan:
 
   @property
   def _batch_axes(self):
-    return batch_axes(expert_parallel=self.mesh.shape["expert"] > 1)
+    return batch_axes(expert_parallel=self.mesh.shape["expert"] > 1,
+                      replica=REPLICA_AXIS in self.mesh.axis_names)
+
+  @property
+  def batch_mesh_axes(self) -> tuple[str, ...]:
+    """The mesh axes the batch dim is split over."""
+    return mesh_axes_tuple(self._batch_axes)
+
+  @staticmethod
+  def sharded_over(shardings) -> set[str]:
+    """The mesh axes any NamedSharding in `shardings` splits an array over."""
+    return {a for s in jax.tree.leaves(shardings) for entry in s.spec
+            for a in mesh_axes_tuple(entry)}
 
   def batch_sharding(self, ndim: int) -> NamedSharding:
     """Leading (batch) dim split over the batch axes, the rest replicated."""

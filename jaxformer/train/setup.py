@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 from typing import Any, Callable
 
@@ -222,9 +223,19 @@ def jit_train_step(settings: run_settings.RunSettings, plan: parallel.ShardingPl
   shardings with the state donated: what the loop runs, and what `jaxformer.plan` compiles
   for a TPU topology."""
   t, o = settings.train, settings.optim
+  sizes = plan.mesh.shape
+  param_specs = jax.tree.map(lambda s: s.spec, state_shardings["params"])
+  map_axes = step_lib.grad_reduce_axes(
+      o.grad_reduce, grad_accum=o.grad_accum, batch_size=t.batch_size,
+      batch_axes={a: sizes[a] for a in plan.batch_mesh_axes},
+      param_axes=plan.sharded_over(state_shardings["params"]),
+      expert_parallel=sizes["expert"] > 1,
+      own_objective=task.objective is not None or task.frozen_key is not None)
   return plan.jit(step_lib.make_train_step(
       module, tx, task, label_smoothing=t.label_smoothing, z_loss=t.z_loss,
-      grad_accum=o.grad_accum),
+      grad_accum=o.grad_accum, batch_shards=plan.batch_shards,
+      shard_axes=plan.batch_mesh_axes, map_axes=map_axes,
+      map_shards=math.prod(sizes[a] for a in map_axes), param_specs=param_specs),
       in_shardings=(state_shardings, batch_shardings, plan.replicated),
       out_shardings=(state_shardings, plan.replicated), donate_argnums=(0,),
       name="train_step")

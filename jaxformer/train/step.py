@@ -4,32 +4,131 @@ Loss is float32 whatever the compute dtype: the weighted mean of per-prediction 
 over the whole global batch. With `grad_accum > 1` the batch is split into that many
 micro-batches scanned in sequence and their gradients summed, so one optimizer step sees
 exactly the gradient of the full batch with a fraction of the activation memory.
+
+Where the gradient is reduced (`optim.grad_reduce`, resolved by `grad_reduce_axes`):
+scanning micro-batches of a batch sharded over devices, XLA all-reduces (data parallel) or
+reduce-scatters (FSDP) each micro-batch's gradient inside the loop, so gradient traffic grows
+with `grad_accum`. Reducing once instead, each micro-batch's rows are split into the blocks
+of some of the batch mesh axes (`map_axes`, a leading part of them) and the gradient is
+`jax.vmap`ped over those blocks (`spmd_axis_name=map_axes`, parameters unmapped): the
+gradients come out with a leading axis laid on those mesh axes, unreduced, accumulate there,
+and are summed once after the loop: one all-reduce / reduce-scatter over `map_axes` per step
+(over the other batch axes, e.g. FSDP's 'data' under hybrid sharding, XLA still reduces per
+micro-batch). Sums over rows are unchanged by the split; the MoE token statistics and BERT's
+NSP mean, which are not sums over rows, are averaged / summed over the mapped axis before
+the loss uses them (`layers.moe.batch_shard_axis`), so the objective is that of the whole
+micro-batch.
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from jaxformer.layers.moe import MOE_COLLECTION, collect_moe
+import flax.linen as nn
+from jax.sharding import PartitionSpec as P
+
+from jaxformer.layers.moe import MOE_COLLECTION, batch_shard_axis, collect_moe
+from jaxformer.parallel.rules import mesh_axes_tuple, without_mesh_axes
 from jaxformer.train.tasks import Task, cross_entropy, eval_sums, nsp_sums
 
 
-def _split_micro(batch: dict, n: int) -> dict:
+GRAD_REDUCE = ("auto", "once", "per_microbatch")
+_SHARDS = "batch_shards"        # the vmap axis name of the reduce-once path
+
+
+def grad_reduce_axes(requested: str, *, grad_accum: int, batch_size: int,
+                     batch_axes: dict[str, int], param_axes: set[str], expert_parallel: bool,
+                     own_objective: bool) -> tuple[str, ...]:
+  """The batch mesh axes whose micro-batch gradients accumulate unreduced and are reduced
+  once per step (see the module docstring) for `optim.grad_reduce=requested`; () = reduce
+  per micro-batch. `batch_axes`: the batch's mesh axes (in order) and sizes; `param_axes`:
+  the mesh axes some parameter is sharded over. ValueError where "once" cannot apply.
+
+  "auto" maps the leading batch axes no parameter is sharded over: there the accumulator
+  [blocks, ...] holds one gradient per device in the parameters' own sharding, as the per-
+  micro-batch path's does, so it costs no memory. Under FSDP ('data' shards parameters) that
+  leaves only hybrid sharding's 'replica', whose DCN reduction then happens once while the
+  reduce-scatters inside a slice stay per micro-batch. "once" maps every batch axis: under
+  FSDP the accumulator is then a whole unsharded gradient per device (mesh.data times the
+  sharded one), traded for one reduce-scatter per step. Nothing changes with grad_accum=1."""
+  if requested not in GRAD_REDUCE:
+    raise ValueError(f"optim.grad_reduce={requested!r} must be one of "
+                     + ", ".join(repr(r) for r in GRAD_REDUCE))
+  shards = math.prod(batch_axes.values())
+  if requested == "per_microbatch" or grad_accum == 1 or shards == 1:
+    return ()
+  why_not = None
+  if expert_parallel:
+    why_not = "expert parallelism (mesh.expert > 1) routes each device's rows itself"
+  elif own_objective:
+    why_not = "this task's objective is not a sum over rows"
+  elif batch_size % (grad_accum * shards):
+    why_not = (f"train.batch_size={batch_size} does not split into optim.grad_accum="
+               f"{grad_accum} micro-batches of whole blocks of the {shards} batch shards; "
+               f"use a multiple of {grad_accum * shards}")
+  if requested == "once" and why_not is not None:
+    raise ValueError(f"optim.grad_reduce='once' cannot apply: {why_not}; use "
+                     "optim.grad_reduce='per_microbatch' (or 'auto')")
+  if why_not is not None:
+    return ()
+  names = list(batch_axes)
+  if requested == "auto":
+    free = next((i for i, a in enumerate(names) if a in param_axes), len(names))
+    names = names[:free]
+  if math.prod(batch_axes[a] for a in names) == 1:
+    return ()
+  return tuple(names)
+
+
+def _split_micro(batch: dict, n: int, shards: int = 1, shard_axes: tuple = (),
+                 map_axes: tuple = (), map_shards: int = 1) -> dict:
+  """The batch as `n` micro-batches [n, rows / n, ...]; with `shards` batch shards over
+  `shard_axes` (rows laid out as `shards` consecutive device blocks) micro-batch i takes
+  block i of every device's rows, so no row changes device (on one shard: rows
+  [i*B/n, (i+1)*B/n)). With `map_axes` (the leading `shard_axes`, `map_shards` blocks):
+  [n, map_shards, rows / (n * map_shards), ...]."""
   def split(x):
     if x.shape[0] % n:
       raise ValueError(f"the per-step batch ({x.shape[0]} rows) is not divisible by "
                        f"optim.grad_accum={n}; use a batch size that is a multiple of it")
-    return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+    if x.shape[0] % (n * shards):          # whole rows of a micro-batch leave their device
+      return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+    m, rest = x.shape[0] // (n * shards), x.shape[1:]
+    y = x.reshape((shards, n, m) + rest).swapaxes(0, 1)      # [n, shards, m, ...]
+    if not map_axes:
+      y = y.reshape((n, shards * m) + rest)
+      return y if not shard_axes else jax.lax.with_sharding_constraint(y, P(None, shard_axes))
+    y = y.reshape((n, map_shards, shards // map_shards * m) + rest)
+    inner = tuple(shard_axes[len(map_axes):])
+    return jax.lax.with_sharding_constraint(y, P(None, map_axes, inner or None))
   return jax.tree.map(split, batch)
 
 
+def _without(entry, axes):
+  """A PartitionSpec entry without the mesh `axes` (under "once" with FSDP the accumulator
+  of each block is whole over them)."""
+  left = tuple(a for a in mesh_axes_tuple(entry) if a not in axes)
+  return None if not left else left[0] if len(left) == 1 else left
+
+
 def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
-                    z_loss: float = 0.0, grad_accum: int = 1):
+                    z_loss: float = 0.0, grad_accum: int = 1, batch_shards: int = 1,
+                    shard_axes: tuple = (), map_axes: tuple = (), map_shards: int = 1,
+                    param_specs=None):
   """(state, batch, dropout_key) -> (state, metrics); state = {'step', 'params',
   'opt_state', 'skipped'}. A step with a non-finite loss or gradient leaves params and
   optimizer untouched and counts as skipped (reset to 0 by the next good step).
+
+  `batch_shards` / `shard_axes`: how many ways and over which mesh axes the batch is split
+  (micro-batches keep each device's rows on it). `map_axes` (leading `shard_axes`, their
+  sizes multiplying to `map_shards`): accumulate the gradients unreduced over them and
+  reduce once per step (module docstring; `grad_reduce_axes` decides); `param_specs`: the
+  parameters' PartitionSpecs, which the accumulator keeps (None: the compiler chooses).
+  With dropout the masks then come from a key per block (as good, not the same numbers).
 
   Mixture-of-experts models add their weighted auxiliary losses (load balancing, router
   z-loss; weights on the model config) to the objective and report `moe_*` metrics; BERT
@@ -39,8 +138,10 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
   """
   moe = getattr(getattr(module, "block", None), "moe", None)     # MoESettings or None
 
-  def weighted_sums(params, batch, rng, aux_scale, frozen):
-    """(sum of objective * w [+ aux * aux_scale], (sum nll * w, sum correct * w, moe))."""
+  def weighted_sums(params, batch, rng, aux_scale, frozen, mapped=False):
+    """(sum of objective * w [+ aux * aux_scale], (sum nll * w, sum correct * w, moe));
+    `mapped`: one block's rows under the reduce-once vmap (aux losses of the whole
+    micro-batch, each block adding its 1 / map_shards part)."""
     if task.frozen_key is not None:         # e.g. DPO: the reference params, not trained
       return task.objective.train_sums(module, params, batch, rng, frozen=frozen)
     if task.objective is not None:          # its own loss (tasks.Task.objective)
@@ -57,6 +158,8 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
       logits = apply()
     if task.nsp_labels is not None:    # + next-sentence loss (mean over rows, as HF's)
       sums = nsp_sums(task, logits["nsp"], batch)
+      if mapped:
+        sums = jax.lax.psum(sums, _SHARDS)
       count = jnp.maximum(sums["nsp_count"], 1.0)
       aux = aux + sums["nsp_nll"] / count
       moe_metrics = {**moe_metrics, "nsp_loss": sums["nsp_nll"] / count,
@@ -70,6 +173,22 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
     return total, (jnp.sum(nll * w), jnp.sum(correct * w), moe_metrics)
 
   grad_fn = jax.value_and_grad(weighted_sums, has_aux=True)
+  once = bool(map_axes) and grad_accum > 1 and map_shards > 1
+  if once and (task.objective is not None or task.frozen_key is not None):
+    raise ValueError("optim.grad_reduce='once' cannot apply: this task's objective is not a "
+                     "sum over rows; use optim.grad_reduce='per_microbatch'")
+
+  def block_grads(params, mb, rng, aux_scale, frozen):
+    """Gradients per block of the mapped axes: mb [map_shards, rows, ...] -> a leading
+    [map_shards] on every output (laid on `map_axes`, not reduced)."""
+    local_rules = without_mesh_axes(nn.get_logical_axis_rules(), map_axes)
+
+    def one(mb, block):
+      with nn.logical_axis_rules(local_rules), batch_shard_axis(_SHARDS):
+        return grad_fn(params, mb, jax.random.fold_in(rng, block), aux_scale / map_shards,
+                       frozen, mapped=True)
+    return jax.vmap(one, axis_name=_SHARDS, spmd_axis_name=map_axes)(
+        mb, jnp.arange(map_shards))
 
   def train_step(state, batch, dropout_key):
     rng = jax.random.fold_in(dropout_key, state["step"])
@@ -79,6 +198,31 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
     aux_scale = total_weight / grad_accum     # aux enters the loss once, micro-batch mean
     if grad_accum == 1:
       (objective, (nll, correct, moe_metrics)), grads = grad_fn(params, batch, rng, aux_scale, frozen)
+    elif once:
+      specs = param_specs if param_specs is not None else jax.tree.map(
+          lambda p: P(*(P.UNCONSTRAINED,) * p.ndim), params)
+
+      def lead(x, spec):            # [blocks, ...]: blocks on map_axes, the rest as the param
+        rest = [e if e is P.UNCONSTRAINED else _without(e, map_axes) for e in spec]
+        return jax.lax.with_sharding_constraint(x, P(map_axes, *rest))
+
+      def micro(carry, xs):
+        i, mb = xs
+        (o, (n, c, mm)), g = block_grads(params, mb, jax.random.fold_in(rng, i), aux_scale,
+                                         frozen)
+        acc_o, acc_n, acc_c, acc_g = carry
+        acc_g = jax.tree.map(lambda a, b, spec: lead(a + b, spec), acc_g, g, specs)
+        return (acc_o + o, acc_n + n, acc_c + c, acc_g), mm
+      zeros = jax.tree.map(lambda p, spec: lead(jnp.zeros((map_shards,) + p.shape, p.dtype),
+                                                spec), params, specs)
+      init = (jnp.zeros((map_shards,)),) * 3 + (zeros,)
+      (objective, nll, correct, grads), moe_metrics = jax.lax.scan(
+          micro, init, (jnp.arange(grad_accum),
+                        _split_micro(batch, grad_accum, batch_shards, shard_axes, map_axes,
+                                     map_shards)))
+      objective, nll, correct = objective.sum(), nll.sum(), correct.sum()
+      grads = jax.tree.map(lambda g: g.sum(0), grads)      # the one reduction of the step
+      moe_metrics = jax.tree.map(lambda x: x.mean((0, 1)), moe_metrics)
     else:
       def micro(carry, xs):
         i, mb = xs
@@ -89,7 +233,8 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
       zeros = jax.tree.map(jnp.zeros_like, params)
       init = (jnp.zeros(()), jnp.zeros(()), jnp.zeros(()), zeros)
       (objective, nll, correct, grads), moe_metrics = jax.lax.scan(
-          micro, init, (jnp.arange(grad_accum), _split_micro(batch, grad_accum)))
+          micro, init, (jnp.arange(grad_accum),
+                        _split_micro(batch, grad_accum, batch_shards, shard_axes)))
       moe_metrics = jax.tree.map(lambda x: x.mean(0), moe_metrics)
     grads = jax.tree.map(lambda g: g / total_weight, grads)
     loss = objective / total_weight
