@@ -124,3 +124,85 @@ def test_chunked_loss_refuses_bad_shapes():
   with pytest.raises(ValueError, match="does not match hidden width 8"):
     chunked_cross_entropy(h, Readout(jnp.zeros((8, 11)), vocab_major=True),
                           jnp.zeros((2, 5), int))
+
+
+# --- the train step: the chunked loss equals the dense one --------------------------------
+
+def _step_pair(config, inputs, labels_key, extra, *, chunk, smoothing=0.1, z=1e-3):
+  import optax
+  from jaxformer import models
+  from jaxformer.train import tasks
+  from jaxformer.train.step import loss_mode, make_train_step
+  module = models.build(config)
+  task = tasks.task_for(config)
+  init_args = tuple(jnp.asarray(inputs[k]) for k in task.inputs)
+  params = jax.jit(module.init)(jax.random.key(0), *init_args)["params"]
+  params = jax.tree.map(lambda x: getattr(x, "value", x), params,
+                        is_leaf=lambda x: hasattr(x, "value"))
+  assert loss_mode(module, task, chunk) == chunk and loss_mode(module, task, 0) == 0
+  tx = optax.sgd(1.0)
+  state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+           "skipped": jnp.zeros((), jnp.int32)}
+  batch = dict(inputs, **extra)
+  return [jax.jit(make_train_step(module, tx, task, label_smoothing=smoothing, z_loss=z,
+                                  loss_chunk=c))(state, batch, jax.random.key(0))
+          for c in (0, chunk)]
+
+
+def _assert_same_step(dense, chunked, chain):
+  from tests.arrays import sum_tol
+  (s0, m0), (s1, m1) = dense, chunked
+  for key in ("loss", "train_objective", "grad_norm"):
+    np.testing.assert_allclose(m1[key], m0[key], rtol=sum_tol(chain), err_msg=key)
+  np.testing.assert_array_equal(m1["accuracy"], m0["accuracy"])
+  # SGD at lr 1: the new params differ by the gradients' rounding
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=EPS32, atol=sum_tol(chain)),
+               s1["params"], s0["params"])
+
+
+@pytest.mark.parametrize("tie, parametrization", [(True, "standard"), (False, "mup")])
+def test_train_step_with_the_chunked_loss_equals_the_dense_one_gpt(tie, parametrization):
+  config = dict(family="decoder", vocab_size=37, d_model=16, num_layers=1, num_heads=2,
+                mlp_dim=32, max_len=16, dropout_rate=0.0, tie_embeddings=tie,
+                parametrization=parametrization, mup_base_width=8)
+  rng = np.random.default_rng(1)
+  batch = {"inputs": rng.integers(0, 37, (3, 9)).astype(np.int32),
+           "targets": rng.integers(0, 37, (3, 9)).astype(np.int32),
+           "weights": (rng.random((3, 9)) < 0.7).astype(np.float32)}
+  batch["weights"][1] = 0.0                          # a row that counts nowhere
+  dense, chunked = _step_pair(config, batch, "targets", {}, chunk=4)
+  _assert_same_step(dense, chunked, 27 + 4 * 16 + 9 + 32 + 16 + 37)
+
+
+def test_train_step_with_the_chunked_loss_equals_the_dense_one_bert_nsp():
+  """An encoder family: BERT's MLM head (tied embedding + bias) and its NSP head."""
+  config = dict(family="bert", vocab_size=41, d_model=16, num_layers=1, num_heads=2,
+                mlp_dim=32, max_len=16, dropout_rate=0.0, attention_dropout_rate=0.0,
+                nsp=True)
+  rng = np.random.default_rng(2)
+  batch = {"inputs": rng.integers(0, 41, (2, 11)).astype(np.int32),
+           "targets": rng.integers(0, 41, (2, 11)).astype(np.int32),
+           "weights": (rng.random((2, 11)) < 0.3).astype(np.float32),
+           "attention_mask": np.ones((2, 11), np.int32),
+           "nsp_labels": np.array([0, 1], np.int32)}
+  dense, chunked = _step_pair(config, batch, "targets", {}, chunk=5)
+  _assert_same_step(dense, chunked, 22 + 4 * 16 + 11 + 32 + 2 * 16 + 41)
+  np.testing.assert_allclose(chunked[1]["nsp_loss"], dense[1]["nsp_loss"], rtol=1e-6)
+
+
+def test_loss_mode_auto_and_dense_only_heads():
+  from jaxformer import models
+  from jaxformer.train import tasks
+  from jaxformer.train.step import AUTO_MIN_VOCAB, loss_mode
+  small = dict(family="decoder", vocab_size=65, d_model=16, num_layers=1, num_heads=2,
+               mlp_dim=32, max_len=16)
+  big = dict(small, vocab_size=AUTO_MIN_VOCAB)
+  lm = tasks.TASKS["lm"]
+  assert loss_mode(models.build(small), lm) == 0            # the README model: dense
+  assert loss_mode(models.build(big), lm) == 512
+  assert loss_mode(models.build(big), lm, 0) == 0 and loss_mode(models.build(big), lm, 64) == 64
+  vit = dict(family="vit", image_size=8, patch_size=4, channels=1, num_classes=10, d_model=16,
+             num_layers=1, num_heads=2, mlp_dim=32)
+  assert loss_mode(models.build(vit), tasks.task_for(vit), 64) == 0    # no vocabulary head
+  with pytest.raises(ValueError, match="train.loss_chunk=-1"):
+    loss_mode(models.build(small), lm, -1)

@@ -224,7 +224,7 @@ def jit_train_step(settings: run_settings.RunSettings, plan: parallel.ShardingPl
   t, o = settings.train, settings.optim
   return plan.jit(step_lib.make_train_step(
       module, tx, task, label_smoothing=t.label_smoothing, z_loss=t.z_loss,
-      grad_accum=o.grad_accum),
+      grad_accum=o.grad_accum, loss_chunk=t.loss_chunk),
       in_shardings=(state_shardings, batch_shardings, plan.replicated),
       out_shardings=(state_shardings, plan.replicated), donate_argnums=(0,),
       name="train_step")

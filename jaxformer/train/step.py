@@ -4,16 +4,47 @@ Loss is float32 whatever the compute dtype: the weighted mean of per-prediction 
 over the whole global batch. With `grad_accum > 1` the batch is split into that many
 micro-batches scanned in sequence and their gradients summed, so one optimizer step sees
 exactly the gradient of the full batch with a fraction of the activation memory.
+
+The token loss of a model with a vocabulary head is the chunked loss (`ops.cross_entropy`):
+the model returns its final hidden states and readout (`return_hidden=True`) and the loss
+computes the logits a tile of `loss_chunk` positions at a time, never holding the float32
+[batch, length, vocab] logits (`loss_mode` says which path a step takes).
 """
 
 from __future__ import annotations
+
+import inspect
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from jaxformer.layers.moe import MOE_COLLECTION, collect_moe
+from jaxformer.ops.cross_entropy import DEFAULT_CHUNK, chunked_cross_entropy
 from jaxformer.train.tasks import Task, cross_entropy, eval_sums, nsp_sums
+
+# `loss_chunk=None` (auto) takes the chunked loss from this vocabulary size up: below it the
+# float32 logits are small (a character-level model's 65 classes) and the dense loss, whose
+# backward reuses the stored logits instead of recomputing them, is the cheaper one.
+AUTO_MIN_VOCAB = 1024
+
+
+def loss_mode(module, task: Task, loss_chunk: int | None = None) -> int:
+  """Positions per tile of the chunked loss the train step uses, or 0 for the dense loss.
+  loss_chunk: 0 = dense, N > 0 = tiles of N positions, None = auto (DEFAULT_CHUNK for a
+  vocabulary of AUTO_MIN_VOCAB or more). Dense whatever it says: a task with its own
+  objective (ELECTRA's replaced-token detection, DPO) and a model whose __call__ has no
+  `return_hidden` (ViT's classifier, the captioner, the RNN seq2seq)."""
+  if loss_chunk is not None and not (isinstance(loss_chunk, int) and loss_chunk >= 0):
+    raise ValueError(f"train.loss_chunk={loss_chunk!r} must be an int >= 0 (0: the dense "
+                     "loss) or None (auto)")
+  if loss_chunk == 0 or task.objective is not None:
+    return 0
+  if "return_hidden" not in inspect.signature(type(module).__call__).parameters:
+    return 0
+  if loss_chunk is None:
+    return DEFAULT_CHUNK if getattr(module, "vocab_size", 0) >= AUTO_MIN_VOCAB else 0
+  return loss_chunk
 
 
 def _split_micro(batch: dict, n: int) -> dict:
@@ -26,7 +57,7 @@ def _split_micro(batch: dict, n: int) -> dict:
 
 
 def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
-                    z_loss: float = 0.0, grad_accum: int = 1):
+                    z_loss: float = 0.0, grad_accum: int = 1, loss_chunk: int | None = None):
   """(state, batch, dropout_key) -> (state, metrics); state = {'step', 'params',
   'opt_state', 'skipped'}. A step with a non-finite loss or gradient leaves params and
   optimizer untouched and counts as skipped (reset to 0 by the next good step).
@@ -36,8 +67,13 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
   with next-sentence prediction (task 'mlm_nsp') adds the NSP cross-entropy's mean over rows
   (so the objective is HF BertForPreTraining's MLM mean + NSP mean) and reports `nsp_loss`,
   `nsp_accuracy`.
+
+  loss_chunk: the chunked loss's tile (positions), 0 for the dense loss, None auto
+  (`loss_mode`).
   """
   moe = getattr(getattr(module, "block", None), "moe", None)     # MoESettings or None
+  chunk = loss_mode(module, task, loss_chunk)
+  hidden = {"return_hidden": True} if chunk else {}
 
   def weighted_sums(params, batch, rng, aux_scale, frozen):
     """(sum of objective * w [+ aux * aux_scale], (sum nll * w, sum correct * w, moe))."""
@@ -46,7 +82,7 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
     if task.objective is not None:          # its own loss (tasks.Task.objective)
       return task.objective.train_sums(module, params, batch, rng)
     args, kwargs = task.model_args(batch)
-    apply = lambda **extra: module.apply({"params": params}, *args, **kwargs,
+    apply = lambda **extra: module.apply({"params": params}, *args, **kwargs, **hidden,
                                          deterministic=False, rngs={"dropout": rng}, **extra)
     aux, moe_metrics = jnp.zeros(()), {}
     if moe is not None:
@@ -63,9 +99,13 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
                      "nsp_accuracy": sums["nsp_correct"] / count}
       logits = logits["mlm"]
     labels, w = batch[task.labels], task.weights(batch)
-    objective, nll = cross_entropy(logits, labels, label_smoothing=label_smoothing,
-                                   z_loss=z_loss)
-    correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+    if chunk:                          # (final hidden states, readout): the chunked loss
+      objective, nll, correct = chunked_cross_entropy(
+          *logits, labels, chunk=chunk, label_smoothing=label_smoothing, z_loss=z_loss)
+    else:
+      objective, nll = cross_entropy(logits, labels, label_smoothing=label_smoothing,
+                                     z_loss=z_loss)
+      correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
     total = jnp.sum(objective * w) + aux * aux_scale
     return total, (jnp.sum(nll * w), jnp.sum(correct * w), moe_metrics)
 
