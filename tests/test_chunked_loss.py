@@ -206,3 +206,54 @@ def test_loss_mode_auto_and_dense_only_heads():
   assert loss_mode(models.build(vit), tasks.task_for(vit), 64) == 0    # no vocabulary head
   with pytest.raises(ValueError, match="train.loss_chunk=-1"):
     loss_mode(models.build(small), lm, -1)
+
+
+HEADS = {   # every family with return_hidden, tiny; (config, number of token inputs or images)
+    "seq2seq": dict(family="seq2seq", vocab_size=23, d_model=16, num_encoder_layers=1,
+                    num_decoder_layers=1, num_heads=2, mlp_dim=32, dropout_rate=0.0),
+    "t5_tied": dict(family="t5", vocab_size=23, d_model=16, num_encoder_layers=1,
+                    num_decoder_layers=1, num_heads=2, head_dim=8, mlp_dim=32,
+                    dropout_rate=0.0, attention_dropout_rate=0.0),
+    "t5_untied": dict(family="t5", vocab_size=23, d_model=16, num_encoder_layers=1,
+                      num_decoder_layers=1, num_heads=2, head_dim=8, mlp_dim=32,
+                      dropout_rate=0.0, attention_dropout_rate=0.0, tie_embeddings=False,
+                      ffn="swiglu", activation="gelu"),
+    "bart_bias": dict(family="bart", vocab_size=23, d_model=16, num_encoder_layers=1,
+                      num_decoder_layers=1, num_heads=2, mlp_dim=32, max_len=16,
+                      dropout_rate=0.0, attention_dropout_rate=0.0, logits_bias=True),
+    "deberta": dict(family="deberta", vocab_size=23, d_model=16, num_layers=1, num_heads=2,
+                    mlp_dim=32, max_len=16, position_buckets=4, dropout_rate=0.0,
+                    attention_dropout_rate=0.0, emd_layers=1),
+    "rnn_seq2seq": dict(family="rnn_seq2seq", vocab_size=23, embed_dim=8, hidden_dim=12),
+    "captioner": dict(family="captioner", vocab_size=23, max_len=8, image_size=8, channels=1,
+                      d_model=16, num_heads=2, mlp_dim=32, dropout_rate=0.0,
+                      encoder="cnn", cnn_features=(4, 8), decoder="transformer",
+                      decoder_layers=1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HEADS))
+def test_return_hidden_readout_gives_the_models_logits(name):
+  """Each family's (hidden, Readout) is its output head: Readout.logits(hidden) equals the
+  logits of the ordinary call (so the chunked loss sees the model's logits)."""
+  from jaxformer import models
+  from jaxformer.train import tasks
+  config = HEADS[name]
+  module, task = models.build(config), tasks.task_for(config)
+  rng = np.random.default_rng(0)
+  inputs = []
+  for key in task.inputs:
+    if key == "images":
+      inputs.append(jnp.asarray(rng.normal(size=(2, 8, 8, 1)), jnp.float32))
+    else:
+      inputs.append(jnp.asarray(rng.integers(1, 23, (2, 7)), jnp.int32))
+  params = module.init(jax.random.key(0), *inputs)["params"]     # eager: cheaper than compiles
+  # every leaf perturbed: zero-initialised logit biases (BART's, the MLM heads') count too
+  leaves, tree = jax.tree.flatten(params)
+  params = jax.tree.unflatten(tree, [x + 0.1 * rand(x.shape, seed=i)
+                                     for i, x in enumerate(leaves)])
+  hidden, readout = module.apply({"params": params}, *inputs, return_hidden=True)
+  logits = module.apply({"params": params}, *inputs)
+  assert hidden.shape == logits.shape[:-1] + hidden.shape[-1:]
+  np.testing.assert_allclose(readout.logits(hidden), logits, rtol=0,
+                             atol=LAMBDA * math.sqrt(64) * EPS32 * float(np.abs(logits).max()))
