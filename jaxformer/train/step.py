@@ -13,8 +13,10 @@ computes the logits a tile of `loss_chunk` positions at a time, never holding th
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -54,6 +56,17 @@ def _split_micro(batch: dict, n: int) -> dict:
                        f"optim.grad_accum={n}; use a batch size that is a multiple of it")
     return x.reshape((n, x.shape[0] // n) + x.shape[1:])
   return jax.tree.map(split, batch)
+
+
+def gathered_head(readout):
+  """The readout with its kernel constrained to be whole along its embed axis (split only
+  over `vocab`): under FSDP the head is all-gathered once, before the chunked loss's tile
+  loop, and its gradient reduce-scattered once after it. Without it XLA gathered the kernel
+  and reduced dW in every tile (v5e:2x2 plan, 1-layer d=512 V=32000 FSDP: all-gather 38 ->
+  257 MiB, reduce-scatter 62.5 -> 250 MiB per chip; with it, the dense loss's 38 and 62.5).
+  A no-op outside a mesh's logical-axis rules."""
+  axes = ("vocab", None) if readout.vocab_major else (None, "vocab")
+  return dataclasses.replace(readout, kernel=nn.with_logical_constraint(readout.kernel, axes))
 
 
 def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
@@ -100,8 +113,9 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
       logits = logits["mlm"]
     labels, w = batch[task.labels], task.weights(batch)
     if chunk:                          # (final hidden states, readout): the chunked loss
+      hidden_states, readout = logits
       objective, nll, correct = chunked_cross_entropy(
-          *logits, labels, chunk=chunk, label_smoothing=label_smoothing, z_loss=z_loss)
+          hidden_states, gathered_head(readout), labels, chunk=chunk, label_smoothing=label_smoothing, z_loss=z_loss)
     else:
       objective, nll = cross_entropy(logits, labels, label_smoothing=label_smoothing,
                                      z_loss=z_loss)
