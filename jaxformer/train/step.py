@@ -61,10 +61,11 @@ def _split_micro(batch: dict, n: int) -> dict:
 def gathered_head(readout):
   """The readout with its kernel constrained to be whole along its embed axis (split only
   over `vocab`): under FSDP the head is all-gathered once, before the chunked loss's tile
-  loop, and its gradient reduce-scattered once after it. Without it XLA gathered the kernel
-  and reduced dW in every tile (v5e:2x2 plan, 1-layer d=512 V=32000 FSDP: all-gather 38 ->
-  257 MiB, reduce-scatter 62.5 -> 250 MiB per chip; with it, the dense loss's 38 and 62.5).
-  A no-op outside a mesh's logical-axis rules."""
+  loop, and its gradient reduced once after it. Without it XLA gathered the kernel and
+  reduced dW in every tile (v5e:2x2 plan, 1-layer d=512 V=32000 FSDP: all-gather 38 -> 257
+  MiB, reduce-scatter 62.5 -> 250 MiB per chip; with it, the dense loss's 38 and 62.5). Cost:
+  the whole float32 kernel (and on some plans an all-reduced float32 dW) is live at once;
+  NOTES.md (Training) has the figures. A no-op outside a mesh's logical-axis rules."""
   axes = ("vocab", None) if readout.vocab_major else (None, "vocab")
   return dataclasses.replace(readout, kernel=nn.with_logical_constraint(readout.kernel, axes))
 
