@@ -96,6 +96,10 @@ class TrainSettings:
   best_metric: str = _choice(BEST_METRICS, "eval_loss")
   label_smoothing: float = _number(lambda v: 0 <= v < 1, "a number in [0, 1)", 0.0)
   z_loss: float = _number(lambda v: v >= 0, "a number >= 0", 0.0)
+  # the token loss in tiles of this many positions (ops.cross_entropy: the float32 logits
+  # [batch, length, vocab] never exist); 0: the dense loss; None: auto, tiles of 512 for a
+  # vocabulary of 1024 or more (train/step.py loss_mode)
+  loss_chunk: int | None = _int(0, None, optional=True, note=" (0: the dense loss)")
   max_skipped_steps: int = _int(1, 5)           # non-finite steps in a row before stopping
   # seconds without progress (a step, an eval batch, a checkpoint, a data read) before the
   # process prints its stacks and exits so the job stops (jaxformer/parallel/watchdog.py);

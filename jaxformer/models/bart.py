@@ -36,6 +36,7 @@ from jaxformer.layers.settings import BlockSettings
 from jaxformer.models import seq2seq
 from jaxformer.models.family import Family, token_inputs
 from jaxformer.models.stack import BlockStack
+from jaxformer.ops.cross_entropy import Readout
 
 POSITION_OFFSET = 2            # BART's learned positions start at row 2
 
@@ -93,22 +94,29 @@ class Bart(nn.Module):
     x = self.encoder(x, mask=mask, deterministic=deterministic)
     return self.encoder_norm(x) if self.block.pre_norm else x
 
-  def decode(self, encoded, tgt_tokens, *, src_mask=None, deterministic: bool = True):
-    """encoder output [B, S, E], decoder inputs [B, T] -> logits [B, T, vocab] (float32)."""
+  def decode(self, encoded, tgt_tokens, *, src_mask=None, deterministic: bool = True,
+             return_hidden: bool = False):
+    """encoder output [B, S, E], decoder inputs [B, T] -> logits [B, T, vocab] (float32)
+    (`return_hidden`: the hidden states and `ops.cross_entropy.Readout` instead)."""
     context_mask = None if src_mask is None else src_mask.astype(bool)[:, None, None, :]
     x = self._embed(tgt_tokens, self.decoder_pos_embed, self.decoder_embed_norm, deterministic)
     x = self.decoder(x, encoded, context_mask=context_mask, deterministic=deterministic)
     if self.block.pre_norm:
       x = self.decoder_norm(x)
+    if return_hidden:
+      return x, Readout(self.embed.embedding,
+                        self.final_logits_bias if self.logits_bias else None, vocab_major=True)
     logits = self.embed.attend(x).astype(jnp.float32)
     if self.logits_bias:
       logits = logits + self.final_logits_bias.astype(jnp.float32)
     return logits
 
-  def __call__(self, src_tokens, tgt_tokens, *, src_mask=None, deterministic: bool = True):
-    """src [B, S], tgt [B, T] (teacher forcing), src_mask [B, S] (1 = real) -> [B, T, vocab]."""
+  def __call__(self, src_tokens, tgt_tokens, *, src_mask=None, deterministic: bool = True,
+               return_hidden: bool = False):
+    """src [B, S], tgt [B, T] (teacher forcing), src_mask [B, S] (1 = real) -> [B, T, vocab]
+    (`return_hidden`: see `seq2seq.teacher_forced`)."""
     return seq2seq.teacher_forced(self, src_tokens, tgt_tokens, src_mask=src_mask,
-                                  deterministic=deterministic)
+                                  deterministic=deterministic, return_hidden=return_hidden)
 
 
 def _validate(c: dict):

@@ -23,10 +23,11 @@ import jax.numpy as jnp
 from jaxformer.layers import Embed, LayerNorm, LearnedPositionEmbedding
 from jaxformer.layers.dense import dense
 from jaxformer.layers.mlp import activation_fn
-from jaxformer.layers.parametrization import scale_output
+from jaxformer.layers.parametrization import output_multiplier, scale_output
 from jaxformer.layers.settings import BlockSettings
 from jaxformer.models.family import Family, token_inputs
 from jaxformer.models.stack import BlockStack
+from jaxformer.ops.cross_entropy import Readout
 
 
 def position_ids(tokens, pad_id: int | None):
@@ -97,16 +98,23 @@ class Bert(nn.Module):
     return x, (jnp.tanh(self.pooler(x[:, 0])) if self.with_pooler else None)
 
   def __call__(self, tokens, *, token_type_ids=None, attention_mask=None,
-               deterministic: bool = True):
+               deterministic: bool = True, return_hidden: bool = False):
     """tokens [B, T]; attention_mask [B, T] (1 = real token) -> MLM logits [B, T, vocab]
-    (with `nsp`: {'mlm': those, 'nsp': next-sentence logits [B, 2]})."""
+    (with `nsp`: {'mlm': those, 'nsp': next-sentence logits [B, 2]}). With `return_hidden`
+    (the train step's chunked loss) the MLM head's hidden states [B, T, E] and its readout
+    (`ops.cross_entropy.Readout`: tied embedding, bias, μP multiplier) replace the MLM
+    logits."""
     x, pooled = self.encode(tokens, token_type_ids=token_type_ids,
                             attention_mask=attention_mask, deterministic=deterministic)
     if pooled is not None:
       self.sow("intermediates", "pooled", pooled)
     h = self.mlm_norm(activation_fn(self.block.activation or "gelu_exact")(self.mlm_transform(x)))
-    logits = scale_output(self.embed.attend(h), self.block, self.d_model) + self.mlm_bias
-    logits = logits.astype(jnp.float32)
+    if return_hidden:
+      logits = (h, Readout(self.embed.embedding, self.mlm_bias, vocab_major=True,
+                           scale=output_multiplier(self.block, self.d_model)))
+    else:
+      logits = scale_output(self.embed.attend(h), self.block, self.d_model) + self.mlm_bias
+      logits = logits.astype(jnp.float32)
     if not self.nsp:
       return logits
     nsp = scale_output(self.nsp_head(pooled), self.block, self.d_model)

@@ -33,6 +33,7 @@ from jaxformer.models.family import Family, head_dim, image_inputs, token_inputs
 from jaxformer.models.rnn_seq2seq import DecoderStep
 from jaxformer.models.stack import BlockStack
 from jaxformer.ops import positions as pos_ops
+from jaxformer.ops.cross_entropy import Readout
 
 ENCODERS = ("vit", "cnn")
 DECODERS = ("transformer", "lstm", "gru")
@@ -181,10 +182,13 @@ class Captioner(nn.Module):
       x = self.pool(x.mean(axis=1, keepdims=True))
     return x
 
-  def decode(self, memory, tgt_tokens, *, deterministic: bool = True):
+  def decode(self, memory, tgt_tokens, *, deterministic: bool = True,
+             return_hidden: bool = False):
     """memory [B, N, d_model] (from `encode`), caption inputs [B, T] (BOS first, T <=
     max_len) -> logits [B, T, vocab] float32; position t sees tokens[:, :t + 1] only. Sows
-    the per-word attention over the memory, intermediates/caption_attention [B, T, N]."""
+    the per-word attention over the memory, intermediates/caption_attention [B, T, N].
+    `return_hidden` (the train step's chunked loss): the head's inputs [B, T, F] and the
+    head as `ops.cross_entropy.Readout` instead of the logits."""
     if tgt_tokens.ndim != 2 or tgt_tokens.shape[0] != memory.shape[0]:
       raise ValueError(f"tgt_tokens must be [batch, length] with the memory's batch "
                        f"{memory.shape[0]}; got shape {tuple(tgt_tokens.shape)}")
@@ -200,13 +204,17 @@ class Captioner(nn.Module):
         self.sow(WEIGHTS_COLLECTION, "cross_attention", weights[:, None])
     if weights is not None:
       self.sow("intermediates", "caption_attention", weights.astype(jnp.float32))
+    if return_hidden:
+      head = nn.unbox(self.variables["params"]["head"])
+      return x, Readout(head["kernel"], head["bias"])
     return self.head(x).astype(jnp.float32)
 
-  def __call__(self, images, tgt_tokens, *, deterministic: bool = True):
+  def __call__(self, images, tgt_tokens, *, deterministic: bool = True,
+               return_hidden: bool = False):
     """images [B, S, S, C] float, caption inputs [B, T] int (teacher forcing) -> logits
-    [B, T, vocab]: `decode(encode(images), tgt_tokens)`."""
+    [B, T, vocab]: `decode(encode(images), tgt_tokens)` (`return_hidden`: see `decode`)."""
     return self.decode(self.encode(images, deterministic=deterministic), tgt_tokens,
-                       deterministic=deterministic)
+                       deterministic=deterministic, return_hidden=return_hidden)
 
   def _decode_transformer(self, memory, tokens, deterministic):
     """(final hidden states, weights or None). The weights are only needed when the

@@ -47,11 +47,12 @@ import jax.numpy as jnp
 from jaxformer.layers import Embed, LayerNorm, LearnedPositionEmbedding
 from jaxformer.layers.dense import dense
 from jaxformer.layers.mlp import activation_fn
-from jaxformer.layers.parametrization import scale_output
+from jaxformer.layers.parametrization import output_multiplier, scale_output
 from jaxformer.layers.settings import BlockSettings
 from jaxformer.models.family import Family, head_dim, token_inputs
 from jaxformer.models.stack import BlockStack
 from jaxformer.ops import disentangled
+from jaxformer.ops.cross_entropy import Readout
 
 
 def relative_span(cfg: dict) -> int:
@@ -148,15 +149,20 @@ class Deberta(nn.Module):
                         repeat_last=self.emd_layers, query_offset=z)
 
   def __call__(self, tokens, *, token_type_ids=None, attention_mask=None,
-               deterministic: bool = True):
+               deterministic: bool = True, return_hidden: bool = False):
     """tokens [B, T]; attention_mask [B, T] (1 = real token); token_type_ids [B, T] (ignored
     without type embeddings, as in the reference) -> MLM logits [B, T, vocab] (float32),
-    read from the enhanced mask decoder's output when emd_layers > 0."""
+    read from the enhanced mask decoder's output when emd_layers > 0. With `return_hidden`
+    (the train step's chunked loss): the MLM head's hidden states [B, T, E] and its readout
+    (`ops.cross_entropy.Readout`) instead."""
     x = self._encode(tokens, token_type_ids, attention_mask, deterministic,
                      emd=self.emd_layers > 0)
     if self.emd_layers:
       x = x[1]
     h = self.mlm_norm(activation_fn(self.block.activation or "gelu_exact")(self.mlm_transform(x)))
+    if return_hidden:
+      return h, Readout(self.embed.embedding, self.mlm_bias, vocab_major=True,
+                        scale=output_multiplier(self.block, self.d_model))
     logits = scale_output(self.embed.attend(h), self.block, self.d_model) + self.mlm_bias
     return logits.astype(jnp.float32)
 

@@ -16,11 +16,12 @@ import jax.numpy as jnp
 
 from jaxformer.layers import Embed, LearnedPositionEmbedding, make_norm
 from jaxformer.layers.dense import dense
-from jaxformer.layers.parametrization import scale_output
+from jaxformer.layers.parametrization import output_multiplier, scale_output
 from jaxformer.layers.settings import BlockSettings
 from jaxformer.models.family import Family, head_dim, token_inputs
 from jaxformer.models.stack import BlockStack
 from jaxformer.ops import positions as pos_ops
+from jaxformer.ops.cross_entropy import Readout
 
 POSITIONS = ("learned", "rope", "alibi", "sinusoidal", "none")
 
@@ -39,8 +40,11 @@ class DecoderLM(nn.Module):
   param_dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, tokens, *, segment_ids=None, positions=None, deterministic: bool = True):
-    """tokens [B, T] int -> logits [B, T, vocab] (float32)."""
+  def __call__(self, tokens, *, segment_ids=None, positions=None, deterministic: bool = True,
+               return_hidden: bool = False):
+    """tokens [B, T] int -> logits [B, T, vocab] (float32); with `return_hidden` (the train
+    step's chunked loss, after init) the final hidden states [B, T, E] and the output head
+    (`ops.cross_entropy.Readout`) instead, never forming the logits."""
     if tokens.ndim != 2:
       raise ValueError(f"tokens must be [batch, length]; got shape {tokens.shape}")
     embed = Embed(self.vocab_size, self.d_model, dtype=self.dtype,
@@ -63,6 +67,12 @@ class DecoderLM(nn.Module):
         x, segment_ids=segment_ids, positions=positions, deterministic=deterministic)
     x = make_norm(self.block.norm, epsilon=self.block.norm_eps, dtype=self.dtype,
                   param_dtype=self.param_dtype, name="final_norm")(x)
+    if return_hidden:
+      multiplier = output_multiplier(self.block, self.d_model)     # μP's readout multiplier
+      if self.tie_embeddings:
+        return x, Readout(embed.embedding, vocab_major=True, scale=multiplier)
+      kernel = nn.unbox(self.variables["params"]["lm_head"]["kernel"])
+      return x, Readout(kernel, scale=multiplier)
     if self.tie_embeddings:
       logits = embed.attend(x)
     else:

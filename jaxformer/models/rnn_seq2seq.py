@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jaxformer.layers import AdditiveAttention, Embed
 from jaxformer.layers.dense import dense
 from jaxformer.models.family import Family, token_inputs
+from jaxformer.ops.cross_entropy import Readout
 
 CELLS = {"gru": nn.GRUCell, "lstm": nn.OptimizedLSTMCell}
 
@@ -62,8 +63,11 @@ class RnnSeq2Seq(nn.Module):
   param_dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, src_tokens, tgt_tokens, *, src_mask=None, deterministic: bool = True):
-    """src [B, S], tgt [B, T] (teacher forcing), src_mask [B, S] (1 = real) -> [B, T, vocab]."""
+  def __call__(self, src_tokens, tgt_tokens, *, src_mask=None, deterministic: bool = True,
+               return_hidden: bool = False):
+    """src [B, S], tgt [B, T] (teacher forcing), src_mask [B, S] (1 = real) -> [B, T, vocab]
+    (`return_hidden`, the train step's chunked loss: the output layer's inputs and the layer
+    as `ops.cross_entropy.Readout`)."""
     src_mask = (jnp.ones(src_tokens.shape, bool) if src_mask is None
                 else src_mask.astype(bool))
     src = Embed(self.vocab_size, self.embed_dim, name="src_embed")(src_tokens)
@@ -75,6 +79,9 @@ class RnnSeq2Seq(nn.Module):
     _, (outputs, _) = step(self.hidden_dim, self.cell, self.attention,
                            self.attention_dim or self.hidden_dim, name="decoder")(
         state, tgt, encoded, src_mask, _hidden(state, self.cell))
+    if return_hidden:
+      out = nn.unbox(self.variables["params"]["out"])
+      return outputs, Readout(out["kernel"], out["bias"])
     return dense(self.vocab_size, ("mlp", "vocab"), use_bias=True, name="out")(
         outputs).astype(jnp.float32)
 

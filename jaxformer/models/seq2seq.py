@@ -18,6 +18,7 @@ from jaxformer.layers.settings import BlockSettings
 from jaxformer.models.family import Family, head_dim, token_inputs
 from jaxformer.models.stack import BlockStack
 from jaxformer.ops import positions as pos_ops
+from jaxformer.ops.cross_entropy import Readout
 
 
 class EncoderDecoder(nn.Module):
@@ -53,28 +54,38 @@ class EncoderDecoder(nn.Module):
                      deterministic=deterministic)
     return self.encoder_norm(x) if self.block.pre_norm else x
 
-  def decode(self, encoded, tgt_tokens, *, src_mask=None, deterministic: bool = True):
+  def decode(self, encoded, tgt_tokens, *, src_mask=None, deterministic: bool = True,
+             return_hidden: bool = False):
     context_mask = None if src_mask is None else src_mask.astype(bool)[:, None, None, :]
     x = self.decoder(self._embed(tgt_tokens, deterministic), encoded,
                      context_mask=context_mask, deterministic=deterministic)
     if self.block.pre_norm:
       x = self.decoder_norm(x)
+    if return_hidden:
+      return x, Readout(self.embed.embedding, vocab_major=True)
     return self.embed.attend(x).astype(jnp.float32)
 
-  def __call__(self, src_tokens, tgt_tokens, *, src_mask=None, deterministic: bool = True):
-    """src [B, S], tgt [B, T] (teacher forcing), src_mask [B, S] (1 = real) -> [B, T, vocab]."""
+  def __call__(self, src_tokens, tgt_tokens, *, src_mask=None, deterministic: bool = True,
+               return_hidden: bool = False):
+    """src [B, S], tgt [B, T] (teacher forcing), src_mask [B, S] (1 = real) -> [B, T, vocab]
+    (`return_hidden`: see `teacher_forced`)."""
     return teacher_forced(self, src_tokens, tgt_tokens, src_mask=src_mask,
-                          deterministic=deterministic)
+                          deterministic=deterministic, return_hidden=return_hidden)
 
 
-def teacher_forced(model, src_tokens, tgt_tokens, *, src_mask=None, deterministic=True):
+def teacher_forced(model, src_tokens, tgt_tokens, *, src_mask=None, deterministic=True,
+                   return_hidden=False):
   """An encoder-decoder's forward pass (`model.encode`, then `model.decode` of the target
-  inputs), the shapes checked first: what every encoder-decoder family's __call__ does."""
+  inputs), the shapes checked first: what every encoder-decoder family's __call__ does.
+  With `return_hidden` (the train step's chunked loss) the decoder's final hidden states
+  [B, T, E] and its output head (`ops.cross_entropy.Readout`) instead of the logits."""
   for name, t in (("src_tokens", src_tokens), ("tgt_tokens", tgt_tokens)):
     if t.ndim != 2:
       raise ValueError(f"{name} must be [batch, length]; got shape {t.shape}")
   encoded = model.encode(src_tokens, src_mask=src_mask, deterministic=deterministic)
-  return model.decode(encoded, tgt_tokens, src_mask=src_mask, deterministic=deterministic)
+  extra = {"return_hidden": True} if return_hidden else {}
+  return model.decode(encoded, tgt_tokens, src_mask=src_mask, deterministic=deterministic,
+                      **extra)
 
 
 def attention_flops(cfg: dict, seq_len: int) -> tuple[int, int, int]:

@@ -39,6 +39,7 @@ from jaxformer.models import seq2seq
 from jaxformer.models.family import Family, token_inputs
 from jaxformer.models.stack import BlockStack
 from jaxformer.ops import positions as pos_ops
+from jaxformer.ops.cross_entropy import Readout
 
 
 class RelativePositionBias(nn.Module):
@@ -102,22 +103,28 @@ class T5(nn.Module):
                      deterministic=deterministic)
     return self.dropout(self.encoder_norm(x), deterministic=deterministic)
 
-  def decode(self, encoded, tgt_tokens, *, src_mask=None, deterministic: bool = True):
+  def decode(self, encoded, tgt_tokens, *, src_mask=None, deterministic: bool = True,
+             return_hidden: bool = False):
     context_mask = None if src_mask is None else src_mask.astype(bool)[:, None, None, :]
     t = tgt_tokens.shape[1]
     x = self.dropout(self.embed(tgt_tokens), deterministic=deterministic)
     x = self.decoder(x, encoded, context_mask=context_mask,
                      bias=self.decoder_relative_bias(t, t), deterministic=deterministic)
     x = self.dropout(self.decoder_norm(x), deterministic=deterministic)
+    if return_hidden:
+      if self.tie_embeddings:
+        return x * self.d_model ** -0.5, Readout(self.embed.embedding, vocab_major=True)
+      return x, Readout(nn.unbox(self.variables["params"]["lm_head"]["kernel"]))
     if self.tie_embeddings:
       return self.embed.attend(x * self.d_model ** -0.5).astype(jnp.float32)
     return self.lm_head(x).astype(jnp.float32)
 
-  def __call__(self, src_tokens, tgt_tokens, *, src_mask=None, deterministic: bool = True):
+  def __call__(self, src_tokens, tgt_tokens, *, src_mask=None, deterministic: bool = True,
+               return_hidden: bool = False):
     """src [B, S], tgt [B, T] (decoder inputs, teacher forcing), src_mask [B, S] (1 = real)
-    -> logits [B, T, vocab]."""
+    -> logits [B, T, vocab] (`return_hidden`: see `seq2seq.teacher_forced`)."""
     return seq2seq.teacher_forced(self, src_tokens, tgt_tokens, src_mask=src_mask,
-                                  deterministic=deterministic)
+                                  deterministic=deterministic, return_hidden=return_hidden)
 
 
 def _validate(c: dict):

@@ -108,7 +108,8 @@ def _with_defaults(model: dict) -> dict:
 
 
 # Run fields that do not change what the training steps compute (what is logged, evaluated,
-# sampled or kept, and where data is cached): they may change on resume. Every other field of
+# sampled or kept, where data is cached, and `loss_chunk`: how the loss is computed, the same
+# loss to float rounding): they may change on resume. Every other field of
 # `train`, `optim` and `data` is compared (`mesh` may change: a checkpoint restores onto any
 # mesh; `model` has its own EXECUTION_FIELDS); `train.steps` only where it moves the schedule,
 # `train.keep_checkpoint_every` only where it keeps what the run kept.
@@ -116,7 +117,7 @@ RESUMABLE_CHANGES = {
     "train": ("steps", "eval_every", "log_every", "checkpoint_every", "eval_batch_size",
               "keep_checkpoints", "keep_checkpoint_every", "checkpoint_steps", "keep_best", "best_metric",
               "max_skipped_steps", "stall_timeout", "profile_steps", "attention_maps", "sample_tokens",
-              "sample_prompt", "sample_every"),
+              "sample_prompt", "sample_every", "loss_chunk"),
     "data": ("eval_batches", "data_dir"),
     "optim": ("decay_steps",),       # compared through the schedule it gives
     "posttrain": (),                 # method, init_from, beta: what the steps optimize

@@ -18,22 +18,52 @@ micro-batch). Sums over rows are unchanged by the split; the MoE token statistic
 NSP mean, which are not sums over rows, are averaged / summed over the mapped axis before
 the loss uses them (`layers.moe.batch_shard_axis`), so the objective is that of the whole
 micro-batch.
+
+The token loss of a model with a vocabulary head is the chunked loss (`ops.cross_entropy`):
+the model returns its final hidden states and readout (`return_hidden=True`) and the loss
+computes the logits a tile of `loss_chunk` positions at a time, never holding the float32
+[batch, length, vocab] logits (`loss_mode` says which path a step takes).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-
-import flax.linen as nn
 from jax.sharding import PartitionSpec as P
 
 from jaxformer.layers.moe import MOE_COLLECTION, batch_shard_axis, collect_moe
+from jaxformer.ops.cross_entropy import DEFAULT_CHUNK, chunked_cross_entropy
 from jaxformer.parallel.rules import mesh_axes_tuple, without_mesh_axes
 from jaxformer.train.tasks import Task, cross_entropy, eval_sums, nsp_sums
+
+# `loss_chunk=None` (auto) takes the chunked loss from this vocabulary size up: below it the
+# float32 logits are small (a character-level model's 65 classes) and the dense loss, whose
+# backward reuses the stored logits instead of recomputing them, is the cheaper one.
+AUTO_MIN_VOCAB = 1024
+
+
+def loss_mode(module, task: Task, loss_chunk: int | None = None) -> int:
+  """Positions per tile of the chunked loss the train step uses, or 0 for the dense loss.
+  loss_chunk: 0 = dense, N > 0 = tiles of N positions, None = auto (DEFAULT_CHUNK for a
+  vocabulary of AUTO_MIN_VOCAB or more). Dense whatever it says: a task with its own
+  objective (ELECTRA's replaced-token detection, DPO) and a model whose __call__ has no
+  `return_hidden` (ViT's classifier, the captioner, the RNN seq2seq)."""
+  if loss_chunk is not None and not (isinstance(loss_chunk, int) and loss_chunk >= 0):
+    raise ValueError(f"train.loss_chunk={loss_chunk!r} must be an int >= 0 (0: the dense "
+                     "loss) or None (auto)")
+  if loss_chunk == 0 or task.objective is not None:
+    return 0
+  if "return_hidden" not in inspect.signature(type(module).__call__).parameters:
+    return 0
+  if loss_chunk is None:
+    return DEFAULT_CHUNK if getattr(module, "vocab_size", 0) >= AUTO_MIN_VOCAB else 0
+  return loss_chunk
 
 
 GRAD_REDUCE = ("auto", "once", "per_microbatch")
@@ -115,10 +145,22 @@ def _without(entry, axes):
   return None if not left else left[0] if len(left) == 1 else left
 
 
+def gathered_head(readout):
+  """The readout with its kernel constrained to be whole along its embed axis (split only
+  over `vocab`): under FSDP the head is all-gathered once, before the chunked loss's tile
+  loop, and its gradient reduced once after it. Without it XLA gathered the kernel and
+  reduced dW in every tile (v5e:2x2 plan, 1-layer d=512 V=32000 FSDP: all-gather 38 -> 257
+  MiB, reduce-scatter 62.5 -> 250 MiB per chip; with it, the dense loss's 38 and 62.5). Cost:
+  the whole float32 kernel (and on some plans an all-reduced float32 dW) is live at once;
+  NOTES.md (Training) has the figures. A no-op outside a mesh's logical-axis rules."""
+  axes = ("vocab", None) if readout.vocab_major else (None, "vocab")
+  return dataclasses.replace(readout, kernel=nn.with_logical_constraint(readout.kernel, axes))
+
+
 def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
                     z_loss: float = 0.0, grad_accum: int = 1, batch_shards: int = 1,
                     shard_axes: tuple = (), map_axes: tuple = (), map_shards: int = 1,
-                    param_specs=None):
+                    param_specs=None, loss_chunk: int | None = None):
   """(state, batch, dropout_key) -> (state, metrics); state = {'step', 'params',
   'opt_state', 'skipped'}. A step with a non-finite loss or gradient leaves params and
   optimizer untouched and counts as skipped (reset to 0 by the next good step).
@@ -135,8 +177,13 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
   with next-sentence prediction (task 'mlm_nsp') adds the NSP cross-entropy's mean over rows
   (so the objective is HF BertForPreTraining's MLM mean + NSP mean) and reports `nsp_loss`,
   `nsp_accuracy`.
+
+  loss_chunk: the chunked loss's tile (positions), 0 for the dense loss, None auto
+  (`loss_mode`).
   """
   moe = getattr(getattr(module, "block", None), "moe", None)     # MoESettings or None
+  chunk = loss_mode(module, task, loss_chunk)
+  hidden = {"return_hidden": True} if chunk else {}
 
   def weighted_sums(params, batch, rng, aux_scale, frozen, mapped=False):
     """(sum of objective * w [+ aux * aux_scale], (sum nll * w, sum correct * w, moe));
@@ -147,7 +194,7 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
     if task.objective is not None:          # its own loss (tasks.Task.objective)
       return task.objective.train_sums(module, params, batch, rng)
     args, kwargs = task.model_args(batch)
-    apply = lambda **extra: module.apply({"params": params}, *args, **kwargs,
+    apply = lambda **extra: module.apply({"params": params}, *args, **kwargs, **hidden,
                                          deterministic=False, rngs={"dropout": rng}, **extra)
     aux, moe_metrics = jnp.zeros(()), {}
     if moe is not None:
@@ -166,9 +213,15 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
                      "nsp_accuracy": sums["nsp_correct"] / count}
       logits = logits["mlm"]
     labels, w = batch[task.labels], task.weights(batch)
-    objective, nll = cross_entropy(logits, labels, label_smoothing=label_smoothing,
-                                   z_loss=z_loss)
-    correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+    if chunk:                          # (final hidden states, readout): the chunked loss
+      hidden_states, readout = logits
+      objective, nll, correct = chunked_cross_entropy(
+          hidden_states, gathered_head(readout), labels, chunk=chunk,
+          label_smoothing=label_smoothing, z_loss=z_loss)
+    else:
+      objective, nll = cross_entropy(logits, labels, label_smoothing=label_smoothing,
+                                     z_loss=z_loss)
+      correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
     total = jnp.sum(objective * w) + aux * aux_scale
     return total, (jnp.sum(nll * w), jnp.sum(correct * w), moe_metrics)
 
