@@ -3,10 +3,12 @@ expert parallelism.
 
 Why two dispatch modes:
 - "dropless" (Mixtral, MegaBlocks): every assignment is computed. Assignments are grouped by
-  expert and run as one grouped matmul: `jax.lax.ragged_dot` on GPU/TPU (native kernels);
-  on CPU, where XLA lowers ragged_dot to one masked dense matmul per expert (E x the FLOPs),
-  each expert's rows are padded to a multiple of a block and the blocks run as one batched
-  matmul (at most E * (block - 1) padding rows).
+  expert and run as one grouped matmul: on TPU the megablox Pallas kernels (`gmm` forward
+  and input gradient, `tgmm` weight gradient; XLA's `ragged_dot` transpose computes the
+  weight gradient as one masked dense matmul per expert there, E x its FLOPs), on GPU
+  `jax.lax.ragged_dot`; on CPU, where XLA lowers ragged_dot to one masked dense matmul per
+  expert, each expert's rows are padded to a multiple of a block and the blocks run as one
+  batched matmul (at most E * (block - 1) padding rows). `grouped_matmul` picks one by name.
 - "capacity" (GShard, Switch): each expert takes at most C tokens per sequence, static shapes,
   one-hot dispatch/combine einsums; tokens over capacity get zero expert output and pass through
   the block's residual. C = min(T, ceil(capacity_factor * T * k / E)) for a sequence of T tokens
@@ -27,13 +29,21 @@ turns them into the training loss term and logged metrics:
 - router z-loss (ST-MoE): mean over tokens of logsumexp(router logits)^2.
 - expert load f_i [E] and the fraction of assignments dropped (0 for dropless).
 
-Expert parallelism: when the current mesh (`jax.set_mesh`) has an 'expert' axis of size S > 1,
-the expert weights are split over it and the expert computation runs in `jax.shard_map` with
-tokens split over ('data', 'expert') on the batch dim: each device routes its own tokens and
-exchanges them with `jax.lax.all_to_all`. Capacity mode sends [E, G_local * C, d] buffers.
-Dropless mode sends a fixed buffer of all n*k local assignments to every expert shard (the
-static worst case: every assignment may go to one shard), so its exchange buffers and the
-expert activations on each device are S x those of the unsharded layer; nothing is dropped.
+Per device: under a mesh (`jax.set_mesh`) that splits the tokens (data/expert) or has a
+`model` axis, dropless dispatch runs in `jax.shard_map`: each device sorts and computes its
+own tokens (XLA cannot partition the sort over all rows, so outside shard_map every device
+ran the whole batch's experts), with the experts' hidden units split over 'model' (partial
+outputs summed, Megatron-style) when it divides them. A batch that does not split over the
+token axes falls back to the unsplit program.
+
+Expert parallelism: when the mesh has an 'expert' axis of size S > 1, the expert weights are
+split over it and tokens over ('data', 'expert') on the batch dim: each device routes its own
+tokens and exchanges them. Capacity mode sends [E, G_local * C, d] buffers by all_to_all.
+Dropless mode on TPU/GPU sorts its rows by expert and sends each shard its run with
+`jax.lax.ragged_all_to_all` (offsets from one all-gather of the [S, E] counts), so only the
+assigned rows move; the receive buffer is static, S x the local rows (the dropless worst
+case), and the grouped matmul visits only its filled tiles. XLA:CPU has no ragged
+all-to-all: there dropless sends a fixed [S, n*k] buffer to every shard (S x the bytes).
 Routing and aux losses are computed outside the shard_map, so they equal the unsharded values.
 The batch must split over ('data', 'expert'): the trainer checks its batch and micro-batches
 before compiling (`ShardingPlan.check_batch_size`) and initialises parameters outside the mesh
@@ -65,8 +75,11 @@ MOE_METRICS = {"moe_load_balance_loss": 0, "moe_z_loss": 0, "moe_dropped_fractio
                "moe_expert_load": 1}
 TOKEN_MESH_AXES = ("data", "expert")
 CPU_BLOCK_ROWS = 128               # max rows per block of the CPU grouped matmul
-MEGABLOX_TILE_ROWS = 128           # megablox row tile (rows are padded to a multiple)
-MEGABLOX_TILE = 512                # megablox contraction / output tile (at most)
+# megablox tiles (at most; MaxText's defaults): rows are padded to whole row tiles (of 128
+# when there are fewer rows than one); a row tile re-reads its expert's weight tiles and an
+# output-column tile the rows, so small tiles multiply HBM traffic
+MEGABLOX_TILE_ROWS = 512
+MEGABLOX_TILE = 1024               # contraction and output-column tiles
 
 
 def expert_capacity(tokens_per_group: int, num_experts: int, experts_per_token: int,
@@ -175,11 +188,12 @@ def _megablox_experts(rows, sizes, weights: dict, act: Callable):
   from jax.experimental.pallas.ops.tpu.megablox import gmm
   interpret = target_platform(rows) != "tpu"
   m = rows.shape[0]
-  padded = -(-m // MEGABLOX_TILE_ROWS) * MEGABLOX_TILE_ROWS
+  tile_rows = min(MEGABLOX_TILE_ROWS, -(-m // 128) * 128)
+  padded = -(-m // tile_rows) * tile_rows
   xs = jnp.pad(rows, ((0, padded - m), (0, 0)))
 
   def matmul(a, w):
-    tiling = (MEGABLOX_TILE_ROWS, min(a.shape[1], MEGABLOX_TILE), min(w.shape[2], MEGABLOX_TILE))
+    tiling = (tile_rows, min(a.shape[1], MEGABLOX_TILE), min(w.shape[2], MEGABLOX_TILE))
     return gmm(a, w, sizes, preferred_element_type=a.dtype, tiling=tiling, interpret=interpret)
 
   return expert_ffn(xs, weights, act, matmul)[:m]
