@@ -3,10 +3,12 @@ expert parallelism.
 
 Why two dispatch modes:
 - "dropless" (Mixtral, MegaBlocks): every assignment is computed. Assignments are grouped by
-  expert and run as one grouped matmul: `jax.lax.ragged_dot` on GPU/TPU (native kernels);
-  on CPU, where XLA lowers ragged_dot to one masked dense matmul per expert (E x the FLOPs),
-  each expert's rows are padded to a multiple of a block and the blocks run as one batched
-  matmul (at most E * (block - 1) padding rows).
+  expert and run as one grouped matmul: on TPU the megablox Pallas kernels (`gmm` forward
+  and input gradient, `tgmm` weight gradient; XLA's `ragged_dot` transpose computes the
+  weight gradient as one masked dense matmul per expert there, E x its FLOPs), on GPU
+  `jax.lax.ragged_dot`; on CPU, where XLA lowers ragged_dot to one masked dense matmul per
+  expert, each expert's rows are padded to a multiple of a block and the blocks run as one
+  batched matmul (at most E * (block - 1) padding rows). `grouped_matmul` picks one by name.
 - "capacity" (GShard, Switch): each expert takes at most C tokens per sequence, static shapes,
   one-hot dispatch/combine einsums; tokens over capacity get zero expert output and pass through
   the block's residual. C = min(T, ceil(capacity_factor * T * k / E)) for a sequence of T tokens
@@ -27,13 +29,21 @@ turns them into the training loss term and logged metrics:
 - router z-loss (ST-MoE): mean over tokens of logsumexp(router logits)^2.
 - expert load f_i [E] and the fraction of assignments dropped (0 for dropless).
 
-Expert parallelism: when the current mesh (`jax.set_mesh`) has an 'expert' axis of size S > 1,
-the expert weights are split over it and the expert computation runs in `jax.shard_map` with
-tokens split over ('data', 'expert') on the batch dim: each device routes its own tokens and
-exchanges them with `jax.lax.all_to_all`. Capacity mode sends [E, G_local * C, d] buffers.
-Dropless mode sends a fixed buffer of all n*k local assignments to every expert shard (the
-static worst case: every assignment may go to one shard), so its exchange buffers and the
-expert activations on each device are S x those of the unsharded layer; nothing is dropped.
+Per device: under a mesh (`jax.set_mesh`) that splits the tokens (data/expert) or has a
+`model` axis, dropless dispatch runs in `jax.shard_map`: each device sorts and computes its
+own tokens (XLA cannot partition the sort over all rows, so outside shard_map every device
+ran the whole batch's experts), with the experts' hidden units split over 'model' (partial
+outputs summed, Megatron-style) when it divides them. A batch that does not split over the
+token axes falls back to the unsplit program.
+
+Expert parallelism: when the mesh has an 'expert' axis of size S > 1, the expert weights are
+split over it and tokens over ('data', 'expert') on the batch dim: each device routes its own
+tokens and exchanges them. Capacity mode sends [E, G_local * C, d] buffers by all_to_all.
+Dropless mode on TPU/GPU sorts its rows by expert and sends each shard its run with
+`jax.lax.ragged_all_to_all` (offsets from one all-gather of the [S, E] counts), so only the
+assigned rows move; the receive buffer is static, S x the local rows (the dropless worst
+case), and the grouped matmul visits only its filled tiles. XLA:CPU has no ragged
+all-to-all: there dropless sends a fixed [S, n*k] buffer to every shard (S x the bytes).
 Routing and aux losses are computed outside the shard_map, so they equal the unsharded values.
 The batch must split over ('data', 'expert'): the trainer checks its batch and micro-batches
 before compiling (`ShardingPlan.check_batch_size`) and initialises parameters outside the mesh
@@ -66,6 +76,11 @@ MOE_METRICS = {"moe_load_balance_loss": 0, "moe_z_loss": 0, "moe_dropped_fractio
                "moe_expert_load": 1}
 TOKEN_MESH_AXES = ("replica", "data", "expert")   # those of them the mesh has
 CPU_BLOCK_ROWS = 128               # max rows per block of the CPU grouped matmul
+# megablox tiles (at most; MaxText's defaults): rows are padded to whole row tiles (of 128
+# when there are fewer rows than one); a row tile re-reads its expert's weight tiles and an
+# output-column tile the rows, so small tiles multiply HBM traffic
+MEGABLOX_TILE_ROWS = 512
+MEGABLOX_TILE = 1024               # contraction and output-column tiles
 
 
 def expert_capacity(tokens_per_group: int, num_experts: int, experts_per_token: int,
@@ -171,7 +186,8 @@ def _block_rows(rows: int, num_groups: int) -> int:
 
 def grouped_experts(rows, group_ids, weights: dict, act: Callable, impl: str):
   """Run each row [R, d] through expert `group_ids[r]` of the stacked weights [G, ...];
-  rows with id == G (padding) give zeros. impl: "ragged" (ragged_dot) or "blocked"."""
+  rows with id == G (padding) give zeros. impl: "ragged" (ragged_dot), "megablox" (the
+  Pallas grouped matmul, interpreted off TPU) or "blocked"."""
   num_groups = next(iter(weights.values())).shape[0]
   order = jnp.argsort(group_ids, stable=True)
   sorted_ids = group_ids[order]
@@ -179,10 +195,32 @@ def grouped_experts(rows, group_ids, weights: dict, act: Callable, impl: str):
   if impl == "ragged":
     ys = expert_ffn(rows[order], weights, act,
                     lambda a, w: jax.lax.ragged_dot(a, w, sizes))
+  elif impl == "megablox":
+    ys = _megablox_experts(rows[order], sizes, weights, act)
   else:
     ys = _blocked_experts(rows[order], sorted_ids, sizes, weights, act)
   ys = jnp.where((sorted_ids < num_groups)[:, None], ys, 0)
   return jnp.zeros_like(ys).at[order].set(ys)
+
+
+def _megablox_experts(rows, sizes, weights: dict, act: Callable):
+  """Rows sorted by group through megablox `gmm` (forward and input gradient) and `tgmm`
+  (weight gradient): on TPU both are Pallas kernels that visit only the tiles holding rows,
+  where XLA's ragged_dot transpose computes the weight gradient as one masked dense matmul
+  per expert (E x its FLOPs). Rows are padded to whole row tiles; off TPU it is interpreted
+  (tests)."""
+  from jax.experimental.pallas.ops.tpu.megablox import gmm
+  interpret = target_platform(rows) != "tpu"
+  m = rows.shape[0]
+  tile_rows = min(MEGABLOX_TILE_ROWS, -(-m // 128) * 128)
+  padded = -(-m // tile_rows) * tile_rows
+  xs = jnp.pad(rows, ((0, padded - m), (0, 0)))
+
+  def matmul(a, w):
+    tiling = (tile_rows, min(a.shape[1], MEGABLOX_TILE), min(w.shape[2], MEGABLOX_TILE))
+    return gmm(a, w, sizes, preferred_element_type=a.dtype, tiling=tiling, interpret=interpret)
+
+  return expert_ffn(xs, weights, act, matmul)[:m]
 
 
 def _blocked_experts(rows, sorted_ids, sizes, weights: dict, act: Callable):
@@ -233,16 +271,23 @@ def capacity_dispatch(x, experts, gates, slots, weights: dict, *, num_experts: i
 
 
 def dropless_dispatch(x, experts, gates, weights: dict, *, num_experts: int, act: Callable,
-                      axis: str | None, impl: str):
+                      axis: str | None, impl: str, exchange: str = "padded"):
   """Dropless dispatch on one device's tokens: x [n, d], experts/gates [n, k]; weights hold
-  this device's E / S experts. Returns float32 [n, d]."""
+  this device's E / S experts. exchange (with an expert axis): "ragged" moves only the
+  assigned rows (`jax.lax.ragged_all_to_all`, TPU/GPU), "padded" a fixed worst-case buffer
+  (CPU, where XLA has no ragged all-to-all). Returns float32 [n, d]."""
   n, k = experts.shape
   local_experts = next(iter(weights.values())).shape[0]
   rows, ids = jnp.repeat(x, k, axis=0), experts.reshape(-1)
   if axis is None:
     ys = grouped_experts(rows, ids, weights, act, impl)
-  else:
+  elif exchange == "padded":
     ys = _exchange_dropless(rows, ids, weights, act, impl, axis, num_experts // local_experts)
+  else:
+    transport = (jax.lax.ragged_all_to_all if exchange == "ragged"
+                 else emulated_ragged_all_to_all)
+    ys = _ragged_exchange(rows, ids, weights, act, impl, axis, num_experts // local_experts,
+                          transport)
   return jnp.einsum("nkd,nk->nd", ys.reshape(n, k, -1).astype(jnp.float32), gates)
 
 
@@ -266,6 +311,72 @@ def _exchange_dropless(rows, ids, weights, act, impl, axis, shards):
   back = _exchange(out.reshape(shards, m, -1), axis)
   ys_sorted = back[dst, jnp.arange(m) - starts[dst]]
   return jnp.zeros_like(ys_sorted).at[order].set(ys_sorted)
+
+
+def _ragged_exchange(rows, ids, weights, act, impl, axis, shards, transport):
+  """Expert parallelism that moves only the assigned rows: sort by expert, send each shard
+  its contiguous run with `transport` (ragged_all_to_all), run the local experts on the
+  received rows, send the results back the same way, undo the sort.
+
+  The per-expert counts of every shard ([S, E] int32, one all-gather) give every offset and
+  the local expert of every received row, so no ids travel. The receive buffer is static:
+  S * m rows (every assignment of every shard may pick this shard's experts; dropless), but
+  only the received rows cross the links and the grouped matmul visits only their tiles."""
+  m, local = rows.shape[0], next(iter(weights.values())).shape[0]
+  me = jax.lax.axis_index(axis)
+  order = jnp.argsort(ids, stable=True)
+  sorted_rows = rows[order]
+  counts = jax.lax.all_gather(jnp.bincount(ids, length=shards * local).astype(jnp.int32),
+                              axis)                                   # [S src, E]
+  per_shard = counts.reshape(shards, shards, local).sum(-1)           # [src, dst] rows
+  send_sizes = per_shard[me]
+  send_offsets = jnp.cumsum(send_sizes) - send_sizes
+  recv_sizes = per_shard[:, me]
+  recv_offsets = jnp.cumsum(recv_sizes) - recv_sizes                  # my buffer, by source
+  # where my run for shard s starts in s's buffer: what the sources before me send s
+  out_offsets = jnp.sum(jnp.where(jnp.arange(shards)[:, None] < me, per_shard, 0), axis=0)
+  buffer = jnp.zeros((shards * m,) + rows.shape[1:], rows.dtype)
+  recv = transport(sorted_rows, buffer, send_offsets, send_sizes, out_offsets, recv_sizes,
+                   axis_name=axis)
+  # received rows: source by source, each run sorted by local expert; the rest padding
+  mine = jax.lax.dynamic_slice_in_dim(counts, me * local, local, axis=1).reshape(-1)
+  recv_ids = jnp.repeat(jnp.arange(shards * local, dtype=jnp.int32) % local, mine,
+                        total_repeat_length=shards * m)
+  recv_ids = jnp.where(jnp.arange(shards * m) < mine.sum(), recv_ids, local)
+  out = grouped_experts(recv, recv_ids, weights, act, impl)
+  back = transport(out, jnp.zeros_like(sorted_rows), recv_offsets, recv_sizes,
+                   _sent_offsets(per_shard, me, axis), send_sizes, axis_name=axis)
+  return jnp.zeros_like(back).at[order].set(back)
+
+
+def _sent_offsets(per_shard, me, axis):
+  """For the return trip: where shard s's results land in its own sorted rows, i.e. the
+  offset s used for its run to me (what s sends the shards before me)."""
+  del axis
+  shards = per_shard.shape[0]
+  return jnp.sum(jnp.where(jnp.arange(shards)[None, :] < me, per_shard, 0), axis=1)
+
+
+def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
+                               recv_sizes, *, axis_name):
+  """`jax.lax.ragged_all_to_all` (one run per shard) from a padded all_to_all, for CPU,
+  where XLA has no ragged all-to-all: it checks `_ragged_exchange`'s offsets there."""
+  shards, m = input_offsets.shape[0], operand.shape[0]
+  r = jnp.arange(m)
+  src = jnp.minimum(input_offsets[:, None] + r, m - 1)
+  send = jnp.where((r < send_sizes[:, None])[..., None], operand[src], 0)   # [S, m, ...]
+  got = jax.lax.all_to_all(send, axis_name, 0, 0, tiled=True)
+  at = jax.lax.all_to_all(output_offsets, axis_name, 0, 0, tiled=True)
+  dest = jnp.where(r < recv_sizes[:, None], at[:, None] + r, output.shape[0])
+  return output.at[dest.reshape(-1)].set(got.reshape((shards * m,) + got.shape[2:]),
+                                         mode="drop")
+
+
+def exchange_kind() -> str:
+  """The dropless expert-parallel exchange for the devices compiled for: "ragged" on TPU/GPU,
+  "padded" on CPU (XLA:CPU has no ragged-all-to-all). Tests set "emulated" to run the
+  ragged path's offsets on CPU."""
+  return "padded" if target_platform() == "cpu" else "ragged"
 
 
 def _expert_axis_size() -> int:
@@ -314,7 +425,7 @@ class MoE(nn.Module):
     if self.settings.grouped_matmul != "auto":
       return self.settings.grouped_matmul
     # the devices compiled for (a TPU plan traces on a CPU host), not the default backend
-    return "blocked" if target_platform() == "cpu" else "ragged"
+    return {"cpu": "blocked", "tpu": "megablox"}.get(target_platform(), "ragged")
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool = True):
@@ -345,30 +456,51 @@ class MoE(nn.Module):
       inputs = inputs + (slots,)
     else:
       self.sow(MOE_COLLECTION, "moe_dropped_fraction", jnp.zeros((), jnp.float32))
+      exchange = exchange_kind()
       fn = lambda xs, ex, gs, w, axis: dropless_dispatch(
           xs.reshape(-1, d), ex.reshape(-1, ex.shape[-1]), gs.reshape(-1, gs.shape[-1]), w,
-          num_experts=s.num_experts, act=act, axis=axis, impl=impl).reshape(xs.shape)
-    out = self._run(fn, inputs, weights)
+          num_experts=s.num_experts, act=act, axis=axis, impl=impl,
+          exchange=exchange).reshape(xs.shape)
+    out = self._run(fn, inputs, weights, per_device=s.dispatch == "dropless",
+                    check_vma=not (s.dispatch == "dropless" and impl == "megablox"))
     return out.reshape(shape).astype(self.dtype)
 
-  def _run(self, fn: Callable, inputs: tuple, weights: dict):
-    """fn on one device, or per device under shard_map when the mesh has an expert axis."""
+  def _run(self, fn: Callable, inputs: tuple, weights: dict, per_device: bool = False,
+           check_vma: bool = True):
+    """fn on one device, or per device under shard_map when the mesh has an expert axis or
+    (`per_device`: dropless, whose sort is over all rows and which XLA cannot partition, so it
+    would run whole on every device) splits the tokens or the experts' hidden units.
+    check_vma=False for Pallas kernels (their outputs carry no varying-axes type)."""
     shards = _expert_axis_size()
-    if shards == 1:
+    mesh = jax.sharding.get_abstract_mesh()
+    if shards == 1 and not per_device:
       return fn(*inputs, weights, None)
     if self.settings.num_experts % shards:
       raise ValueError(f"model.num_experts={self.settings.num_experts} is not divisible by "
                        f"mesh.expert={shards}: use a multiple of mesh.expert experts or a "
                        "mesh.expert that divides model.num_experts")
-    mesh = jax.sharding.get_abstract_mesh()
-    token_axes = tuple(a for a in TOKEN_MESH_AXES if a in mesh.axis_names)
+    token_axes = tuple(a for a in TOKEN_MESH_AXES
+                       if not mesh.empty and a in mesh.axis_names)
     devices = math.prod(mesh.shape[a] for a in token_axes)
+    model = mesh.shape["model"] if not mesh.empty and "model" in mesh.axis_names else 1
+    hidden_axis = "model" if per_device and model > 1 and self.hidden_dim % model == 0 else None
+    if shards == 1 and (inputs[0].shape[0] % devices or (devices == 1 and hidden_axis is None)):
+      return fn(*inputs, weights, None)      # nothing to split (or a batch that does not)
     if inputs[0].shape[0] % devices:
       raise ValueError(f"expert parallelism splits the batch over mesh axes {token_axes} "
                        f"({devices} devices): batch size {inputs[0].shape[0]} must be a "
                        "multiple of it")
+    expert_axis = "expert" if shards > 1 else None
     token_spec = P(token_axes)
-    sharded = jax.shard_map(lambda *a: fn(*a[:-1], a[-1], "expert"),
-                            in_specs=(token_spec,) * len(inputs) + (P("expert"),),
-                            out_specs=token_spec)
+    in_w = {n: (P(expert_axis, None, hidden_axis) if n != EXPERT_PARAMS[3]
+                else P(expert_axis, hidden_axis, None)) for n in weights}
+
+    def local(*a):
+      out = fn(*a[:-1], a[-1], expert_axis)
+      if hidden_axis is not None:          # each model shard holds a slice of the hidden
+        out = jax.lax.psum(out.astype(self.dtype), hidden_axis)   # units: sum the partials
+      return out
+
+    sharded = jax.shard_map(local, in_specs=(token_spec,) * len(inputs) + (in_w,),
+                            out_specs=token_spec, check_vma=check_vma)
     return sharded(*inputs, weights)

@@ -31,7 +31,7 @@ REMAT_POLICIES = {
     "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }
 DISPATCHES = ("dropless", "capacity")
-GROUPED_MATMULS = ("auto", "ragged", "blocked")
+GROUPED_MATMULS = ("auto", "ragged", "megablox", "blocked")
 
 
 def _fail(message: str):
@@ -73,7 +73,8 @@ class MoESettings:
   router_jitter: float = 0.0          # training noise on the router input (Switch: 0.01)
   renormalize: bool = True            # top-k gates sum to 1 (Mixtral); False: Switch
   gated: bool = True                  # SwiGLU-style experts; False: act(x W_in) W_out
-  grouped_matmul: str = "auto"        # dropless: "ragged" | "blocked" | "auto" (blocked on CPU)
+  grouped_matmul: str = "auto"        # dropless: "ragged" | "megablox" | "blocked" | "auto"
+                                      # (megablox on TPU, ragged on GPU, blocked on CPU)
   load_balance_weight: float = 0.01   # aux-loss weights of the training objective
   z_loss_weight: float = 0.001
 

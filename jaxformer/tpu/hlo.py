@@ -34,8 +34,9 @@ What is counted (per device, per execution of the program):
   result shape) for a caller that knows a kernel by name (splash attention: the planner).
 - `collectives`: per kind and mesh axes, the number of executions and the bytes each device
   moves: all-gather its result (operand x group size), reduce-scatter / all-reduce /
-  all-to-all / collective-permute their operand. An async -start/-done pair counts once, an
-  all-reduce in an `all-reduce-scatter` fusion is a reduce-scatter, and the pieces of one
+  all-to-all / collective-permute their operand, ragged-all-to-all the smaller of its input
+  and output buffers (an upper bound: the sizes are only known at run time). An async
+  -start/-done pair counts once, an all-reduce in an `all-reduce-scatter` fusion is a reduce-scatter, and the pieces of one
   collective spread over several async collective fusions (same channel_id) count once. A
   group's ids are positions in `mesh.devices.flat` (checked by the tests); its axes are the
   mesh axes along which its members' coordinates differ.
@@ -441,7 +442,11 @@ class _Module:
                   sync: bool = False) -> None:
     operands = [n for n in _names(instr.operands) if n in self.instrs]
     if kind == "ragged-all-to-all":
-      operands = operands[:1]                     # (input, output, offsets and sizes)
+      # (input, output, offsets and sizes): a device sends at most its input and receives at
+      # most its output, and all devices together send what they receive, so per device (the
+      # plan's average) the smaller of the two buffers bounds it, e.g. the return trip of a
+      # dropless MoE exchange sends from a worst-case [S * m] buffer into an [m] one
+      operands = [min(operands[:2], key=lambda n: _bytes(self.instrs[n].shape))]
     moved = sum(_bytes(self.instrs[n].shape) for n in operands)
     axes, dcn, size = groups.of(instr)
     if kind == "all-gather":
@@ -450,6 +455,10 @@ class _Module:
     # fusions (some in a loop body, overlapping the loop) share its channel_id: the logical
     # collective runs as often as its least frequent piece (see `analyse`)
     channel = re.search(r"channel_id=(\d+)", instr.attrs)
+    # (JAX lowers every all_to_all / ragged_all_to_all of a program with channel_id=1: each
+    # is its own collective)
+    if kind in ("all-to-all", "ragged-all-to-all"):
+      channel = None
     piece = (kind, axes, dcn, channel.group(1) if channel else instr.name, instr.name)
     record = totals.collectives.setdefault(piece, [0, 0])
     record[0] += 1
