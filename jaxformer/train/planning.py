@@ -38,6 +38,7 @@ import jax
 
 from jaxformer import models, parallel, paths, run_settings
 from jaxformer.data.batch_spec import train_batch_spec
+from jaxformer.parallel import offload
 from jaxformer.parallel.sharding import per_device_bytes
 from jaxformer.state import train_state as state_lib
 from jaxformer.train import config_checks, progress, setup, tasks
@@ -71,8 +72,9 @@ def build_program(config, devices: Sequence[Any], settings=None) -> Program:
   plan.check_batch_size(settings.train.batch_size, grad_accum=settings.optim.grad_accum)
   module, tx, init_boxed = state_lib.train_state_fns(config)
   abstract = jax.eval_shape(init_boxed)
-  state_shardings = plan.state_shardings(abstract)
-  state = plan.restore_target(abstract)
+  state_shardings = setup.offloaded(config, settings, plan, plan.state_shardings(abstract))
+  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                       plan.restore_target(abstract), state_shardings)   # host memory kinds
   spec = train_batch_spec(config, settings, task.batch_layout,
                           models.with_defaults(config.model))
   batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=plan.batch_sharding(len(shape)))
@@ -185,8 +187,8 @@ def compile_program(program: Program) -> CompileOutput:
   seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
   fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-            "temp_size_in_bytes", "generated_code_size_in_bytes")
-  return CompileOutput(seconds, memory={f: int(getattr(memory, f)) for f in fields},
+            "temp_size_in_bytes", "generated_code_size_in_bytes", "host_temp_size_in_bytes")
+  return CompileOutput(seconds, memory={f: int(getattr(memory, f, 0)) for f in fields},
                        hlo=compiled.as_text())
 
 
@@ -236,8 +238,11 @@ def analyse(program: Program, out: CompileOutput, chip: chips_lib.Chip, *, topol
   """The compiled program's memory, FLOPs, collectives and estimated step times per chip."""
   mesh = program.plan.mesh
   n = mesh.devices.size
+  # device memory; what the memory levers keep in host memory is counted apart ("host")
+  host = offload.host_bytes(program.state)
   params = per_device_bytes(program.state["params"])
-  optimizer = per_device_bytes(program.state["opt_state"])
+  optimizer = per_device_bytes(program.state["opt_state"]) - offload.host_bytes(
+      program.state["opt_state"])
   analytic = float(progress.flops_per_step(program.config.model, program.task, program.batch, 1))
   common = dict(topology=topology, slices=slices, chips=n, chip=chip, mesh=dict(mesh.shape),
                 fsdp=program.settings.mesh.fsdp, compile_seconds=out.seconds)
@@ -245,7 +250,7 @@ def analyse(program: Program, out: CompileOutput, chip: chips_lib.Chip, *, topol
     total = params + optimizer + out.needed_temp_bytes + per_device_bytes(program.batch)
     return Plan(**common, fits=False,
                 per_chip_bytes={"params": params, "optimizer": optimizer,
-                                "temp": out.needed_temp_bytes, "total": total},
+                                "temp": out.needed_temp_bytes, "total": total, "host": host},
                 flops_per_step={"compiler": None, "analytic": analytic}, collectives={},
                 estimated_step_seconds=None, roofline={},
                 mfu={"estimate": None, "roofline": None}, refusal=out.refusal)
@@ -266,7 +271,8 @@ def analyse(program: Program, out: CompileOutput, chip: chips_lib.Chip, *, topol
          if roofline["step_seconds"] else None}
   return Plan(**common, fits=total <= chip.hbm_bytes,
               per_chip_bytes={"params": params, "optimizer": optimizer,
-                              "temp": m["temp_size_in_bytes"], "total": total},
+                              "temp": m["temp_size_in_bytes"], "total": total,
+                              "host": host + m.get("host_temp_size_in_bytes", 0)},
               flops_per_step={"compiler": stats.matmul_flops * n, "analytic": analytic},
               collectives=stats.collectives, estimated_step_seconds=estimate,
               roofline=roofline, mfu=mfu, kernels=kernels)
@@ -325,6 +331,9 @@ def table(p: Plan) -> str:
            f"temporaries {gib(b['temp'])} = {gib(b['total'])} of {gib(p.hbm_bytes)} HBM: "
            + (f"fits ({gib(margin)} free)" if p.fits else f"does NOT fit (short by "
               f"{gib(-margin)})")]
+  if b.get("host"):
+    lines.append(f"host memory per chip (offloaded optimizer state / activations): "
+                 f"{gib(b['host'])}")
   if p.refusal:
     lines.append(f"compiler: {p.refusal}")
     return "\n".join(lines)
