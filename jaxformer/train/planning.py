@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 import jax
 
-from jaxformer import models, parallel, paths, run_settings
+from jaxformer import models, parallel, paths, run_settings, tpu_flags
 from jaxformer.data.batch_spec import train_batch_spec
 from jaxformer.parallel import offload
 from jaxformer.parallel.sharding import per_device_bytes
@@ -127,6 +127,8 @@ class Plan:
   # custom (Pallas) kernels: count (distinct), executions, flops, bytes (per step, per chip),
   # roofline_seconds (in estimated_step_seconds), uncosted (kernels with no cost at all)
   kernels: dict = dataclasses.field(default_factory=dict)
+  # LIBTPU_INIT_ARGS the compile-only devices were created with (jaxformer.tpu_flags)
+  compiler_flags: str = ""
 
   @property
   def hbm_bytes(self) -> int:
@@ -140,7 +142,8 @@ class Plan:
             "collectives": self.collectives,
             "estimated_step_seconds": self.estimated_step_seconds, "roofline": self.roofline,
             "mfu": self.mfu, "compile_seconds": self.compile_seconds,
-            "refusal": self.refusal, "kernels": self.kernels}
+            "refusal": self.refusal, "kernels": self.kernels,
+            "compiler_flags": self.compiler_flags}
 
 
 @dataclasses.dataclass
@@ -200,7 +203,8 @@ def cache_key(config, topology: str, slices: int) -> str:
   """The config, the topology and the compiler's versions: what a compile depends on."""
   import jaxlib
   versions = [jax.__version__, jaxlib.__version__, topology_lib.libtpu_version()]
-  text = json.dumps([config.to_dict(), topology, slices, versions], sort_keys=True,
+  text = json.dumps([config.to_dict(), topology, slices, versions]
+                    + ([flags] if (flags := tpu_flags.in_effect()) else []), sort_keys=True,
                     default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -245,7 +249,8 @@ def analyse(program: Program, out: CompileOutput, chip: chips_lib.Chip, *, topol
       program.state["opt_state"])
   analytic = float(progress.flops_per_step(program.config.model, program.task, program.batch, 1))
   common = dict(topology=topology, slices=slices, chips=n, chip=chip, mesh=dict(mesh.shape),
-                fsdp=program.settings.mesh.fsdp, compile_seconds=out.seconds)
+                fsdp=program.settings.mesh.fsdp, compile_seconds=out.seconds,
+                compiler_flags=tpu_flags.in_effect())
   if out.refusal is not None:
     total = params + optimizer + out.needed_temp_bytes + per_device_bytes(program.batch)
     return Plan(**common, fits=False,
@@ -334,6 +339,8 @@ def table(p: Plan) -> str:
   if b.get("host"):
     lines.append(f"host memory per chip (offloaded optimizer state / activations): "
                  f"{gib(b['host'])}")
+  if p.compiler_flags:
+    lines.append(f"TPU compiler flags (LIBTPU_INIT_ARGS): {tpu_flags.describe(p.compiler_flags)}")
   if p.refusal:
     lines.append(f"compiler: {p.refusal}")
     return "\n".join(lines)
