@@ -30,7 +30,8 @@ from jaxformer.ops.attention import IMPLS, check_block_sizes
 #   attention_context                  attention's output, before its out projection
 #   attention_out                      attention's out projection
 #   mlp_in                             the FFN's input projections (both halves when gated)
-#   mlp_out                            the FFN's output projection
+#   mlp_out                            the FFN's output projection (kept where the backward
+#                                      needs it: a post-norm block's, not a pre-norm one's)
 #   layer_input                        a block's input (models/stack.py)
 ACTIVATION_NAMES = ("query_proj", "key_proj", "value_proj", "attention_context",
                     "attention_out", "mlp_in", "mlp_out", "layer_input")

@@ -25,11 +25,14 @@ DEVICE = "device"
 
 def has_host_memory(devices: Sequence[Any]) -> bool:
   """Whether the devices can address pinned host memory (TPU, GPU and CPU with JAX's memory
-  kinds; libtpu's compile-only devices too)."""
+  kinds; libtpu's compile-only devices too). Only this process's devices list their
+  memories (another host's list none), so those are the ones asked."""
   try:
-    return all(HOST in {m.kind for m in d.addressable_memories()} for d in devices)
+    kinds = [{m.kind for m in d.addressable_memories()} for d in devices]
   except (AttributeError, NotImplementedError, jax.errors.JaxRuntimeError):
     return False
+  kinds = [k for k in kinds if k]
+  return bool(kinds) and all(HOST in k for k in kinds)
 
 
 def check(fields: Sequence[str], devices: Sequence[Any]) -> None:
