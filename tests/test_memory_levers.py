@@ -204,3 +204,21 @@ def test_an_offloaded_optimizer_state_fits_where_the_plain_step_does_not():
   assert moved.per_chip_bytes["optimizer"] == 0
   assert moved.per_chip_bytes["host"] >= plain.per_chip_bytes["optimizer"]
   assert "host memory per chip" in planning.table(moved)
+
+
+@pytest.mark.slow
+def test_a_run_with_offloaded_moments_checkpoints_resumes_and_equals_the_plain_run(tmp_path):
+  """Through the trainer: checkpoints of host-memory moments save and restore (a run stopped
+  at step 4 and resumed), and the metrics equal the plain run's."""
+  import json
+  from jaxformer.train import loop
+  def config(offload_state: bool):
+    cfg = tiny_run_config(steps=8, checkpoint_every=4, eval_every=8, log_every=4)
+    cfg.optim.offload_state = offload_state
+    return cfg
+  loop.train(config(True), str(tmp_path / "moved"), stop_after=4)
+  loop.train(config(True), str(tmp_path / "moved"))
+  loop.train(config(False), str(tmp_path / "plain"))
+  records = lambda name: [(r["step"], r.get("loss"), r.get("eval_loss")) for r in map(
+      json.loads, open(tmp_path / name / "metrics.jsonl"))]
+  assert records("moved") == records("plain") and len(records("plain")) == 3
