@@ -66,6 +66,7 @@ def _typed(kind: type, default: Any, *, optional: bool = False):
 BEST_METRICS = ("eval_loss", "eval_accuracy")
 SCHEDULES = ("cosine", "linear", "constant", "rsqrt", "wsd")
 DECAY_SHAPES = ("1-sqrt", "linear", "cosine")
+STATE_DTYPES = ("float32", "bfloat16")      # optim.state_dtype
 
 
 def wsd_decay_start(steps: int, decay_fraction: float, decay_steps: int | None = None) -> int:
@@ -136,6 +137,10 @@ class OptimSettings:
   b1: float = _number(lambda v: 0 <= v < 1, "a number in [0, 1)", 0.9)
   b2: float = _number(lambda v: 0 <= v < 1, "a number in [0, 1)", 0.95)
   eps: float = _number(lambda v: v > 0, "a number > 0", 1e-8)
+  # memory levers (off by default): Adam's moments stored in bfloat16 (rounded after each
+  # update, which computes in float32), and kept in host memory between steps
+  state_dtype: str = _choice(STATE_DTYPES, "float32")
+  offload_state: bool = _typed(bool, False)
 
 
 @dataclasses.dataclass(frozen=True)

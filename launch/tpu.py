@@ -51,7 +51,7 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from jaxformer import cli
+from jaxformer import cli, tpu_flags
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERBS = ("create", "delete", "setup", "run", "sweep")
@@ -121,10 +121,14 @@ def run_script(args: argparse.Namespace, command: Sequence[str], launch_id: str)
   """The remote command of run (one line, for the worker's login shell, POSIX sh): `command`
   from the code directory in its own session and process group (`setsid`: a shell without a
   terminal has no job control), recorded so that `stop_script` can signal the group, and one
-  tagged line if it fails."""
+  tagged line if it fails. The command runs with the TPU compiler's overlap flags
+  (`jaxformer.tpu_flags`) in LIBTPU_INIT_ARGS, merged into this machine's LIBTPU_INIT_ARGS
+  (its flags win) and the groups of its JAXFORMER_TPU_FLAGS."""
   pid, stop = f"{LAUNCH_DIR}/{launch_id}.pid", f"{LAUNCH_DIR}/{launch_id}.stop"
+  libtpu = tpu_flags.merge(os.environ.get(tpu_flags.ENV), tpu_flags.groups_from_env())
+  env = f"{tpu_flags.ENV}={shlex.quote(libtpu)} " if libtpu else ""
   return (f'cd {shlex.quote(args.remote_dir)} || exit 1; mkdir -p "{LAUNCH_DIR}"; '
-          f'setsid {shlex.join(command)} & pid=$!; echo "$pid" > "{pid}"; '
+          f'{env}setsid {shlex.join(command)} & pid=$!; echo "$pid" > "{pid}"; '
           f'if [ -f "{stop}" ]; then kill -TERM -- "-$pid" 2>/dev/null; fi; '
           f'wait "$pid"; rc=$?; rm -f "{pid}" "{stop}"; '
           f'if [ "$rc" -ne 0 ]; then echo "jaxformer-launch {launch_id}: $(hostname) exited '

@@ -125,7 +125,11 @@ def test_plan_memory_by_hand_and_collectives_of_each_strategy():
   assert "all-reduce" in kinds(dp, "data") and "all-gather" not in kinds(dp, "data")
   assert {"all-gather", "reduce-scatter"} <= kinds(plans["fsdp"], "data")
   assert kinds(plans["tp"], "model") and not kinds(plans["tp"], "data")
+  from jaxformer import tpu_flags     # compiled with the overlap flags, and the plan says so
   for p in plans.values():
+    assert p.compiler_flags == tpu_flags.in_effect() == p.to_json()["compiler_flags"]
+    assert "--xla_tpu_enable_async_collective_fusion=true" in p.compiler_flags
+    assert "TPU compiler flags (LIBTPU_INIT_ARGS): " in planning.table(p)
     assert p.estimated_step_seconds > 0 and p.roofline["step_seconds"] > 0
     assert 0.5 < p.flops_per_step["compiler"] / p.flops_per_step["analytic"] < 3
     # the compiler estimate = its compute + the communication its schedule leaves exposed

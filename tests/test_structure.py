@@ -15,7 +15,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "jaxformer"
 # Lowest first. A unit is a sub-package or a top-level module of jaxformer; it may import units
 # of lower layers only (units of one layer do not import each other).
 LAYERS = (
-    ("run_files", "run_settings", "paths", "jsonfile", "optional"),   # no jaxformer imports
+    ("run_files", "run_settings", "paths", "jsonfile", "optional",    # no jaxformer imports
+     "tpu_flags"),
     ("console",),                             # what reaches the terminal
     ("compilation", "tpu"),                   # the compilation cache and compiler options;
                                               # compile-only TPU devices, chip figures, HLO stats

@@ -10,6 +10,7 @@ import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from jaxformer.layers.dense import default_kernel_init, dense
@@ -201,9 +202,13 @@ class MultiHeadAttention(nn.Module):
       kv = dense((2, hkv, d), ("embed", "qkv", "kv_heads", "kv"), name="kv",
                  **kw)(context if cross else x if kv_inputs is None else kv_inputs)
       k, v = kv[:, :, 0], kv[:, :, 1]
-    q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
-    k = nn.with_logical_constraint(k, ("batch", "length", "kv_heads", "kv"))
-    v = nn.with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
+    # names for the remat policies that keep them (layers/settings.py ACTIVATION_NAMES)
+    q = checkpoint_name(nn.with_logical_constraint(q, ("batch", "length", "heads", "kv")),
+                        "query_proj")
+    k = checkpoint_name(nn.with_logical_constraint(k, ("batch", "length", "kv_heads", "kv")),
+                        "key_proj")
+    v = checkpoint_name(nn.with_logical_constraint(v, ("batch", "length", "kv_heads", "kv")),
+                        "value_proj")
 
     t = x.shape[1]
     cache_index, cache_filled = self._cache_index(k) if self.decode else (None, False)
@@ -263,10 +268,12 @@ class MultiHeadAttention(nn.Module):
       # The index is traced, so overflowing the cache cannot raise under jit; make it loud
       # (NaN outputs) instead of silently overwriting the last slots.
       out = jnp.where(cache_index + t <= k.shape[1], out, jnp.nan)
-    out = nn.with_logical_constraint(out, ("batch", "length", "heads", "kv"))
-    return dense(self.out_features or x.shape[-1], ("heads", "kv", "embed"), num_in=2,
-                 name="out", use_bias=self.out_bias, dtype=self.dtype,
-                 param_dtype=self.param_dtype, kernel_init=self.kernel_init)(out)
+    out = checkpoint_name(nn.with_logical_constraint(out, ("batch", "length", "heads", "kv")),
+                          "attention_context")
+    return checkpoint_name(dense(self.out_features or x.shape[-1], ("heads", "kv", "embed"),
+                                 num_in=2, name="out", use_bias=self.out_bias, dtype=self.dtype,
+                                 param_dtype=self.param_dtype, kernel_init=self.kernel_init)(out),
+                           "attention_out")
 
   def _cache_index(self, k):
     """(cache offset, whether the cache existed before this call). During `init` the cache

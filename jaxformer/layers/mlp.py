@@ -6,6 +6,7 @@ import functools
 from typing import Any, Callable
 
 import flax.linen as nn
+from jax.ad_checkpoint import checkpoint_name
 import jax.numpy as jnp
 
 from jaxformer.layers.dense import default_kernel_init, dense
@@ -44,14 +45,17 @@ class Mlp(nn.Module):
     act = activation_fn(self.activation)
     kw = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
               kernel_init=self.kernel_init)
+    # "mlp_in" / "mlp_out": names for the remat policies that keep them (layers/settings.py)
+    wi = lambda name: checkpoint_name(dense(self.hidden_dim, ("embed", "mlp"), name=name,
+                                            **kw)(x), "mlp_in")
     if self.gated:
-      h = act(dense(self.hidden_dim, ("embed", "mlp"), name="wi_gate", **kw)(x)) * dense(
-          self.hidden_dim, ("embed", "mlp"), name="wi_up", **kw)(x)
+      h = act(wi("wi_gate")) * wi("wi_up")
     else:
-      h = act(dense(self.hidden_dim, ("embed", "mlp"), name="wi", **kw)(x))
+      h = act(wi("wi"))
     h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
-    return dense(self.out_dim or x.shape[-1], ("mlp", "embed"), name="wo", **kw)(h)
+    return checkpoint_name(dense(self.out_dim or x.shape[-1], ("mlp", "embed"), name="wo",
+                                 **kw)(h), "mlp_out")
 
 
 class SwiGLU(Mlp):

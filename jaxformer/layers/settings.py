@@ -24,12 +24,53 @@ from jaxformer.layers.parametrization import PARAMETRIZATIONS
 from jaxformer.ops import masks
 from jaxformer.ops.attention import IMPLS, check_block_sizes
 
+# Activations the layers tag with `jax.ad_checkpoint.checkpoint_name`, for the named policies
+# below (a tag outside a rematerialised stack does nothing):
+#   query_proj, key_proj, value_proj   attention's q / k / v projections (before RoPE)
+#   attention_context                  attention's output, before its out projection
+#   attention_out                      attention's out projection
+#   mlp_in                             the FFN's input projections (both halves when gated)
+#   mlp_out                            the FFN's output projection (kept where the backward
+#                                      needs it: a post-norm block's, not a pre-norm one's)
+#   layer_input                        a block's input (models/stack.py)
+ACTIVATION_NAMES = ("query_proj", "key_proj", "value_proj", "attention_context",
+                    "attention_out", "mlp_in", "mlp_out", "layer_input")
+_QKV = ("query_proj", "key_proj", "value_proj")
+_ATTENTION = _QKV + ("attention_context", "attention_out")
+_PROJECTIONS = _ATTENTION + ("mlp_in", "mlp_out")
+
+
+def _saved(names):
+  return jax.checkpoint_policies.save_only_these_names(*names)
+
+
+def _offloaded(names):
+  """Keep `names` in host memory (pinned_host) between the forward and the backward pass,
+  recompute everything else: device memory of `full`, less recompute, plus host transfers."""
+  return jax.checkpoint_policies.save_and_offload_only_these_names(
+      names_which_can_be_saved=[], names_which_can_be_offloaded=list(names),
+      offload_src="device", offload_dst="pinned_host")
+
+
+# `model.remat_policy`: what each block keeps for the backward pass (the rest is recomputed).
 REMAT_POLICIES = {
     "none": None,                                        # no rematerialisation
     "full": jax.checkpoint_policies.nothing_saveable,   # recompute the whole block
     "dots": jax.checkpoint_policies.checkpoint_dots,    # keep matmul outputs
     "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    "save_qkv": _saved(_QKV),                # keep q/k/v projections
+    "save_attention": _saved(_ATTENTION),    # + attention's output and out projection
+    "save_projections": _saved(_PROJECTIONS),   # + the FFN's in/out projections: every
+                                                # matmul output but attention's own
+    "offload_qkv": _offloaded(_QKV),         # the same three sets, kept in host memory
+    "offload_attention": _offloaded(_ATTENTION),
+    "offload_projections": _offloaded(_PROJECTIONS),
+    "offload_layer_input": _offloaded(("layer_input",)),   # `full` with each block's input
+                                                           # in host memory
 }
+# The policies that move activations to host memory: refused where the devices have none
+# (`jaxformer.parallel.offload.check`).
+OFFLOADED_REMAT_POLICIES = frozenset(k for k in REMAT_POLICIES if k.startswith("offload_"))
 DISPATCHES = ("dropless", "capacity")
 GROUPED_MATMULS = ("auto", "ragged", "megablox", "blocked")
 

@@ -19,6 +19,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from flax.core import FrozenDict
 
 from jaxformer.layers import TransformerBlock
@@ -38,6 +39,7 @@ class _Layer(nn.Module):
                rel_embeddings=None, kv_inputs=None):
     if self.keep_input:
       x = x[0]
+    x = checkpoint_name(x, "layer_input")      # for remat_policy="offload_layer_input"
     y = TransformerBlock(self.settings, **self.wiring, name="block")(
         x, context, mask=mask, context_mask=context_mask, segment_ids=segment_ids,
         positions=positions, bias=bias, rel_embeddings=rel_embeddings, kv_inputs=kv_inputs,

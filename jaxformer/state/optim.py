@@ -72,14 +72,34 @@ def scale_by_multipliers(multipliers) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
+def with_state_dtype(tx: optax.GradientTransformation, dtype) -> optax.GradientTransformation:
+  """`tx` with its floating-point state (Adam's moments) stored in `dtype`: each update
+  computes in float32 from the stored state and rounds the new state to `dtype` (round to
+  nearest even); the update itself is float32's, from the unrounded moments."""
+  dtype = jnp.dtype(dtype)
+  def cast(tree, to):
+    return jax.tree.map(lambda x: x.astype(to) if jnp.issubdtype(x.dtype, jnp.floating)
+                        else x, tree)
+
+  def init(params):
+    return cast(tx.init(params), dtype)
+
+  def update(updates, state, params=None):
+    updates, state = tx.update(updates, cast(state, jnp.float32), params)
+    return updates, cast(state, dtype)
+  return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(optim: OptimSettings, total_steps: int, lr_multipliers=None
                    ) -> optax.GradientTransformation:
-  """AdamW (the only `optim.name`); `lr_multipliers` (a tree of floats shaped like the
-  params, `layers.parametrization.learning_rate_multipliers`) scales each parameter's LR."""
+  """AdamW (the only `optim.name`), its moments stored in `optim.state_dtype`;
+  `lr_multipliers` (a tree of floats shaped like the params,
+  `layers.parametrization.learning_rate_multipliers`) scales each parameter's LR."""
   parts = [
       optax.clip_by_global_norm(optim.clip) if optim.clip else optax.identity(),
       optax.adamw(learning_rate_schedule(optim, total_steps), b1=optim.b1, b2=optim.b2,
                   eps=optim.eps, weight_decay=optim.weight_decay, mask=decay_mask)]
   if lr_multipliers is not None:
     parts.append(scale_by_multipliers(lr_multipliers))
-  return optax.chain(*parts)
+  tx = optax.chain(*parts)
+  return tx if optim.state_dtype == "float32" else with_state_dtype(tx, optim.state_dtype)

@@ -17,6 +17,8 @@ import importlib.util
 import os
 import re
 
+from jaxformer import tpu_flags
+
 GENERATIONS = ("v4", "v5e", "v5p", "v6e")
 _DIMS = {"v4": 3, "v5p": 3, "v5e": 2, "v6e": 2}      # 3D torus / 2D torus
 _HOST = {"v4": (2, 2, 1), "v5p": (2, 2, 1), "v5e": (2, 2), "v6e": (2, 2)}   # libtpu's default
@@ -70,6 +72,7 @@ def _devices(gen: str, dims: tuple[int, ...], slices: int, topology: str) -> tup
     raise ValueError(f"--topology={topology}: compiling for a TPU needs libtpu: "
                      'pip install "jaxformer[tpu]"')
   quiet_libtpu(gen)
+  tpu_flags.apply()        # compiled with the run's overlap flags (libtpu reads them once)
   from jax.experimental import topologies      # after the environment is set
   kwargs = {}
   if gen == "v4":

@@ -6,7 +6,7 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from jaxformer import cli, compilation, console, parallel
+from jaxformer import cli, compilation, console, parallel, tpu_flags
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.loop import train
 
@@ -31,6 +31,7 @@ flags.mark_flags_as_required(["config"])
 def main(argv):
   del argv
   f = flags.FLAGS
+  tpu_flags.apply()    # the TPU compiler's overlap flags, before JAX initialises a backend
   # compile-only TPU executables cannot be cached
   compilation.enable_cache(None if f.plan_only and f.topology else f.compilation_cache)
   if f.plan_only:

@@ -119,7 +119,8 @@ RESUMABLE_CHANGES = {
               "max_skipped_steps", "stall_timeout", "profile_steps", "attention_maps", "sample_tokens",
               "sample_prompt", "sample_every", "loss_chunk"),
     "data": ("eval_batches", "data_dir"),
-    "optim": ("decay_steps",),       # compared through the schedule it gives
+    "optim": ("decay_steps",         # compared through the schedule it gives
+              "offload_state"),      # where the moments wait between steps, not what
     "posttrain": (),                 # method, init_from, beta: what the steps optimize
 }
 

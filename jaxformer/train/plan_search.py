@@ -139,7 +139,8 @@ def cheap_check(config, candidate: Candidate, devices, chip: chips_lib.Chip,
     candidate.status, candidate.reason = "pruned", str(e).splitlines()[0]
     return
   params = per_device_bytes(state["params"])
-  candidate.lower_bound_bytes = 2 * params + per_device_bytes(state["opt_state"])
+  optimizer = 0 if settings.optim.offload_state else per_device_bytes(state["opt_state"])
+  candidate.lower_bound_bytes = 2 * params + optimizer     # offloaded moments: host memory
   if candidate.lower_bound_bytes > chip.hbm_bytes:
     candidate.status = "pruned"
     candidate.reason = (f"parameters, gradients and optimizer alone need "
@@ -185,8 +186,13 @@ class Margin:
 # this for GPT-2 small (31.5 GiB compiled vs 27 GiB estimated, v5e, 16 rows/chip). A search
 # starts from this margin and learns each policy's from what its compiles needed.
 _ACTIVATION_MARGIN = 1.3
+# The named policies (layers/settings.py): q/k/v are ~3 d (fewer with GQA), attention's
+# output and out projection 2 d, the FFN's in and out ~8 d; offloaded ones keep ~nothing.
 _SAVED = {"none": (10, 24, 5), "dots": (2, 12, 4), "dots_no_batch": (2, 12, 0),
-          "full": (2, 0, 0)}
+          "full": (2, 0, 0), "save_qkv": (2, 3, 0), "save_attention": (2, 5, 0),
+          "save_projections": (2, 13, 0), "offload_qkv": (2, 0, 0),
+          "offload_attention": (2, 0, 0), "offload_projections": (2, 0, 0),
+          "offload_layer_input": (0, 0, 0)}
 
 
 def _activation_bytes(cfg, settings, plan) -> float:
@@ -214,7 +220,10 @@ def _rough_seconds(cfg, settings, plan, chip, param_bytes: int) -> float:
   batch = {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in train_batch_spec(
       cfg, settings, task.batch_layout, model).items()}
   flops = progress.flops_per_step(cfg.model, task, batch, 1) / plan.mesh.devices.size
-  recompute = {"none": 1.0, "dots": 1.1, "dots_no_batch": 1.15, "full": 4 / 3}
+  recompute = {"none": 1.0, "dots": 1.1, "dots_no_batch": 1.15, "full": 4 / 3,
+               "save_qkv": 1.25, "save_attention": 1.2, "save_projections": 1.05,
+               "offload_qkv": 1.25, "offload_attention": 1.2, "offload_projections": 1.05,
+               "offload_layer_input": 4 / 3}
   flops *= recompute.get(model.get("remat_policy", "none"), 1.0)
   shape = plan.mesh.shape
   accum = settings.optim.grad_accum

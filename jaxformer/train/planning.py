@@ -45,9 +45,10 @@ from typing import Any, Sequence
 
 import jax
 
-from jaxformer import models, parallel, paths, run_settings
+from jaxformer import models, parallel, paths, run_settings, tpu_flags
 from jaxformer.data.batch_spec import train_batch_spec
 from jaxformer.ops.pallas import splash as splash_lib
+from jaxformer.parallel import offload
 from jaxformer.parallel.sharding import per_device_bytes
 from jaxformer.state import train_state as state_lib
 from jaxformer.train import config_checks, progress, setup, tasks
@@ -81,8 +82,9 @@ def build_program(config, devices: Sequence[Any], settings=None) -> Program:
   plan.check_batch_size(settings.train.batch_size, grad_accum=settings.optim.grad_accum)
   module, tx, init_boxed = state_lib.train_state_fns(config)
   abstract = jax.eval_shape(init_boxed)
-  state_shardings = plan.state_shardings(abstract)
-  state = plan.restore_target(abstract)
+  state_shardings = setup.offloaded(config, settings, plan, plan.state_shardings(abstract))
+  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                       plan.restore_target(abstract), state_shardings)   # host memory kinds
   spec = train_batch_spec(config, settings, task.batch_layout,
                           models.with_defaults(config.model))
   batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=plan.batch_sharding(len(shape)))
@@ -139,6 +141,8 @@ class Plan:
   # the compiler estimate's parts: compute_seconds (cycles + kernels), communication_seconds
   # (all collectives at link bandwidth), exposed_communication_seconds (what is not hidden)
   estimate: dict = dataclasses.field(default_factory=dict)
+  # LIBTPU_INIT_ARGS the compile-only devices were created with (jaxformer.tpu_flags)
+  compiler_flags: str = ""
 
   @property
   def hbm_bytes(self) -> int:
@@ -152,7 +156,8 @@ class Plan:
             "collectives": self.collectives,
             "estimated_step_seconds": self.estimated_step_seconds, "roofline": self.roofline,
             "mfu": self.mfu, "compile_seconds": self.compile_seconds,
-            "refusal": self.refusal, "kernels": self.kernels, "estimate": self.estimate}
+            "refusal": self.refusal, "kernels": self.kernels, "estimate": self.estimate,
+            "compiler_flags": self.compiler_flags}
 
 
 # The fraction of its roofline a custom kernel the compiler cannot cost (Pallas/Mosaic flash
@@ -244,8 +249,8 @@ def compile_program(program: Program) -> CompileOutput:
   seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
   fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-            "temp_size_in_bytes", "generated_code_size_in_bytes")
-  return CompileOutput(seconds, memory={f: int(getattr(memory, f)) for f in fields},
+            "temp_size_in_bytes", "generated_code_size_in_bytes", "host_temp_size_in_bytes")
+  return CompileOutput(seconds, memory={f: int(getattr(memory, f, 0)) for f in fields},
                        hlo=compiled.as_text())
 
 
@@ -257,7 +262,8 @@ def cache_key(config, topology: str, slices: int) -> str:
   """The config, the topology and the compiler's versions: what a compile depends on."""
   import jaxlib
   versions = [jax.__version__, jaxlib.__version__, topology_lib.libtpu_version()]
-  text = json.dumps([config.to_dict(), topology, slices, versions], sort_keys=True,
+  text = json.dumps([config.to_dict(), topology, slices, versions]
+                    + ([flags] if (flags := tpu_flags.in_effect()) else []), sort_keys=True,
                     default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -295,16 +301,20 @@ def analyse(program: Program, out: CompileOutput, chip: chips_lib.Chip, *, topol
   """The compiled program's memory, FLOPs, collectives and estimated step times per chip."""
   mesh = program.plan.mesh
   n = mesh.devices.size
+  # device memory; what the memory levers keep in host memory is counted apart ("host")
+  host = offload.host_bytes(program.state)
   params = per_device_bytes(program.state["params"])
-  optimizer = per_device_bytes(program.state["opt_state"])
+  optimizer = per_device_bytes(program.state["opt_state"]) - offload.host_bytes(
+      program.state["opt_state"])
   analytic = float(progress.flops_per_step(program.config.model, program.task, program.batch, 1))
   common = dict(topology=topology, slices=slices, chips=n, chip=chip, mesh=dict(mesh.shape),
-                fsdp=program.settings.mesh.fsdp, compile_seconds=out.seconds)
+                fsdp=program.settings.mesh.fsdp, compile_seconds=out.seconds,
+                compiler_flags=tpu_flags.in_effect())
   if out.refusal is not None:
     total = params + optimizer + out.needed_temp_bytes + per_device_bytes(program.batch)
     return Plan(**common, fits=False,
                 per_chip_bytes={"params": params, "optimizer": optimizer,
-                                "temp": out.needed_temp_bytes, "total": total},
+                                "temp": out.needed_temp_bytes, "total": total, "host": host},
                 flops_per_step={"compiler": None, "analytic": analytic}, collectives={},
                 estimated_step_seconds=None, roofline={},
                 mfu={"estimate": None, "roofline": None}, refusal=out.refusal)
@@ -327,9 +337,15 @@ def analyse(program: Program, out: CompileOutput, chip: chips_lib.Chip, *, topol
   mfu = {"estimate": analytic / (estimate * peak) if estimate else None,
          "roofline": analytic / (roofline["step_seconds"] * peak)
          if roofline["step_seconds"] else None}
-  return Plan(**common, fits=total <= chip.hbm_bytes,
+  # With host offload the compiler's temporaries count host-memory buffers too (Llama-3 8B,
+  # moments offloaded: 32.79 GiB of "temporaries" on a 31.25 GiB chip, compiled): there the
+  # verdict is the compiler's, which refuses any program over HBM (RESOURCE_EXHAUSTED).
+  offloaded = bool(setup.memory_levers(program.config, program.settings))
+  fits = True if offloaded else total <= chip.hbm_bytes
+  return Plan(**common, fits=fits,
               per_chip_bytes={"params": params, "optimizer": optimizer,
-                              "temp": m["temp_size_in_bytes"], "total": total},
+                              "temp": m["temp_size_in_bytes"], "total": total,
+                              "host": host + m.get("host_temp_size_in_bytes", 0)},
               flops_per_step={"compiler": matmul_flops * n, "analytic": analytic},
               collectives=stats.collectives, estimated_step_seconds=estimate,
               roofline=roofline, mfu=mfu, kernels=kernels, estimate=breakdown)
@@ -409,8 +425,14 @@ def table(p: Plan) -> str:
            f"{p.compile_seconds:.1f} s",
            f"memory per chip: params {gib(b['params'])} + optimizer {gib(b['optimizer'])} + "
            f"temporaries {gib(b['temp'])} = {gib(b['total'])} of {gib(p.hbm_bytes)} HBM: "
-           + (f"fits ({gib(margin)} free)" if p.fits else f"does NOT fit (short by "
+           + (("fits" if margin < 0 else f"fits ({gib(margin)} free)") if p.fits else f"does NOT fit (short by "
               f"{gib(-margin)})")]
+  if b.get("host") or (p.fits and margin < 0):
+    lines.append(f"host memory per chip (offloaded optimizer state / activations): "
+                 f"{gib(b['host'])}; the temporaries above count host buffers too, so the fit "
+                 "is the compiler's verdict (it refuses a program over HBM)")
+  if p.compiler_flags:
+    lines.append(f"TPU compiler flags (LIBTPU_INIT_ARGS): {tpu_flags.describe(p.compiler_flags)}")
   if p.refusal:
     lines.append(f"compiler: {p.refusal}")
     return "\n".join(lines)

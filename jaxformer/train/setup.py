@@ -21,6 +21,7 @@ import numpy as np
 
 from jaxformer import models, parallel, paths, run_files, run_settings
 from jaxformer.data.pipeline import make_pipeline
+from jaxformer.parallel import offload
 from jaxformer.state import checkpoint, optim
 from jaxformer.state import train_state as state_lib
 from jaxformer.train import config_checks, data_record, profiling, progress, tasks
@@ -112,6 +113,7 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
   module, tx, init_boxed = state_lib.train_state_fns(config)
   abstract = jax.eval_shape(init_boxed)
   state_shardings = plan.state_shardings(abstract)     # divisibility errors: no compile yet
+  state_shardings = offloaded(config, settings, plan, state_shardings)
   data = parallel.process_zero_first(
       lambda: data_record.check(workdir, config, data_record.fingerprint(config, pipeline),
                                 taken=config_checks.steps_taken(workdir),
@@ -143,6 +145,8 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
       state = posttrain_init.init_state(config, plan, state, abstract, workdir)
   else:
     start, state = restored
+  if settings.optim.offload_state:          # the moments to host memory, where steps keep them
+    state = jax.device_put(state, state_shardings)
   if is_main:
     print(f"{workdir}: " + (f"resumed from step {start}" if start else "starting fresh"),
           flush=True)
@@ -217,12 +221,35 @@ def compile_together(run: Run, steps: Steps) -> None:
   parallel.barrier("compiled the steps")
 
 
+def memory_levers(config, settings: run_settings.RunSettings) -> list[str]:
+  """The config fields (`field=value`) that keep data in host memory."""
+  from jaxformer.layers.settings import OFFLOADED_REMAT_POLICIES
+  fields = ["optim.offload_state=True"] if settings.optim.offload_state else []
+  policy = models.with_defaults(config.model).get("remat_policy")
+  if policy in OFFLOADED_REMAT_POLICIES:
+    fields.append(f"model.remat_policy={policy!r}")
+  return fields
+
+
+def offloaded(config, settings: run_settings.RunSettings, plan: parallel.ShardingPlan,
+              state_shardings):
+  """The train state's shardings with the optimizer state in host memory where
+  `optim.offload_state`; a host-memory lever the plan's devices cannot do is refused by its
+  field (before anything compiles)."""
+  offload.check(memory_levers(config, settings), list(plan.mesh.devices.flat))
+  return offload.state_shardings(state_shardings, settings.optim.offload_state)
+
+
 def jit_train_step(settings: run_settings.RunSettings, plan: parallel.ShardingPlan, module, tx,
                    task: tasks.Task, state_shardings, batch_shardings) -> parallel.CompiledStep:
   """The train step (state, batch, dropout key) -> (state, metrics), jitted for the plan's
   shardings with the state donated: what the loop runs, and what `jaxformer.plan` compiles
   for a TPU topology."""
   t, o = settings.train, settings.optim
+  opt_state_in = None
+  if o.offload_state:      # host -> device for the update (state_shardings has it on host)
+    on_device = offload.on_device(state_shardings["opt_state"])
+    opt_state_in = lambda opt_state: jax.device_put(opt_state, on_device)
   sizes = plan.mesh.shape
   param_specs = jax.tree.map(lambda s: s.spec, state_shardings["params"])
   map_axes = step_lib.grad_reduce_axes(
@@ -236,7 +263,7 @@ def jit_train_step(settings: run_settings.RunSettings, plan: parallel.ShardingPl
       grad_accum=o.grad_accum, batch_shards=plan.batch_shards,
       shard_axes=plan.batch_mesh_axes, map_axes=map_axes,
       map_shards=math.prod(sizes[a] for a in map_axes), param_specs=param_specs,
-      loss_chunk=t.loss_chunk),
+      loss_chunk=t.loss_chunk, opt_state_in=opt_state_in),
       in_shardings=(state_shardings, batch_shardings, plan.replicated),
       out_shardings=(state_shardings, plan.replicated), donate_argnums=(0,),
       name="train_step")

@@ -160,7 +160,8 @@ def gathered_head(readout):
 def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
                     z_loss: float = 0.0, grad_accum: int = 1, batch_shards: int = 1,
                     shard_axes: tuple = (), map_axes: tuple = (), map_shards: int = 1,
-                    param_specs=None, loss_chunk: int | None = None):
+                    param_specs=None, loss_chunk: int | None = None,
+                    opt_state_in=None):
   """(state, batch, dropout_key) -> (state, metrics); state = {'step', 'params',
   'opt_state', 'skipped'}. A step with a non-finite loss or gradient leaves params and
   optimizer untouched and counts as skipped (reset to 0 by the next good step).
@@ -180,6 +181,9 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
 
   loss_chunk: the chunked loss's tile (positions), 0 for the dense loss, None auto
   (`loss_mode`).
+
+  `opt_state_in` (optional) maps the optimizer state before the update: with
+  `optim.offload_state`, from host to device memory (train/setup.py).
   """
   moe = getattr(getattr(module, "block", None), "moe", None)     # MoESettings or None
   chunk = loss_mode(module, task, loss_chunk)
@@ -303,8 +307,8 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
     # A branch, not a select of new vs old: `where(finite, new, old)` over every leaf made
     # XLA copy each parameter and moment out of its donated buffer (~12% of a CPU step for
     # the README model) and always paid for the update.
-    new_params, opt_state = jax.lax.cond(finite, update, skip, grads, state["opt_state"],
-                                         params)
+    opt_state = state["opt_state"] if opt_state_in is None else opt_state_in(state["opt_state"])
+    new_params, opt_state = jax.lax.cond(finite, update, skip, grads, opt_state, params)
     new_state = {**state, "step": state["step"] + 1, "params": new_params, "opt_state": opt_state,
                  "skipped": jnp.where(finite, 0, state["skipped"] + 1)}
     return new_state, {"loss": nll / total_weight, "train_objective": loss,
