@@ -112,13 +112,16 @@ def capacity_positions(experts, num_experts: int):
 # The named (vmap) axis the batch is split over when a train step maps its gradient over the
 # batch shards (train/step.py, optim.grad_reduce="once"); None otherwise. Token statistics
 # are then averaged over it, so each shard's aux losses are those of the whole micro-batch.
-_SHARD_AXIS: list = [None]
+# Entries: (vmap axis name, the mesh axes it is laid on: `spmd_axis_name`).
+_SHARD_AXIS: list = [(None, ())]
 
 
 @contextlib.contextmanager
-def batch_shard_axis(name: str):
-  """Inside: MoE token statistics are averaged over the named vmap axis `name`."""
-  _SHARD_AXIS.append(name)
+def batch_shard_axis(name: str, mesh_axes: tuple = ()):
+  """Inside: MoE token statistics are averaged over the named vmap axis `name`, laid on the
+  mesh axes `mesh_axes`; dropless routing then runs per block of the vmap (not in its own
+  shard_map, which could not name those axes)."""
+  _SHARD_AXIS.append((name, tuple(mesh_axes)))
   try:
     yield
   finally:
@@ -127,7 +130,8 @@ def batch_shard_axis(name: str):
 
 def _over_shards(x):
   """`x` (a mean over this shard's tokens) averaged over the batch shards, if mapped."""
-  return x if _SHARD_AXIS[-1] is None else jax.lax.pmean(x, _SHARD_AXIS[-1])
+  name = _SHARD_AXIS[-1][0]
+  return x if name is None else jax.lax.pmean(x, name)
 
 
 def load_balance_loss(probs, experts):
@@ -473,6 +477,11 @@ class MoE(nn.Module):
     check_vma=False for Pallas kernels (their outputs carry no varying-axes type)."""
     shards = _expert_axis_size()
     mesh = jax.sharding.get_abstract_mesh()
+    mapped = _SHARD_AXIS[-1][1]              # under the reduce-once vmap: its mesh axes
+    if mapped:
+      # the vmap already runs each block of rows on its own devices (spmd_axis_name), so the
+      # dropless sort is per block; a shard_map inside it cannot name the mapped axes
+      per_device = False
     if shards == 1 and not per_device:
       return fn(*inputs, weights, None)
     if self.settings.num_experts % shards:
@@ -480,7 +489,7 @@ class MoE(nn.Module):
                        f"mesh.expert={shards}: use a multiple of mesh.expert experts or a "
                        "mesh.expert that divides model.num_experts")
     token_axes = tuple(a for a in TOKEN_MESH_AXES
-                       if not mesh.empty and a in mesh.axis_names)
+                       if not mesh.empty and a in mesh.axis_names and a not in mapped)
     devices = math.prod(mesh.shape[a] for a in token_axes)
     model = mesh.shape["model"] if not mesh.empty and "model" in mesh.axis_names else 1
     hidden_axis = "model" if per_device and model > 1 and self.hidden_dim % model == 0 else None

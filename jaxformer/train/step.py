@@ -241,7 +241,7 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
     local_rules = without_mesh_axes(nn.get_logical_axis_rules(), map_axes)
 
     def one(mb, block):
-      with nn.logical_axis_rules(local_rules), batch_shard_axis(_SHARDS):
+      with nn.logical_axis_rules(local_rules), batch_shard_axis(_SHARDS, map_axes):
         return grad_fn(params, mb, jax.random.fold_in(rng, block), aux_scale / map_shards,
                        frozen, mapped=True)
     return jax.vmap(one, axis_name=_SHARDS, spmd_axis_name=map_axes)(
