@@ -24,6 +24,9 @@ def test_smoke_checks_every_impl_and_both_train_steps(tmp_path):
       if impl == "cudnn":                    # off a GPU: refused, with cuDNN's reason
         assert "refused" in row["note"] and "GPU" in row["note"]
         continue
+      if impl == "splash" and "refused" in row.get("note", ""):   # TPU-only; the smoke
+        assert "impl='splash'" in row["note"]     # shapes are not multiples of 128 either
+        continue
       assert row["ok"], row
       assert len(row["err_over_tol"]) == 4 and max(row["err_over_tol"]) <= 1
       assert all(t > 0 for t in row["tolerance"]) and row["ms"] > 0
