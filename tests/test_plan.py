@@ -295,6 +295,17 @@ def test_pallas_attention_kernels_are_costed_at_a_stated_efficiency():
   assert "WARNING" not in planning.table(pallas)
 
 
+def test_the_search_can_vary_the_optimizer_state_levers():
+  from jaxformer.train import config_checks, plan_search
+  cfg = _tiny()
+  found = plan_search.candidate_overrides(cfg, 4, ["optimizer", "attention"])
+  states = {(c["optim.state_dtype"], c["optim.offload_state"]) for c in found}
+  assert states == set(plan_search.OPTIMIZER_STATES) and len(found) == 3 * 3
+  assert {c["model.attention_impl"] for c in found} == {"xla", "pallas", "splash"}
+  for c in found:                 # every candidate is a config the trainer accepts
+    config_checks.validate(plan_search.with_overrides(cfg, c))
+
+
 def test_exposed_communication_is_what_a_scope_cannot_hide_behind_its_own_compute():
   """Per scope: synchronous collectives in full, asynchronous ones beyond the scope's compute;
   one scope's compute never hides another's collectives."""

@@ -3,7 +3,8 @@
 The space (each dimension can be held at the config's value): mesh shapes (data, model,
 expert) over the slice's chips, FSDP on/off, the remat policy, the per-chip micro-batch (the
 global batch is fixed; `optim.grad_accum` splits it), the attention implementation and
-layer scanning. Cheap checks first, on abstract shapes only: the trainer's own validation
+layer scanning; with `optimizer` (not in the CLI's default) also the optimizer state's
+dtype and host offload. Cheap checks first, on abstract shapes only: the trainer's own validation
 and divisibility errors, and the exact per-chip bytes of parameters, optimizer moments and
 gradients, which no sharding of activations can reduce (a candidate over HBM on those alone
 is dropped uncompiled). The rest are compiled best-first in worker processes: those an
@@ -37,7 +38,9 @@ from jaxformer.train import config_checks, planning, progress, tasks
 from jaxformer.tpu import chips as chips_lib
 from jaxformer.tpu import topology as topology_lib
 
-DIMENSIONS = ("mesh", "fsdp", "remat", "accum", "attention", "scan")
+DIMENSIONS = ("mesh", "fsdp", "remat", "accum", "attention", "scan", "optimizer")
+# optimizer-state levers: (state dtype, offloaded to host)
+OPTIMIZER_STATES = (("float32", False), ("bfloat16", False), ("bfloat16", True))
 ATTENTION_IMPLS = ("xla", "pallas", "splash")     # splash refuses what it cannot do: pruned
 
 
@@ -84,6 +87,9 @@ def candidate_overrides(config, chips: int, dimensions: Iterable[str]) -> list[d
     axes.append([(("optim.grad_accum", a),) for a in _divisors(batch) if a <= 64])
   if "attention" in dimensions and "attention_impl" in fields:
     axes.append([(("model.attention_impl", i),) for i in ATTENTION_IMPLS])
+  if "optimizer" in dimensions:
+    axes.append([(("optim.state_dtype", dtype), ("optim.offload_state", offload))
+                 for dtype, offload in OPTIMIZER_STATES])
   if "scan" in dimensions and "scan_layers" in fields:
     axes.append([(("model.scan_layers", s),) for s in (True, False)])
   return [dict(itertools.chain.from_iterable(combo)) for combo in itertools.product(*axes)]
