@@ -62,7 +62,8 @@ def test_every_config_loads_builds_and_counts(module, name):
   for key in ("lr", "schedule", "warmup_steps", "weight_decay", "clip", "grad_accum", "b1",
               "b2"):
     assert key in cfg.optim
-  assert cfg.mesh.to_dict() == {"data": -1, "model": 1, "expert": 1, "fsdp": False}
+  assert cfg.mesh.to_dict() == {"replica": 1, "data": -1, "model": 1, "expert": 1,
+                                "fsdp": False}
   # Every model field is in the config, so any of them can be overridden from the CLI.
   fields = set(models.config_fields(cfg.model.family)) - {"decode"}
   assert set(cfg.model.keys()) == fields | {"family", "name"}

@@ -200,7 +200,7 @@ def test_plan_cli_json_and_train_plan_only_refusal(tmp_path):
   for key in ("fits", "hbm_bytes", "per_chip_bytes", "flops_per_step", "collectives",
               "estimated_step_seconds", "compile_seconds"):
     assert key in data
-  assert set(data["per_chip_bytes"]) == {"params", "optimizer", "temp", "total"}
+  assert set(data["per_chip_bytes"]) == {"params", "optimizer", "temp", "total", "host"}
   assert "fits" in ok.stdout and "MFU implied" in ok.stdout
   workdir = tmp_path / "run"
   refused = _run("jaxformer.train", "--config=configs/gpt2.py:tiny", "--plan_only",
