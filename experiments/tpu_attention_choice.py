@@ -4,8 +4,8 @@ Compiles (never runs) one layer's attention forward + backward,
 `jit(grad(sum(attention(q, k, v) * ct)))`, for compile-only TPU devices of a generation (one
 chip, inside a one-device mesh so the kernels are built for the TPU: `target_platform`), at a
 model's per-chip shapes, and estimates its time the way the planner does
-(`jaxformer.train.planning`): the compiler's estimated cycles for XLA ops, plus custom kernels
-at `planning.KERNEL_EFFICIENCY` of their roofline (our Pallas kernel from its cost_estimate,
+(`jaxformer.plan.estimate`): the compiler's estimated cycles for XLA ops, plus custom kernels
+at `plan_estimate.KERNEL_EFFICIENCY` of their roofline (our Pallas kernel from its cost_estimate,
 splash from its block map). Prints one row per impl: per layer, and per step (x layers;
 a forward recomputed under full remat is not included).
 
@@ -28,8 +28,8 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from jaxformer.ops import attention as attention_ops  # noqa: E402
-from jaxformer.tpu import chips as chips_lib, hlo, topology as topology_lib  # noqa: E402
-from jaxformer.train import planning  # noqa: E402
+from jaxformer import accelerators  # noqa: E402
+from jaxformer.plan import estimate as plan_estimate, hlo, topology as topology_lib  # noqa: E402
 
 
 def estimate(impl: str, args, device, chip) -> dict:
@@ -53,7 +53,8 @@ def estimate(impl: str, args, device, chip) -> dict:
   model = dict(family="decoder", num_heads=args.heads, num_kv_heads=args.kv_heads,
                d_model=args.heads * args.head_dim, mlp_dim=4 * args.heads * args.head_dim,
                vocab_size=32000, num_layers=1)
-  kernels = planning.kernel_summary(stats, chip, planning.splash_kernel_flops(stats, model))
+  kernels = plan_estimate.kernel_summary(stats, chip,
+                                         plan_estimate.splash_kernel_flops(stats, model))
   xla = stats.estimated_cycles / chip.clock_hz
   layer = xla + kernels["seconds"]
   return dict(impl=impl, resolved=resolved, compile=seconds, xla_ms=1e3 * xla,
@@ -76,10 +77,10 @@ def main(argv=None):
                                                      "auto"])
   args = parser.parse_args(argv)
   device = topology_lib.devices(args.topology)[0]
-  chip = chips_lib.CHIPS[topology_lib.generation(args.topology)]
+  chip = accelerators.CHIPS[topology_lib.generation(args.topology)]
   print(f"{args.topology} ({chip.name}), B={args.batch} T={args.seq} H={args.heads} "
         f"Hkv={args.kv_heads} D={args.head_dim} bf16 causal, fwd+bwd of one layer; kernels "
-        f"at {planning.KERNEL_EFFICIENCY:.0%} of their roofline")
+        f"at {plan_estimate.KERNEL_EFFICIENCY:.0%} of their roofline")
   print("| impl | runs | XLA ops ms | kernels at roofline ms | kernels charged ms | "
         "layer ms | step s (x layers) | temp MiB |")
   print("|---|---|---:|---:|---:|---:|---:|---:|")

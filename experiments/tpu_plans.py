@@ -2,7 +2,7 @@
 
 For each row: the config (its published size), a slice people train on, and the global batch
 of the matching published run where there is one (per-chip batch x chips, so our estimate and
-their measurement describe the same step). `jaxformer.train.plan_search.search` varies the mesh,
+their measurement describe the same step). `jaxformer.plan.search.search` varies the mesh,
 FSDP, the remat policy and gradient accumulation (layers scanned, XLA attention), compiles the
 most promising candidates for the topology's compile-only devices and keeps the fastest that
 fits. Compiles are cached (~/.cache/jaxformer/plans), so a rerun, or a run interrupted and
@@ -52,7 +52,7 @@ class Row:
 
   @property
   def chips(self) -> int:
-    from jaxformer.tpu import topology
+    from jaxformer.plan import topology
     return math.prod(topology.parse(self.topology)[1]) * self.slices
 
 
@@ -85,10 +85,10 @@ def load(row: Row):
 
 
 def run_row(row: Row, args) -> dict:
-  from jaxformer.train import plan_search
+  from jaxformer.plan import search
   config = load(row)
   start = time.perf_counter()
-  result = plan_search.search(config, row.topology, row.slices, dimensions=DIMENSIONS,
+  result = search.search(config, row.topology, row.slices, dimensions=DIMENSIONS,
                               budget_seconds=60 * args.budget_minutes, workers=args.workers,
                               max_compiles=args.max_compiles)
   best = result.best
@@ -172,7 +172,7 @@ over mesh, FSDP, remat policy and gradient accumulation; layers scanned, XLA att
 the fastest candidate that fits by the compiler's cost model. Every number on our side is an
 estimate from the TPU compiler (its memory assignment, its per-op cycle estimates at the
 chip clock measured from its matmul estimates) and the chips' public figures
-(`jaxformer/tpu/chips.py`), not a measurement.
+(`jaxformer/accelerators.py`), not a measurement.
 
 {table}
 
@@ -194,7 +194,7 @@ chip clock measured from its matmul estimates) and the chips' public figures
 
 How far the estimate can be trusted: the compiler's cycle estimates are what XLA uses to
 schedule, not a simulator; they leave out collective time (carried by the roofline column)
-and Pallas kernels (charged at `planning.KERNEL_EFFICIENCY`, 50%, of their roofline:
+and Pallas kernels (charged at `estimate.KERNEL_EFFICIENCY`, 50%, of their roofline:
 FlashAttention-2's published lower end). Where the published / estimated ratio is
 near 1 the compiled step is as fast as MaxText's measured one would be if the estimate
 held; a large ratio says our step, as compiled, does much more work or moves much more

@@ -8,7 +8,7 @@ the compiler schedules and lays out its collectives (and how much memory that ta
 data-parallel pipelining can raise it, its documentation says so).
 
 Who applies them: `python -m jaxformer.train` (before JAX initialises a backend), the TPU
-compile-only devices of `python -m jaxformer.plan` (`jaxformer.tpu.topology`, so a plan is
+compile-only devices of `python -m jaxformer.plan` (`jaxformer.plan.topology`, so a plan is
 compiled as the run will be; the plan records the flags it compiled with), and
 `python -m launch.tpu` (exported on every worker). Rules:
 

@@ -528,11 +528,11 @@ def test_sharded_training_matches_one_device():
 def test_plan_compiles_for_a_tpu_topology():
   """The AOT planner compiles a tensor-parallel DeBERTa step for v5e:2x2; the compiler's
   FLOPs agree with the analytic count (which includes the c2p/p2c products)."""
-  from jaxformer.train import planning
+  from jaxformer.plan import estimate
   cfg = configs.get_config("deberta", "tiny")
   cfg.model.update(dtype="bfloat16", scan_layers=True, vocab_size=68)   # 4 divides it
   cfg.mesh.update(data=1, model=4)
-  plan = planning.plan(cfg, "v5e:2x2")
+  plan = estimate.plan(cfg, "v5e:2x2")
   assert plan.fits and plan.chips == 4
   assert 0.5 < plan.flops_per_step["compiler"] / plan.flops_per_step["analytic"] < 3
 

@@ -467,10 +467,10 @@ def test_tensor_and_data_parallel_steps_equal_one_device(family):
 def test_plan_compiles_both_for_a_tpu_topology():
   """`plan` (the train step compiled for v5e 2x2 from the batch layout alone) with tensor
   parallelism: RoBERTa's MLM and BERT's MLM + NSP steps."""
-  from jaxformer.train import planning
+  from jaxformer.plan import estimate
   for cfg in (configs.get_config("roberta", "tiny"), bert_nsp_shakespeare.get_config("tiny")):
     cfg.model.update(dtype="bfloat16", vocab_size=128)
     cfg.mesh.update(data=2, model=2)
     cfg.train.batch_size = 8
-    p = planning.plan(cfg, "v5e:2x2")
+    p = estimate.plan(cfg, "v5e:2x2")
     assert p.fits and p.chips == 4 and p.per_chip_bytes["params"] > 0

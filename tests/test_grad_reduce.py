@@ -165,14 +165,14 @@ def test_gradient_reduction_bytes_do_not_grow_with_grad_accum():
   """gpt2:tiny data-parallel on v5e:2x2: reducing once moves one float32 gradient per step
   whatever optim.grad_accum is; reducing per micro-batch moves one per micro-batch."""
   from jaxformer import scaling
-  from jaxformer.train import planning
+  from jaxformer.plan import estimate
   from tests.test_plan import _tiny
   plans = {}
   for reduce, accum in (("auto", 2), ("auto", 4), ("per_microbatch", 4)):
     cfg = _tiny(batch=16)
     cfg.mesh.update(data=4, model=1, fsdp=False)
     cfg.optim.update(grad_accum=accum, grad_reduce=reduce)
-    plans[reduce, accum] = _reduced_bytes(planning.plan(cfg, "v5e:2x2"))
+    plans[reduce, accum] = _reduced_bytes(estimate.plan(cfg, "v5e:2x2"))
   n = scaling.count_params(_tiny().model)["total"]
   assert plans["auto", 2] == plans["auto", 4]
   count, moved = plans["auto", 4]

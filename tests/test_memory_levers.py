@@ -170,12 +170,12 @@ def test_host_memory_levers_are_refused_by_name_where_there_is_no_host_memory(
     monkeypatch, field, value, named):
   """On devices without pinned_host memory the lever is refused, naming its field, before
   anything compiles."""
-  from jaxformer.train import planning
+  from jaxformer.plan import estimate
   monkeypatch.setattr(offload, "has_host_memory", lambda devices: False)
   cfg = tiny_run_config()
   section, key = field.split(".")
   cfg[section][key] = value
-  user_error(lambda: planning.build_program(cfg, jax.devices()[:1]), named, "host memory")
+  user_error(lambda: estimate.build_program(cfg, jax.devices()[:1]), named, "host memory")
 
 
 def test_state_dtype_is_checked_by_name():
@@ -188,7 +188,7 @@ def test_an_offloaded_optimizer_state_fits_where_the_plain_step_does_not():
   """On v5e:2x2 (16 GiB per chip), a 2-layer model 6144 wide, data parallel: parameters,
   gradients and Adam's moments do not fit in HBM together; with the moments in host memory
   the step fits, and the plan counts them as host bytes."""
-  from jaxformer.train import planning
+  from jaxformer.plan import estimate
   def config(**optim_fields):
     cfg = tiny_run_config()
     cfg.mesh.update(data=4, model=1, fsdp=False)
@@ -197,13 +197,13 @@ def test_an_offloaded_optimizer_state_fits_where_the_plain_step_does_not():
     cfg.data.seq_len, cfg.train.batch_size = 32, 4
     cfg.optim.update(optim_fields)
     return cfg
-  plain = planning.plan(config(), "v5e:2x2")
-  moved = planning.plan(config(offload_state=True), "v5e:2x2")
+  plain = estimate.plan(config(), "v5e:2x2")
+  moved = estimate.plan(config(offload_state=True), "v5e:2x2")
   assert not plain.fits and plain.refusal
   assert moved.fits and moved.refusal is None
   assert moved.per_chip_bytes["optimizer"] == 0
   assert moved.per_chip_bytes["host"] >= plain.per_chip_bytes["optimizer"]
-  assert "host memory per chip" in planning.table(moved)
+  assert "host memory per chip" in estimate.table(moved)
 
 
 @pytest.mark.slow

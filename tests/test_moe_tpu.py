@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from jaxformer.parallel.rules import MESH_AXES, logical_axis_rules
-from jaxformer.tpu import hlo, topology
+from jaxformer.plan import hlo, topology
 from tests.modules import make_moe
 
 if importlib.util.find_spec("libtpu") is None:

@@ -85,7 +85,7 @@ def _flags(cfg) -> list[str]:
 
 
 def test_out_of_memory_refusals_parse():
-  from jaxformer.train.planning import parse_out_of_memory
+  from jaxformer.plan.estimate import parse_out_of_memory
   assert parse_out_of_memory(
       "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
       "temporaries (31.47G) exceeds available HBM (15.75G).") == (
@@ -102,7 +102,7 @@ def test_plan_memory_by_hand_and_collectives_of_each_strategy():
   and gradients are all-reduced over 'data'; FSDP gathers parameters and scatters gradients
   over 'data'; tensor parallelism communicates over 'model' only."""
   from jaxformer import scaling
-  from jaxformer.train import planning
+  from jaxformer.plan import estimate
   n = scaling.count_params(_tiny().model)["total"]
   plans = {}
   for name, mesh in {"dp": dict(data=4, model=1, fsdp=False),
@@ -110,7 +110,7 @@ def test_plan_memory_by_hand_and_collectives_of_each_strategy():
                      "tp": dict(data=1, model=4, fsdp=False)}.items():
     cfg = _tiny()
     cfg.mesh.update(mesh)
-    plans[name] = planning.plan(cfg, "v5e:2x2")
+    plans[name] = estimate.plan(cfg, "v5e:2x2")
   dp = plans["dp"]
   assert dp.fits and dp.chips == 4 and dp.hbm_bytes == 16 * 2**30
   assert dp.per_chip_bytes["params"] == 4 * n
@@ -129,7 +129,7 @@ def test_plan_memory_by_hand_and_collectives_of_each_strategy():
   for p in plans.values():
     assert p.compiler_flags == tpu_flags.in_effect() == p.to_json()["compiler_flags"]
     assert "--xla_tpu_enable_async_collective_fusion=true" in p.compiler_flags
-    assert "TPU compiler flags (LIBTPU_INIT_ARGS): " in planning.table(p)
+    assert "TPU compiler flags (LIBTPU_INIT_ARGS): " in estimate.table(p)
     assert p.estimated_step_seconds > 0 and p.roofline["step_seconds"] > 0
     assert 0.5 < p.flops_per_step["compiler"] / p.flops_per_step["analytic"] < 3
     # the compiler estimate = its compute + the communication its schedule leaves exposed
@@ -164,18 +164,18 @@ def test_search_returns_the_best_of_a_space_ranked_by_hand(tmp_path):
   """Gradient accumulation 1, 2 or 4 (8 would leave a micro-batch the 4 batch shards cannot
   split): 1 does not fit, and of 2 and 4 the one with fewer, larger micro-batches is faster.
   A rerun reads every compile from the cache."""
-  from jaxformer.train import plan_search
-  result = plan_search.search(_too_big(), "v5e:2x2", dimensions=["accum"],
+  from jaxformer.plan import search
+  result = search.search(_too_big(), "v5e:2x2", dimensions=["accum"],
                               cache_dir=str(tmp_path), log=lambda *_: None)
   by_accum = {c.overrides["optim.grad_accum"]: c for c in result.candidates}
   assert by_accum[8].status == "pruned" and "does not split" in by_accum[8].reason
   assert by_accum[1].status == "compiled" and not by_accum[1].fits
   assert by_accum[2].fits and by_accum[4].fits
   assert result.best is by_accum[2]
-  again = plan_search.search(_too_big(), "v5e:2x2", dimensions=["accum"],
+  again = search.search(_too_big(), "v5e:2x2", dimensions=["accum"],
                              cache_dir=str(tmp_path), log=lambda *_: None)
   assert again.best.overrides == {"optim.grad_accum": 2} and again.seconds < result.seconds
-  assert "optim.grad_accum=2" in plan_search.table(again)
+  assert "optim.grad_accum=2" in search.table(again)
 
 
 def _run(module: str, *args: str, cwd=None):
@@ -228,15 +228,15 @@ def test_plan_cli_user_errors_are_one_line():
 def test_two_slices_put_the_data_parallel_gradient_exchange_on_dcn():
   """Two v5e:2x2 slices, data parallel over all 8 chips: the gradients cross the slices over
   the data-centre network, and the roofline charges DCN time for them."""
-  from jaxformer.train import planning
+  from jaxformer.plan import estimate
   cfg = _tiny()
   cfg.mesh.update(data=8, model=1, fsdp=False)
-  p = planning.plan(cfg, "v5e:2x2", slices=2)
+  p = estimate.plan(cfg, "v5e:2x2", slices=2)
   assert p.chips == 8 and p.slices == 2
   dcn = [rec for rec in p.collectives.values() if rec["dcn"]]
   assert dcn and all(rec["axes"] == ["data"] or rec["axes"] == ("data",) for rec in dcn)
   assert p.roofline["dcn_seconds"] > 0
-  assert "x 2 slices" in planning.table(p)
+  assert "x 2 slices" in estimate.table(p)
 
 
 @needs_libtpu
@@ -244,12 +244,12 @@ def test_hybrid_sharding_keeps_parameter_gathers_on_ici():
   """Two v5e:2x2 slices with FSDP: mesh.data=8 spans both slices, so parameters are
   all-gathered over DCN; mesh.replica=2 (a replica per slice, FSDP over its 4 chips) gathers
   them over ICI only, and what crosses DCN is the gradients' all-reduce over 'replica'."""
-  from jaxformer.train import planning
+  from jaxformer.plan import estimate
   plans = {}
   for name, mesh in {"data": dict(data=8), "hybrid": dict(replica=2, data=4)}.items():
     cfg = _tiny()
     cfg.mesh.update(model=1, fsdp=True, **mesh)
-    plans[name] = planning.plan(cfg, "v5e:2x2", slices=2)
+    plans[name] = estimate.plan(cfg, "v5e:2x2", slices=2)
   dcn = lambda p: [(r["kind"], tuple(r["axes"])) for r in p.collectives.values() if r["dcn"]]
   assert ("all-gather", ("data",)) in dcn(plans["data"])
   hybrid = plans["hybrid"]
@@ -265,12 +265,12 @@ def test_pallas_attention_kernels_are_costed_at_a_stated_efficiency():
   """The Pallas kernels' matmuls are no HLO dots and they carry no compiler cycles: their
   cost_estimate puts the plan's FLOPs near the XLA attention plan's (causal blocks skipped)
   and adds their roofline / KERNEL_EFFICIENCY to the compiler's step time estimate."""
-  from jaxformer.train import planning
+  from jaxformer.plan import estimate
   plans = {}
   for impl in ("xla", "pallas"):
     cfg = _tiny(batch=4, seq=512, d_model=128, num_heads=1, attention_impl=impl)
     cfg.mesh.update(data=4, model=1, fsdp=False)
-    plans[impl] = planning.plan(cfg, "v5e:2x2")
+    plans[impl] = estimate.plan(cfg, "v5e:2x2")
   xla, pallas = plans["xla"], plans["pallas"]
   kernels = pallas.kernels
   assert kernels["count"] == 3 and kernels["uncosted"] == 0
@@ -286,51 +286,53 @@ def test_pallas_attention_kernels_are_costed_at_a_stated_efficiency():
   assert without < 0.7 * ratio            # the kernels are a large part of the step
   assert pallas.estimated_step_seconds >= kernels["seconds"] > kernels["roofline_seconds"] > 0
   assert kernels["seconds"] == pytest.approx(kernels["roofline_seconds"]
-                                             / planning.KERNEL_EFFICIENCY)
-  assert 0 < planning.KERNEL_EFFICIENCY < 1
+                                             / estimate.KERNEL_EFFICIENCY)
+  assert 0 < estimate.KERNEL_EFFICIENCY < 1
   assert pallas.mfu["roofline"] < 1 and pallas.to_json()["kernels"] == kernels
-  assert (f"(incl. 3 Pallas kernels at {100 * planning.KERNEL_EFFICIENCY:.0f}% of their "
-          f"roofline") in planning.table(pallas)
-  assert planning.KERNEL_EFFICIENCY_SOURCE in planning.table(pallas)
-  assert "WARNING" not in planning.table(pallas)
+  assert (f"(incl. 3 Pallas kernels at {100 * estimate.KERNEL_EFFICIENCY:.0f}% of their "
+          f"roofline") in estimate.table(pallas)
+  assert estimate.KERNEL_EFFICIENCY_SOURCE in estimate.table(pallas)
+  assert "WARNING" not in estimate.table(pallas)
 
 
 def test_the_search_can_vary_the_optimizer_state_levers():
-  from jaxformer.train import config_checks, plan_search
+  from jaxformer.plan import search
+  from jaxformer.train import config_checks
   cfg = _tiny()
-  found = plan_search.candidate_overrides(cfg, 4, ["optimizer", "attention"])
+  found = search.candidate_overrides(cfg, 4, ["optimizer", "attention"])
   states = {(c["optim.state_dtype"], c["optim.offload_state"]) for c in found}
-  assert states == set(plan_search.OPTIMIZER_STATES) and len(found) == 3 * 3
+  assert states == set(search.OPTIMIZER_STATES) and len(found) == 3 * 3
   assert {c["model.attention_impl"] for c in found} == {"xla", "pallas", "splash"}
   for c in found:                 # every candidate is a config the trainer accepts
-    config_checks.validate(plan_search.with_overrides(cfg, c))
+    config_checks.validate(search.with_overrides(cfg, c))
 
 
 def test_exposed_communication_is_what_a_scope_cannot_hide_behind_its_own_compute():
   """Per scope: synchronous collectives in full, asynchronous ones beyond the scope's compute;
   one scope's compute never hides another's collectives."""
   import dataclasses
-  from jaxformer.tpu import chips, hlo
-  from jaxformer.train import planning
+  from jaxformer import accelerators as chips
+  from jaxformer.plan import hlo
+  from jaxformer.plan import estimate
   chip = dataclasses.replace(chips.CHIPS["v5e"], clock_hz=1e9, ici_bytes_per_s=4e9,
                              ici_ports=2, dcn_bytes_per_s=1e9)
   assert chip.ici_axis_bytes_per_s == 2e9
   stats = lambda scopes: hlo.ProgramStats(collectives={}, estimated_cycles=0, matmul_flops=0,
                                           hbm_bytes=0, loops=[], comm_scopes=scopes)
   # (cycles, async ICI bytes, sync ICI bytes, async DCN bytes, sync DCN bytes)
-  assert planning.exposed_communication(stats([(3e9, 2e9, 0, 0, 0)]), chip) == 0   # 1 s < 3 s
-  assert planning.exposed_communication(stats([(1e9, 8e9, 0, 0, 0)]), chip) == 3.0  # 4 s - 1
-  assert planning.exposed_communication(stats([(5e9, 0, 4e9, 0, 1e9)]), chip) == 3.0  # sync
-  assert planning.exposed_communication(stats([(5e9, 0, 0, 2e9, 0)]), chip) == 0     # hidden
-  assert planning.exposed_communication(stats([(0, 2e9, 0, 0, 0), (9e9, 0, 0, 0, 0)]),
+  assert estimate.exposed_communication(stats([(3e9, 2e9, 0, 0, 0)]), chip) == 0   # 1 s < 3 s
+  assert estimate.exposed_communication(stats([(1e9, 8e9, 0, 0, 0)]), chip) == 3.0  # 4 s - 1
+  assert estimate.exposed_communication(stats([(5e9, 0, 4e9, 0, 1e9)]), chip) == 3.0  # sync
+  assert estimate.exposed_communication(stats([(5e9, 0, 0, 2e9, 0)]), chip) == 0     # hidden
+  assert estimate.exposed_communication(stats([(0, 2e9, 0, 0, 0), (9e9, 0, 0, 0, 0)]),
                                         chip) == 1.0
-  assert planning.exposed_communication(stats([]), chip) == 0
+  assert estimate.exposed_communication(stats([]), chip) == 0
 
 
 def test_plan_table_warns_of_kernels_without_a_cost():
-  from jaxformer.tpu import chips
-  from jaxformer.train import planning
-  p = planning.Plan(
+  from jaxformer import accelerators as chips
+  from jaxformer.plan import estimate
+  p = estimate.Plan(
       topology="v5e:2x2", slices=1, chips=4, chip=chips.CHIPS["v5e"], mesh={"data": 4},
       fsdp=False, fits=True,
       per_chip_bytes={"params": 1, "optimizer": 2, "temp": 3, "total": 6},
@@ -341,7 +343,7 @@ def test_plan_table_warns_of_kernels_without_a_cost():
       kernels={"count": 1, "executions": 2, "flops": 1e8, "bytes": 1e6,
                "roofline_seconds": 2e-5, "efficiency": 0.5, "efficiency_source": "a paper",
                "seconds": 4e-5, "uncosted": 2})
-  text = planning.table(p)
+  text = estimate.table(p)
   assert "(incl. 1 Pallas kernel at 50% of its roofline, 0.040 ms; a paper)" in text
   assert "WARNING: 2 custom kernel(s) carry no cost" in text
   assert json.loads(json.dumps(p.to_json()))["kernels"]["uncosted"] == 2

@@ -1,4 +1,4 @@
-"""IsoFLOP planning (`jaxformer.scaling.planning`): every planned run spends its budget, the
+"""IsoFLOP planning (`jaxformer.scaling.isoflop`): every planned run spends its budget, the
 sizes bracket the expected optimum, each cosine ends at its run's last step, and a plan that
 cannot be run is refused with the run and the fix named. Synthetic candidates (no JAX),
 then the shipped `configs/sweeps/isoflop.py` end to end through `jaxformer.sweep`."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxformer import scaling, sweep as sweep_lib
-from jaxformer.scaling import planning
+from jaxformer.scaling import isoflop
 
 # ml_collections' config_flags loads config files with the deprecated load_module().
 pytestmark = pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
@@ -141,11 +141,11 @@ def test_min_steps_and_tolerance():
   big = scaling.Candidate("big", 10 ** 6, {"model.size": 0})
   budget = 6 * 10 ** 6 * TOKENS_PER_STEP * 40.4                 # 40.4 steps' worth
   with pytest.raises(ValueError, match=r"gets 40 steps .*min_steps=50"):
-    planning.plan_run(budget, big, tokens_per_step=TOKENS_PER_STEP)
-  run = planning.plan_run(budget, big, tokens_per_step=TOKENS_PER_STEP, min_steps=40)
+    isoflop.plan_run(budget, big, tokens_per_step=TOKENS_PER_STEP)
+  run = isoflop.plan_run(budget, big, tokens_per_step=TOKENS_PER_STEP, min_steps=40)
   assert run.steps == 40 and run.flops / budget - 1 == pytest.approx(-0.4 / 40.4)
   with pytest.raises(ValueError, match=r"-1\.0% of the budget"):
-    planning.plan_run(budget, big, tokens_per_step=TOKENS_PER_STEP, min_steps=40,
+    isoflop.plan_run(budget, big, tokens_per_step=TOKENS_PER_STEP, min_steps=40,
                       tolerance=0.005)
 
 
@@ -157,7 +157,7 @@ def test_to_sweep_errors():
     scaling.to_sweep(runs, "b.py", lr=lambda run: -1.0)
   with pytest.raises(ValueError, match=r"overrides \['train.steps'\] are set by the plan"):
     scaling.to_sweep(runs, "b.py", lr=1e-3, overrides={"train.steps": 10})
-  odd = [runs[0], planning.PlannedRun(**dict(vars(runs[1]), candidate=scaling.Candidate(
+  odd = [runs[0], isoflop.PlannedRun(**dict(vars(runs[1]), candidate=scaling.Candidate(
       "odd", 5, {"model.other": 1})))]
   with pytest.raises(ValueError, match=r"candidate 'm\d+' lacks \['model.other'\]; every "
                                        "candidate must set the same fields"):

@@ -45,9 +45,10 @@ def test_kernels_compile_per_shard_in_the_llama_train_step(impl, names):
   """The train step compiles with the kernel's forward and backward at per-shard shapes
   (2 rows, 2 of 4 query heads, 1 of 2 kv heads: splash's MQA kernel), and the updated state
   keeps the FSDP x tensor-parallel shardings it came in with."""
-  from jaxformer.tpu import chips, hlo
-  from jaxformer.train import planning
-  program = planning.build_program(llama_config(impl), tpu_devices("v5e:2x2"))
+  from jaxformer import accelerators as chips
+  from jaxformer.plan import hlo
+  from jaxformer.plan import estimate
+  program = estimate.build_program(llama_config(impl), tpu_devices("v5e:2x2"))
   compiled = program.step.lower(*program.args).compile()
   text = compiled.as_text()
   calls = {re.sub(r"\.\d+$", "", name): shape for name, shape in _CALL.findall(text)}
@@ -63,12 +64,12 @@ def test_kernels_compile_per_shard_in_the_llama_train_step(impl, names):
     assert got.is_equivalent_to(want.sharding, want.ndim), (got, want)
   assert any("model" in str(x.sharding.spec) for x in leaves)      # tensor parallel
   assert any("data" in str(x.sharding.spec) for x in leaves)       # FSDP
-  kernels = planning.kernel_summary(
+  kernels = estimate.kernel_summary(
       hlo.analyse(text, program.plan.mesh), chips.CHIPS["v5e"],
-      planning.splash_kernel_flops(hlo.analyse(text, program.plan.mesh), program.config.model))
+      estimate.splash_kernel_flops(hlo.analyse(text, program.plan.mesh), program.config.model))
   assert kernels["count"] == 3 and kernels["uncosted"] == 0
   assert kernels["seconds"] == pytest.approx(kernels["roofline_seconds"]
-                                             / planning.KERNEL_EFFICIENCY)
+                                             / estimate.KERNEL_EFFICIENCY)
   if impl == "splash":
     # one 256 x 256 block, causal: visited; (4 + 6 + 8) flops units per (row, query head)
     assert kernels["flops"] == 18 * 256 * 256 * HEAD_DIM * (B // 2) * (HEADS // 2)

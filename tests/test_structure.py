@@ -16,10 +16,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "jaxformer"
 # of lower layers only (units of one layer do not import each other).
 LAYERS = (
     ("run_files", "run_settings", "paths", "jsonfile", "optional",    # no jaxformer imports
-     "tpu_flags"),
+     "tpu_flags", "accelerators"),            # accelerators: chip and GPU peak figures
     ("console",),                             # what reaches the terminal
-    ("compilation", "tpu"),                   # the compilation cache and compiler options;
-                                              # compile-only TPU devices, chip figures, HLO stats
+    ("compilation",),                         # the compilation cache and compiler options
     ("cli",),                                 # the one error policy of the command lines
     ("ops",),                                 # pure functions
     ("parallel",),                            # meshes, logical axis rules, sharding plans
@@ -30,7 +29,9 @@ LAYERS = (
     ("inference", "scaling", "convert"),      # restore + decode; studies; Hugging Face
     ("posttrain",),                           # SFT / DPO data, objectives, initialization
     ("train",),                               # the training loop (samples through inference)
-    ("sample", "sweep", "plan"),              # entry points over train and inference
+    ("sample", "sweep", "plan"),              # entry points over train and inference; plan:
+                                              # compile-only devices, HLO analysis, estimate,
+                                              # search
 )
 LEVEL = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 

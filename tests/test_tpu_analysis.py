@@ -1,4 +1,5 @@
-"""jaxformer.tpu: compile-only TPU devices, chip figures, and the HLO analysis, checked on
+"""The planner's core: compile-only TPU devices (`plan.topology`), chip figures
+(`accelerators`), and the HLO analysis (`plan.hlo`), checked on
 programs whose collectives, loop counts and FLOPs are known by hand (compiled for v4 / v5e
 topologies with libtpu, on a CPU machine)."""
 
@@ -17,7 +18,8 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxformer.tpu import chips, hlo, topology
+from jaxformer import accelerators as chips
+from jaxformer.plan import hlo, topology
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason="compiling for a TPU needs libtpu "
@@ -332,7 +334,7 @@ def test_a_missing_libtpu_names_the_extra(monkeypatch):
 def test_libtpu_says_nothing_on_a_machine_without_tpus():
   env = {k: v for k, v in os.environ.items()
          if k not in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "ALLOW_MULTIPLE_LIBTPU_LOAD")}
-  code = "from jaxformer.tpu import topology; print(len(topology.devices('v5e:2x2')))"
+  code = "from jaxformer.plan import topology; print(len(topology.devices('v5e:2x2')))"
   done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                         cwd=pathlib.Path(__file__).resolve().parents[1], timeout=120)
   assert done.returncode == 0, done.stderr

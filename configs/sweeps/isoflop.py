@@ -134,7 +134,7 @@ def plan_window(source: str, budgets, *, half_width: int = 3, spacing: float = 2
   of the corpus): at the ends of the family or of the data a budget gets fewer sizes instead
   of an error. For studies of cooldown branches, where every budget need not be centred."""
   vocab_size, train_chars = corpus_info(source)
-  optimum = optimum or scaling.planning.rule_of_thumb_optimum
+  optimum = optimum or scaling.isoflop.rule_of_thumb_optimum
   reach = half_width * math.log(spacing) + math.log(1.2)
   runs = []
   for budget in sorted(float(b) for b in budgets):

@@ -37,28 +37,29 @@ flags.mark_flags_as_required(["config", "topology"])
 
 def main(argv):
   del argv
-  from jaxformer.train import config_checks, plan_search, planning
+  from jaxformer.plan import estimate, search
+  from jaxformer.train import config_checks
   f = flags.FLAGS
   if f.slices < 1:
     raise ValueError(f"--slices={f.slices} must be >= 1")
-  unknown = sorted(set(f.search_dims) - set(plan_search.DIMENSIONS))
+  unknown = sorted(set(f.search_dims) - set(search.DIMENSIONS))
   if unknown:
     raise ValueError(f"--search_dims={','.join(f.search_dims)}: {unknown} unknown; choose "
-                     f"from {','.join(plan_search.DIMENSIONS)}")
+                     f"from {','.join(search.DIMENSIONS)}")
   settings = config_checks.validate(f.config)
   if f.json:                                 # a bad --json is refused before the compile
     paths.check_writable_file(f.json, "--json")
   if not f.search:
-    report = planning.plan(f.config, f.topology, f.slices, settings=settings,
+    report = estimate.plan(f.config, f.topology, f.slices, settings=settings,
                            cache_dir=f.cache_dir)
-    print(planning.table(report))
+    print(estimate.table(report))
     if f.json:
       _write_json(f.json, report.to_json())
     return None if report.fits else EXIT_DOES_NOT_FIT
-  result = plan_search.search(f.config, f.topology, f.slices, dimensions=f.search_dims,
+  result = search.search(f.config, f.topology, f.slices, dimensions=f.search_dims,
                               budget_seconds=60 * f.budget_minutes, workers=f.workers,
                               cache_dir=f.cache_dir, max_compiles=f.max_compiles)
-  print(plan_search.table(result))
+  print(search.table(result))
   best = result.best
   if best is None:
     print("no candidate fits; widen --search_dims, raise --budget_minutes, or use more chips")

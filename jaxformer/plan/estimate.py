@@ -3,9 +3,9 @@
 `build_program` assembles the train step exactly as `jaxformer.train` runs it (the same
 `setup.jit_train_step`, shardings from the same `ShardingPlan`), with abstract arguments in
 place of the data and the train state, for any list of devices: libtpu's compile-only devices
-of a topology (`jaxformer.tpu.topology`) or the machine's own. `plan` compiles it and reads
+of a topology (`jaxformer.plan.topology`) or the machine's own. `plan` compiles it and reads
 what the compiler reports: per-chip memory (`memory_analysis`), its cost model
-(`estimated_cycles` of every op, summed over the executed schedule by `jaxformer.tpu.hlo`), the
+(`estimated_cycles` of every op, summed over the executed schedule by `jaxformer.plan.hlo`), the
 collectives and the matmul FLOPs. A step that does not fit is refused by the TPU compiler
 itself (RESOURCE_EXHAUSTED); its message states the bytes needed, which the plan reports.
 
@@ -19,7 +19,7 @@ Two step-time estimates, both labelled as estimates:
   of its scope (an upper bound on hiding) and never one of another scope (a lower bound);
 - a roofline (FLOPs / peak, HBM bytes / bandwidth, collective bytes / ICI or DCN bandwidth,
   the largest of the three: perfect overlap).
-The chip figures are public spec sheets (`jaxformer.tpu.chips`, with sources).
+The chip figures are public spec sheets (`jaxformer.accelerators`, with sources).
 
 Custom kernels (Pallas attention) have no compiler cost: their `cost_estimate` (flops, bytes
 accessed) is in the FLOP and HBM counts, and the compiler-cost-model estimate adds each kernel
@@ -45,15 +45,14 @@ from typing import Any, Sequence
 
 import jax
 
-from jaxformer import models, parallel, paths, run_settings, tpu_flags
+from jaxformer import accelerators, models, parallel, paths, run_settings, tpu_flags
 from jaxformer.data.batch_spec import train_batch_spec
 from jaxformer.ops.pallas import splash as splash_lib
 from jaxformer.parallel import offload
 from jaxformer.parallel.sharding import per_device_bytes
+from jaxformer.plan import hlo, topology as topology_lib
 from jaxformer.state import train_state as state_lib
 from jaxformer.train import config_checks, progress, setup, tasks
-from jaxformer.tpu import chips as chips_lib
-from jaxformer.tpu import hlo, topology as topology_lib
 
 
 @dataclasses.dataclass
@@ -122,7 +121,7 @@ class Plan:
   topology: str
   slices: int
   chips: int
-  chip: chips_lib.Chip
+  chip: accelerators.Chip
   mesh: dict[str, int]
   fsdp: bool
   fits: bool
@@ -291,12 +290,12 @@ def plan(config, topology: str, slices: int = 1, *, settings=None,
   (compiles cached in `cache_dir`, if given)."""
   devices = topology_lib.devices(topology, slices)
   program = build_program(config, devices, settings)
-  chip = chips_lib.CHIPS[topology_lib.generation(topology)]
+  chip = accelerators.CHIPS[topology_lib.generation(topology)]
   out = compile_cached(program, cache_key(config, topology, slices), cache_dir)
   return analyse(program, out, chip, topology=topology, slices=slices)
 
 
-def analyse(program: Program, out: CompileOutput, chip: chips_lib.Chip, *, topology: str,
+def analyse(program: Program, out: CompileOutput, chip: accelerators.Chip, *, topology: str,
             slices: int = 1) -> Plan:
   """The compiled program's memory, FLOPs, collectives and estimated step times per chip."""
   mesh = program.plan.mesh
@@ -351,7 +350,7 @@ def analyse(program: Program, out: CompileOutput, chip: chips_lib.Chip, *, topol
               roofline=roofline, mfu=mfu, kernels=kernels, estimate=breakdown)
 
 
-def kernel_summary(stats: hlo.ProgramStats, chip: chips_lib.Chip,
+def kernel_summary(stats: hlo.ProgramStats, chip: accelerators.Chip,
                    splash_flops: dict[str, float] | None = None) -> dict:
   """The custom kernels of a program on `chip`: each execution at its roofline,
   max(flops / peak FLOP/s, bytes / HBM bandwidth), summed over the executions of a step
@@ -373,7 +372,7 @@ def kernel_summary(stats: hlo.ProgramStats, chip: chips_lib.Chip,
           "uncosted": stats.uncosted_kernels - len(splash_flops)}
 
 
-def communication_seconds(collectives: dict, chip: chips_lib.Chip) -> dict[str, float]:
+def communication_seconds(collectives: dict, chip: accelerators.Chip) -> dict[str, float]:
   """Collective time at the links' bandwidth: a ring all-gather, reduce-scatter, all-to-all
   or permute moves its bytes over one mesh axis's links once (the (n-1)/n factor taken as
   1), an all-reduce twice (a reduce-scatter then an all-gather); cross-slice transfers go
@@ -387,7 +386,7 @@ def communication_seconds(collectives: dict, chip: chips_lib.Chip) -> dict[str, 
   return {"ici_seconds": ici, "dcn_seconds": dcn}
 
 
-def exposed_communication(stats: hlo.ProgramStats, chip: chips_lib.Chip) -> float:
+def exposed_communication(stats: hlo.ProgramStats, chip: accelerators.Chip) -> float:
   """Seconds of communication the schedule does not hide (the overlap model of the module
   docstring): per scope, its synchronous collectives in full plus max(0, its asynchronous
   ones - its compute), each collective at the links' bandwidth as in

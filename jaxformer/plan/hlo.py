@@ -28,7 +28,7 @@ What is counted (per device, per execution of the program):
   `kernel_flops` / `kernel_bytes` are its flops / bytes_accessed, loops multiplied out, and
   are included in `matmul_flops` / `hbm_bytes`; `kernels` lists them per instruction (with
   executions per step) so that a chip's figures turn them into time (a roofline per kernel,
-  `jaxformer.train.planning`). `uncosted_kernels` counts the top-level custom calls (fused ones are
+  `jaxformer.plan.estimate`). `uncosted_kernels` counts the top-level custom calls (fused ones are
   costed with their fusion) that do work and carry neither `estimated_cycles` nor a
   `cost_estimate`: their time is in no total; `uncosted` lists them (executions per step,
   result shape) for a caller that knows a kernel by name (splash attention: the planner).
@@ -106,7 +106,7 @@ class ProgramStats:
   kernels: dict = dataclasses.field(default_factory=dict)
   uncosted_kernels: int = 0     # custom calls with neither estimated_cycles nor a cost_estimate
   # those calls: instruction -> {"executions" (per step), "shape" (its result's HLO shape
-  # text)}, for a caller that can cost a known kernel by name (splash: `train.planning`)
+  # text)}, for a caller that can cost a known kernel by name (splash: `plan.estimate`)
   uncosted: dict = dataclasses.field(default_factory=dict)
   # the overlap model's input: one (estimated cycles, async ICI bytes, sync ICI bytes, async
   # DCN bytes, sync DCN bytes) per executed scope, loops multiplied out (module docstring)

@@ -29,14 +29,13 @@ from typing import Any, Iterable
 
 import jax
 
-from jaxformer import cli, models, parallel
+from jaxformer import accelerators, cli, models, parallel
 from jaxformer.data.batch_spec import train_batch_spec
 from jaxformer.layers.settings import REMAT_POLICIES
 from jaxformer.parallel.sharding import per_device_bytes
+from jaxformer.plan import estimate, topology as topology_lib
 from jaxformer.state import train_state as state_lib
-from jaxformer.train import config_checks, planning, progress, tasks
-from jaxformer.tpu import chips as chips_lib
-from jaxformer.tpu import topology as topology_lib
+from jaxformer.train import config_checks, progress, tasks
 
 DIMENSIONS = ("mesh", "fsdp", "remat", "accum", "attention", "scan", "optimizer")
 # optimizer-state levers: (state dtype, offloaded to host)
@@ -121,7 +120,7 @@ class Candidate:
     return est if est is not None else self.plan["roofline"].get("step_seconds", math.inf)
 
 
-def cheap_check(config, candidate: Candidate, devices, chip: chips_lib.Chip,
+def cheap_check(config, candidate: Candidate, devices, chip: accelerators.Chip,
                 abstract_cache: dict) -> None:
   """Validation, divisibility and the exact lower bound on per-chip memory, no compile."""
   cfg = with_overrides(config, candidate.overrides)
@@ -150,7 +149,7 @@ def cheap_check(config, candidate: Candidate, devices, chip: chips_lib.Chip,
   if candidate.lower_bound_bytes > chip.hbm_bytes:
     candidate.status = "pruned"
     candidate.reason = (f"parameters, gradients and optimizer alone need "
-                        f"{planning.gib(candidate.lower_bound_bytes)} per chip")
+                        f"{estimate.gib(candidate.lower_bound_bytes)} per chip")
     return
   candidate.rough_seconds = _rough_seconds(cfg, settings, plan, chip, params)
   candidate.activation_bytes = _activation_bytes(cfg, settings, plan)
@@ -249,7 +248,7 @@ def compile_candidate(config, overrides: dict, topology: str, slices: int,
                       cache_dir: str | None) -> dict:
   """Worker: the plan of one candidate as JSON data (errors as a 'refused' record)."""
   try:
-    return {"plan": planning.plan(with_overrides(config, overrides), topology, slices,
+    return {"plan": estimate.plan(with_overrides(config, overrides), topology, slices,
                                   cache_dir=cache_dir).to_json()}
   except Exception as e:  # noqa: BLE001  (a candidate's failure is a result, not a crash)
     return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
@@ -278,7 +277,7 @@ def search(config, topology: str, slices: int = 1, *, dimensions=DIMENSIONS,
   """Search the sharding space of `config` on `slices` x `topology` (see module docstring)."""
   start = time.perf_counter()
   devices = topology_lib.devices(topology, slices)
-  chip = chips_lib.CHIPS[topology_lib.generation(topology)]
+  chip = accelerators.CHIPS[topology_lib.generation(topology)]
   candidates = [Candidate(o) for o in candidate_overrides(config, len(devices), dimensions)]
   abstract_cache: dict = {}
   for c in candidates:
@@ -288,7 +287,7 @@ def search(config, topology: str, slices: int = 1, *, dimensions=DIMENSIONS,
       f"({time.perf_counter() - start:.0f} s)")
   if viable:
     _compile_all(config, viable, topology, slices, chip, workers=workers,
-                 cache_dir=cache_dir or planning.default_cache_dir(),
+                 cache_dir=cache_dir or estimate.default_cache_dir(),
                  deadline=start + budget_seconds, max_compiles=max_compiles, log=log)
   return SearchResult(topology, slices, candidates, time.perf_counter() - start)
 
@@ -338,7 +337,7 @@ def _compile_all(config, queue: list[Candidate], topology, slices, chip, *, work
       _record(c, r.get())
       margin.learn(c)
       log(f"  compiled {c.flags()}: {c.status}{', ' + c.reason if c.reason else ''}"
-          + (f", est. step {planning.seconds(c.seconds)}" if c.fits else ""))
+          + (f", est. step {estimate.seconds(c.seconds)}" if c.fits else ""))
   if running:
     pool.terminate()                 # compiles in flight are abandoned, not cached
   else:
@@ -350,8 +349,8 @@ def _compile_all(config, queue: list[Candidate], topology, slices, chip, *, work
                 else f"beyond max_compiles={max_compiles}")
 
 
-def nearest_fitting_change(config, devices, chip: chips_lib.Chip, *, topology: str,
-                           slices: int = 1, refused: planning.Plan | None = None,
+def nearest_fitting_change(config, devices, chip: accelerators.Chip, *, topology: str,
+                           slices: int = 1, refused: estimate.Plan | None = None,
                            log=lambda *_: None) -> Candidate | None:
   """The smallest change to `config` that fits: one field at a time (remat policy, FSDP,
   gradient accumulation, the mesh), then pairs; among as many changes, those expected to fit
@@ -378,8 +377,8 @@ def nearest_fitting_change(config, devices, chip: chips_lib.Chip, *, topology: s
     order = _order_key(margin, chip.hbm_bytes)
     viable.sort(key=lambda c: (len(c.overrides), *order(c)))
     c = viable.pop(0)
-    program = planning.build_program(with_overrides(config, c.overrides), devices)
-    result = planning.analyse(program, planning.compile_program(program), chip,
+    program = estimate.build_program(with_overrides(config, c.overrides), devices)
+    result = estimate.analyse(program, estimate.compile_program(program), chip,
                               topology=topology, slices=slices)
     c.status, c.plan = "compiled", result.to_json()
     log(f"  tried {c.flags()}: {'fits' if result.fits else 'does not fit'}")
@@ -408,8 +407,8 @@ def table(result: SearchResult, top: int = 15) -> str:
     p = c.plan
     mfu = p["mfu"]["estimate"]
     lines.append(f"| {i} | `{c.flags()}` | {p['per_chip_bytes']['total'] / 2**30:.2f} | "
-                 f"{planning.seconds(c.seconds)} | "
-                 f"{planning.seconds(p['roofline']['step_seconds'])} | "
+                 f"{estimate.seconds(c.seconds)} | "
+                 f"{estimate.seconds(p['roofline']['step_seconds'])} | "
                  f"{'n/a' if mfu is None else f'{100 * mfu:.1f}%'} | "
                  f"{p['compile_seconds']:.1f} |")
   counts: dict[str, int] = {}
@@ -422,19 +421,19 @@ def table(result: SearchResult, top: int = 15) -> str:
   return "\n".join(lines)
 
 
-def require_fit(config, settings, devices, chip: chips_lib.Chip, *, topology: str,
-                slices: int = 1, log=lambda *_: None) -> planning.Plan:
+def require_fit(config, settings, devices, chip: accelerators.Chip, *, topology: str,
+                slices: int = 1, log=lambda *_: None) -> estimate.Plan:
   """The plan of `config` on `devices`; a ValueError naming the shortfall and the nearest
   change that fits when the step does not fit in the chip's HBM."""
-  program = planning.build_program(config, devices, settings)
-  report = planning.analyse(program, planning.compile_program(program), chip,
+  program = estimate.build_program(config, devices, settings)
+  report = estimate.analyse(program, estimate.compile_program(program), chip,
                             topology=topology, slices=slices)
   if report.fits:
     return report
   total = report.per_chip_bytes["total"]
-  need = (f"the train step needs {planning.gib(total)} per chip but a {chip.name} has "
-          f"{planning.gib(chip.hbm_bytes)} of HBM (short by "
-          f"{planning.gib(total - chip.hbm_bytes)})")
+  need = (f"the train step needs {estimate.gib(total)} per chip but a {chip.name} has "
+          f"{estimate.gib(chip.hbm_bytes)} of HBM (short by "
+          f"{estimate.gib(total - chip.hbm_bytes)})")
   log(need + "; looking for the nearest change that fits")
   nearest = nearest_fitting_change(config, devices, chip, topology=topology, slices=slices,
                                    refused=report, log=log)
@@ -443,28 +442,28 @@ def require_fit(config, settings, devices, chip: chips_lib.Chip, *, topology: st
                      "fits: use more chips or a smaller model or batch")
   fit = nearest.plan["per_chip_bytes"]["total"]
   raise ValueError(f"{need}; nearest change that fits: {nearest.flags()} "
-                   f"({planning.gib(fit)} per chip)")
+                   f"({estimate.gib(fit)} per chip)")
 
 
-def local_chip(devices) -> chips_lib.Chip:
+def local_chip(devices) -> accelerators.Chip:
   """The chip of this machine's TPU `devices`; ValueError elsewhere (no HBM to plan for)."""
   if devices[0].platform != "tpu":
     raise ValueError(f"--plan_only on {devices[0].platform} devices needs --topology=<a TPU "
                      "topology, e.g. v5e:4x4> (memory planning is for TPUs: the GPU plugin "
                      "has no compile-only devices)")
-  return chips_lib.for_device_kind(devices[0].device_kind)
+  return accelerators.for_device_kind(devices[0].device_kind)
 
 
-def plan_only(config, *, topology: str | None, slices: int = 1) -> planning.Plan:
+def plan_only(config, *, topology: str | None, slices: int = 1) -> estimate.Plan:
   """`train --plan_only`: the plan printed, and a ValueError if the step does not fit."""
   settings = config_checks.validate(config)
   if topology:
     devices = topology_lib.devices(topology, slices)
-    chip = chips_lib.CHIPS[topology_lib.generation(topology)]
+    chip = accelerators.CHIPS[topology_lib.generation(topology)]
   else:
     devices = jax.devices()
     chip, topology = local_chip(devices), devices[0].device_kind
   report = require_fit(config, settings, devices, chip, topology=topology, slices=slices,
                        log=print)
-  print(planning.table(report))
+  print(estimate.table(report))
   return report

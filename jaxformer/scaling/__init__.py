@@ -15,7 +15,7 @@
     scaling.fit_limit(d, loss, groups=seeds)      # L_inf of one size's L(D) (converged.py)
     scaling.fit_kaplan_limits(n, limits)          # alpha_N on L_inf, nested bootstrap
     scaling.backtest_sizes(n, loss, sizes, fit=scaling.fit_kaplan_n)  # leave-size-out (L(N))
-    scaling.plan_isoflop(budgets, candidates, tokens_per_step=...)  # planning.py
+    scaling.plan_isoflop(budgets, candidates, tokens_per_step=...)  # isoflop.py
     scaling.plan_wsd(runs), scaling.wsd_sweeps(trunks, base, ...)   # trunks + cooldown branches
     scaling.lr_optimum(rates, losses), scaling.lr_width_rule(widths, optima)  # LR sweeps
     from jaxformer.scaling import mup             # μP width tools (the coordinate check that
@@ -25,7 +25,7 @@ Every bootstrap counts its resamples (`fit.bootstrap_attempted`, `bootstrap_fail
 M resamples fitted" in `fit.method`) and refuses intervals when more than `max_failure`
 (10%) of them fail (`BootstrapError`).
 
-Fits and plans (laws, chinchilla, planning, stats, backtest) use NumPy and SciPy only:
+Fits and plans (laws, chinchilla, isoflop, stats, backtest) use NumPy and SciPy only:
 importing them, or this package, does not import JAX; `count_params`, `flops_per_token` and
 the other counting names are `jaxformer.models.counting`'s (next to the models, so `convert`
 and `train` count without importing the studies), loaded with JAX on first use. Plots
@@ -47,7 +47,7 @@ from jaxformer.scaling.converged import (Limit, backtest_limit, fit_kaplan_limit
                                          fit_limit)
 from jaxformer.scaling.laws import (fit_kaplan_d, fit_kaplan_joint, fit_kaplan_n,
                                     fit_saturating, fit_zhai)
-from jaxformer.scaling.planning import (Candidate, PlannedRun, Trunk, lr_optimum, lr_width_rule,
+from jaxformer.scaling.isoflop import (Candidate, PlannedRun, Trunk, lr_optimum, lr_width_rule,
                                         plan_isoflop, plan_run, plan_wsd, to_sweep, wsd_sweeps)
 from jaxformer.scaling.stats import BootstrapError, Fit
 

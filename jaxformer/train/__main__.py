@@ -35,8 +35,8 @@ def main(argv):
   # compile-only TPU executables cannot be cached
   compilation.enable_cache(None if f.plan_only and f.topology else f.compilation_cache)
   if f.plan_only:
-    from jaxformer.train import plan_search
-    plan_search.plan_only(f.config, topology=f.topology, slices=f.slices)
+    from jaxformer.plan import search
+    search.plan_only(f.config, topology=f.topology, slices=f.slices)
     return
   if f.topology:
     raise ValueError(f"--topology={f.topology} is for --plan_only (a run trains on the "

@@ -42,10 +42,10 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
   settings = config_checks.validate(config)
   setup.check_workdir(workdir, settings, fresh=fresh)   # before anything is written or compiled
   if jax.devices()[0].platform == "tpu":     # refuse a step that cannot fit before any work
-    from jaxformer.train import plan_search
+    from jaxformer.plan import search
     devices = jax.devices()
     say = print if jax.process_index() == 0 else logging.info
-    plan_search.require_fit(config, settings, devices, plan_search.local_chip(devices),
+    search.require_fit(config, settings, devices, search.local_chip(devices),
                             topology=devices[0].device_kind, log=say)
   workdir_lib.check_usable(workdir)
   owner = workdir_lib.Lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()

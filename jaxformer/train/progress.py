@@ -20,7 +20,7 @@ from typing import Callable, TextIO
 
 import numpy as np
 
-from jaxformer.tpu import chips
+from jaxformer import accelerators
 
 PEAK_FLOPS_ENV = "JAXFORMER_PEAK_FLOPS"
 
@@ -36,7 +36,7 @@ _DTYPES = ("bfloat16", "float16", "float32")
 #   A100 (SXM and PCIe, 40/80GB): NVIDIA A100 datasheet: BF16 312 TFLOPS, FP32 19.5 TFLOPS.
 #   V100 SXM2 / PCIe: NVIDIA V100 datasheet: FP16 tensor 125 / 112 TFLOPS, FP32 15.7 / 14;
 #     no bfloat16 hardware, so none is listed.
-#   TPUs: `jaxformer.tpu.chips` (bf16 only; Google does not publish fp32 peaks).
+#   TPUs: `jaxformer.accelerators` (bf16 only; Google does not publish fp32 peaks).
 # FP32 is the non-tensor-core figure: XLA's default matmul precision on Ampere and newer GPUs
 # uses TF32, so float32 MFU against it can read above 100%.
 _GPU_PEAKS = (
@@ -90,7 +90,7 @@ def peak_flops_per_device(device=None, dtype="bfloat16", *,
   if device is None:
     import jax                           # pylint: disable=import-outside-toplevel
     device = jax.devices()[0]
-  chip = chips.for_device_kind(device.device_kind)
+  chip = accelerators.for_device_kind(device.device_kind)
   if chip is not None:
     return chip.peak_flops if dtype == "bfloat16" else None
   kind = device.device_kind.lower().strip()

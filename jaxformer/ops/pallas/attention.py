@@ -26,7 +26,7 @@ suit Mosaic's 2-D layouts. A query row with no visible key returns zeros and zer
 Cost notes: K/V of one head are a single BlockSpec block (the loop slices it), and a bias or
 mask is materialised at [.., Tq, Tk]; the dbias cotangent is [B, H, Tq, Tk] float32.
 
-Cost estimates (`pl.CostEstimate`, what XLA's cost analysis and `jaxformer.tpu.hlo` read, since
+Cost estimates (`pl.CostEstimate`, what XLA's cost analysis and `jaxformer.plan.hlo` read, since
 a kernel's matmuls are no HLO dots): with D the padded head dim, bq x bk the blocks and P the
 (query block, key block) pairs a (batch, query head) visits (`visited_block_pairs`: every pair
 without a mask, ~half with a causal one), per batch and query head:
