@@ -35,9 +35,9 @@ import numpy as np  # noqa: E402
 from ml_collections import ConfigDict  # noqa: E402
 
 from configs import gpt2  # noqa: E402
-from jaxformer import scaling  # noqa: E402
+from jaxformer import accelerators, scaling  # noqa: E402
 from jaxformer.parallel import ShardingPlan, per_device_bytes  # noqa: E402
-from jaxformer.train import progress, state as state_lib, step as step_lib, tasks  # noqa: E402
+from jaxformer.train import state as state_lib, step as step_lib, tasks  # noqa: E402
 
 MESHES = [(8, 1, 1), (4, 2, 1), (2, 4, 1), (1, 8, 1)]
 CPU_MODEL = dict(family="decoder", vocab_size=256, d_model=128, num_layers=4, num_heads=8,
@@ -95,7 +95,7 @@ def gpu_report(batch_size: int, steps: int, seq_len: int = 1024) -> str:
   _, step_s, _ = time_steps(plan, config, batch_size, seq_len, steps)
   tokens_per_s = batch_size * seq_len / step_s
   flops = scaling.flops_per_token(config.model, seq_len) * tokens_per_s
-  peak = progress.peak_flops_per_device(device, dtype="bfloat16")   # the one table
+  peak = accelerators.peak_flops_per_device(device, dtype="bfloat16")   # the one table
   mfu = f"{100 * flops / peak:.1f}%" if peak else "n/a (unknown peak)"
   return (f"{device.device_kind}: GPT-2 small bf16, batch {batch_size} x {seq_len}: "
           f"{tokens_per_s:,.0f} tokens/s, {flops / 1e12:.1f} TFLOP/s, MFU {mfu}")

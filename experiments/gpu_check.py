@@ -31,7 +31,7 @@ minutes; `timeout 480` is the last resort):
    and float32 params, dropout off, unpacked rows, `attention_impl="auto"`; then, as time
    allows, GPT-2 small with each other impl. Reported: compile seconds, median step time
    (windows of 5 steps), tokens/s, MFU = 6N + attention FLOPs (`train.progress.flops_per_step`)
-   per second over the device's dense bf16 peak (`train.progress.peak_flops_per_device`), the
+   per second over the device's dense bf16 peak (`accelerators.peak_flops_per_device`), the
    compiled step's device memory. A step that runs out of memory is retried once at half the
    batch.
 
@@ -427,7 +427,8 @@ def train_row(name: str, *, batch: int, seq_len: int, impl: str, smoke: bool,
   """One train-step measurement: compile + first step, then timed windows until the box."""
   from jaxformer import scaling
   from jaxformer.state import train_state as state_lib
-  from jaxformer.train import planning, progress
+  from jaxformer.plan import estimate
+  from jaxformer.train import progress
 
   device = jax.devices()[0]
   cfg = model_config(name, batch=batch, seq_len=seq_len, impl=impl, smoke=smoke)
@@ -493,9 +494,9 @@ def _out_of_memory(e: BaseException) -> bool:
 
 
 def check_training(res: Results, deadline: Deadline, *, smoke: bool, rows: list[tuple]) -> None:
-  from jaxformer.train import progress
+  from jaxformer import accelerators
   try:
-    peak = progress.peak_flops_per_device(jax.devices()[0], "bfloat16")
+    peak = accelerators.peak_flops_per_device(jax.devices()[0], "bfloat16")
   except ValueError as e:
     peak = None
     res.notes.append(f"no MFU: {e}")

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from jaxformer import accelerators
 from jaxformer.train import plots, profiling, progress, tensorboard
 
 # --- tensorboard ---------------------------------------------------------------------------
@@ -236,22 +237,22 @@ def test_format_duration():
     ("cpu", "bfloat16", None),
 ])
 def test_peak_flops_table(monkeypatch, kind, dtype, expected):
-  monkeypatch.delenv(progress.PEAK_FLOPS_ENV, raising=False)
+  monkeypatch.delenv(accelerators.PEAK_FLOPS_ENV, raising=False)
   device = types.SimpleNamespace(device_kind=kind)
-  assert progress.peak_flops_per_device(device, dtype) == expected
+  assert accelerators.peak_flops_per_device(device, dtype) == expected
 
 
 def test_peak_flops_cpu_overrides(monkeypatch):
-  monkeypatch.delenv(progress.PEAK_FLOPS_ENV, raising=False)
-  assert progress.peak_flops_per_device() is None          # this test session runs on CPU
-  assert progress.peak_flops_per_device(override=2e12) == 2e12
-  monkeypatch.setenv(progress.PEAK_FLOPS_ENV, "1.5e12")
-  assert progress.peak_flops_per_device(jax.devices()[0]) == 1.5e12
-  monkeypatch.setenv(progress.PEAK_FLOPS_ENV, "fast")
-  with pytest.raises(ValueError, match=progress.PEAK_FLOPS_ENV):
-    progress.peak_flops_per_device()
+  monkeypatch.delenv(accelerators.PEAK_FLOPS_ENV, raising=False)
+  assert accelerators.peak_flops_per_device() is None          # this test session runs on CPU
+  assert accelerators.peak_flops_per_device(override=2e12) == 2e12
+  monkeypatch.setenv(accelerators.PEAK_FLOPS_ENV, "1.5e12")
+  assert accelerators.peak_flops_per_device(jax.devices()[0]) == 1.5e12
+  monkeypatch.setenv(accelerators.PEAK_FLOPS_ENV, "fast")
+  with pytest.raises(ValueError, match=accelerators.PEAK_FLOPS_ENV):
+    accelerators.peak_flops_per_device()
   with pytest.raises(ValueError, match="dtype"):
-    progress.peak_flops_per_device(dtype="int8", override=1.0)
+    accelerators.peak_flops_per_device(dtype="int8", override=1.0)
 
 # --- plots ---------------------------------------------------------------------------------
 

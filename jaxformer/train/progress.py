@@ -1,11 +1,11 @@
-"""A live console progress line (throughput, MFU, ETA) and a table of accelerator peak FLOP/s.
+"""A live console progress line (throughput, MFU, ETA).
 
 Throughput is measured over a sliding window of recent `update` calls, so the first step's
 compilation washes out, and time the loop spends on eval or checkpoints (`pause`/`resume`,
 `paused()`, or `exclude(seconds)`) is left out. MFU (model FLOPs utilisation, as in the PaLM
 paper) is `flops_per_step * steps_per_sec / peak_flops`, where `flops_per_step` counts the
 model's FLOPs of one step (`flops_per_step`) and `peak_flops` is the dense peak of *all*
-devices the step runs on: `peak_flops_per_device(...) * jax.device_count()`.
+devices the step runs on: `accelerators.peak_flops_per_device(...) * jax.device_count()`.
 """
 
 from __future__ import annotations
@@ -13,91 +13,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
-import os
 import sys
 import time
 from typing import Callable, TextIO
 
-import numpy as np
-
-from jaxformer import accelerators
-
-PEAK_FLOPS_ENV = "JAXFORMER_PEAK_FLOPS"
 
 _UNIT_SHORT = {"tokens": "tok", "images": "img", "pairs": "pairs"}   # pairs: DPO
-_DTYPES = ("bfloat16", "float16", "float32")
-
-# Published dense (no 2:4 sparsity) peak FLOP/s per JAX device, by dtype. GPUs are matched on a
-# substring of `device.device_kind`, the first match wins (so "pcie"/"nvl" rows come first);
-# TPUs on the exact kind (JAX's v4, v5p and v6e devices are whole chips).
-#   H100 SXM / PCIe / NVL: NVIDIA H100 datasheet (2023): BF16 989.4 / 756 / 835 TFLOPS
-#     (1979 / 1513 / 1671 with sparsity), FP32 67 / 51 / 60 TFLOPS.
-#   H200 SXM / NVL: NVIDIA H200 datasheet (2024): BF16 989 / 835 TFLOPS dense, FP32 67 / 60.
-#   A100 (SXM and PCIe, 40/80GB): NVIDIA A100 datasheet: BF16 312 TFLOPS, FP32 19.5 TFLOPS.
-#   V100 SXM2 / PCIe: NVIDIA V100 datasheet: FP16 tensor 125 / 112 TFLOPS, FP32 15.7 / 14;
-#     no bfloat16 hardware, so none is listed.
-#   TPUs: `jaxformer.accelerators` (bf16 only; Google does not publish fp32 peaks).
-# FP32 is the non-tensor-core figure: XLA's default matmul precision on Ampere and newer GPUs
-# uses TF32, so float32 MFU against it can read above 100%.
-_GPU_PEAKS = (
-    (("h100", "pcie"), {"bfloat16": 756e12, "float16": 756e12, "float32": 51e12}),
-    (("h100", "nvl"), {"bfloat16": 835e12, "float16": 835e12, "float32": 60e12}),
-    (("h100",), {"bfloat16": 989.4e12, "float16": 989.4e12, "float32": 67e12}),
-    (("h200", "nvl"), {"bfloat16": 835e12, "float16": 835e12, "float32": 60e12}),
-    (("h200",), {"bfloat16": 989e12, "float16": 989e12, "float32": 67e12}),
-    (("a100",), {"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12}),
-    (("v100", "pcie"), {"float16": 112e12, "float32": 14e12}),
-    (("v100",), {"float16": 125e12, "float32": 15.7e12}),
-)
-
-
-def _dtype_name(dtype) -> str:
-  name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
-  if name not in _DTYPES:
-    raise ValueError(f"dtype={dtype!r}: peak FLOP/s are tabulated for {_DTYPES}")
-  return name
-
-
-def _env_peak_flops() -> float | None:
-  text = os.environ.get(PEAK_FLOPS_ENV)
-  if not text:
-    return None
-  try:
-    value = float(text)
-  except ValueError:
-    value = -1.0
-  if not value > 0:
-    raise ValueError(f"{PEAK_FLOPS_ENV}={text!r} must be a positive number of FLOP/s per "
-                     "device, e.g. 1.5e12")
-  return value
-
-
-def peak_flops_per_device(device=None, dtype="bfloat16", *,
-                          override: float | None = None) -> float | None:
-  """Published dense peak FLOP/s of one `device` (default: `jax.devices()[0]`) in `dtype`.
-
-  `override` (or the JAXFORMER_PEAK_FLOPS env var) wins over the table, which is how a CPU or
-  an unlisted accelerator gets an MFU; otherwise an unknown device or dtype gives None.
-  """
-  dtype = _dtype_name(dtype)
-  if override is not None:
-    if not override > 0:
-      raise ValueError(f"override={override!r} must be a positive number of FLOP/s")
-    return float(override)
-  from_env = _env_peak_flops()
-  if from_env is not None:
-    return from_env
-  if device is None:
-    import jax                           # pylint: disable=import-outside-toplevel
-    device = jax.devices()[0]
-  chip = accelerators.for_device_kind(device.device_kind)
-  if chip is not None:
-    return chip.peak_flops if dtype == "bfloat16" else None
-  kind = device.device_kind.lower().strip()
-  for needles, peaks in _GPU_PEAKS:
-    if all(needle in kind for needle in needles):
-      return peaks.get(dtype)
-  return None
 
 
 def format_duration(seconds: float) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxformer import models, parallel, paths, run_files, run_settings
+from jaxformer import accelerators, models, parallel, paths, run_files, run_settings
 from jaxformer.data.pipeline import make_pipeline
 from jaxformer.parallel import offload
 from jaxformer.state import checkpoint, optim
@@ -290,7 +290,7 @@ def open_writers(run: Run, steps: Steps, shutdown: contextlib.ExitStack) -> Writ
   rewrites) and the profiler, each registered for shutdown as it opens."""
   t = run.settings.train
   units_per_step = run.task.units_per_batch(steps.first) * jax.process_count()
-  peak = progress.peak_flops_per_device(dtype=models.with_defaults(run.config.model)["dtype"])
+  peak = accelerators.peak_flops_per_device(dtype=models.with_defaults(run.config.model)["dtype"])
   bar = progress.Progress(
       t.steps, run.start, unit=run.task.unit, units_per_step=units_per_step, window=1,
       flops_per_step=progress.flops_per_step(run.config.model, run.task, steps.first,
