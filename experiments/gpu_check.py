@@ -23,7 +23,7 @@ minutes; `timeout 480` is the last resort):
    GPU) is listed as refused with its reason. Tolerances are derived as in `tests/arrays.py`
    (`tolerance`), never tuned; the table gives the largest error / tolerance over the four
    arrays and the forward+backward time (median of 5).
-2. Train steps, each as `jaxformer.train` runs it (`train.estimate.build_program` on one
+2. Train steps, each as `jaxformer.train` runs it (`train.program.build_program` on one
    device: the same `jit_train_step`, AdamW, clipping, the non-finite-step guard), on random
    tokens: GPT-2 small (configs/gpt2.py:small, batch 16 x 1024) and a Llama-style 1B
    (configs/llama.py:llama3-8b with Llama 3.2 1B's shape: d_model 2048, 16 layers, 32 heads
@@ -427,8 +427,8 @@ def train_row(name: str, *, batch: int, seq_len: int, impl: str, smoke: bool,
   """One train-step measurement: compile + first step, then timed windows until the box."""
   from jaxformer import scaling
   from jaxformer.state import train_state as state_lib
-  from jaxformer.plan import estimate
   from jaxformer.train import progress
+  from jaxformer.train.program import build_program
 
   device = jax.devices()[0]
   cfg = model_config(name, batch=batch, seq_len=seq_len, impl=impl, smoke=smoke)
@@ -441,7 +441,7 @@ def train_row(name: str, *, batch: int, seq_len: int, impl: str, smoke: bool,
   kv = jax.ShapeDtypeStruct((batch, seq_len, m.get("num_kv_heads") or m.num_heads, head_dim),
                             jnp.dtype(m.dtype))
   row["attention_runs_as"] = _runs_as(impl, q, kv, kv, {})
-  program = estimate.build_program(cfg, [device])
+  program = build_program(cfg, [device])
   _, _, init_boxed = state_lib.train_state_fns(cfg)
   state = program.plan.init_state(init_boxed)[0]
   data = _random_batch(program, cfg.model.vocab_size)

@@ -382,13 +382,13 @@ def test_sharded_over_data_and_model_matches_single_device(hf_bart):
 def test_plan_builds_and_lowers_the_sharded_train_step():
   """What `jaxformer.plan` compiles: the trainer's step for configs/bart.py:tiny on a
   (data 2, model 2) mesh, with the bart_denoising batch layout (lowered, not compiled)."""
-  from jaxformer.plan import estimate
+  from jaxformer.train.program import build_program
   cfg = bart_configs.get_config("tiny")
   cfg.model.update(d_model=32, mlp_dim=64, max_len=32)
   cfg.data.seq_len = 32
   cfg.train.batch_size = 4
   cfg.mesh.update(data=2, model=2)
-  program = estimate.build_program(cfg, jax.devices()[:4])
+  program = build_program(cfg, jax.devices()[:4])
   assert set(program.batch) == {"src", "src_mask", "tgt_in", "tgt_out", "weights"}
   assert program.batch["src"].shape == (4, 32)
   assert program.step.lower(*program.args).as_text()

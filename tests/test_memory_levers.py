@@ -170,12 +170,12 @@ def test_host_memory_levers_are_refused_by_name_where_there_is_no_host_memory(
     monkeypatch, field, value, named):
   """On devices without pinned_host memory the lever is refused, naming its field, before
   anything compiles."""
-  from jaxformer.plan import estimate
+  from jaxformer.train.program import build_program
   monkeypatch.setattr(offload, "has_host_memory", lambda devices: False)
   cfg = tiny_run_config()
   section, key = field.split(".")
   cfg[section][key] = value
-  user_error(lambda: estimate.build_program(cfg, jax.devices()[:1]), named, "host memory")
+  user_error(lambda: build_program(cfg, jax.devices()[:1]), named, "host memory")
 
 
 def test_state_dtype_is_checked_by_name():

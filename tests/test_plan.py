@@ -85,7 +85,7 @@ def _flags(cfg) -> list[str]:
 
 
 def test_out_of_memory_refusals_parse():
-  from jaxformer.plan.estimate import parse_out_of_memory
+  from jaxformer.train.program import parse_out_of_memory
   assert parse_out_of_memory(
       "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
       "temporaries (31.47G) exceeds available HBM (15.75G).") == (
@@ -189,8 +189,13 @@ def _run(module: str, *args: str, cwd=None):
 
 @needs_libtpu
 @pytest.mark.slow
-def test_plan_cli_json_and_train_plan_only_refusal(tmp_path):
+def test_plan_cli_json_nearest_and_the_trainers_fit_check(tmp_path):
+  """The CLI's --json report; --nearest finds a change that fits a step that does not; the
+  trainer's own check (`train.program.require_fit`, what a run on TPU does before it writes
+  anything) refuses that step in one line naming the shortfall and the levers."""
   import pathlib
+  from jaxformer.plan import topology
+  from jaxformer.train import program
   repo = pathlib.Path(__file__).resolve().parents[1]
   report = tmp_path / "plan.json"
   ok = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v5e:2x2",
@@ -202,13 +207,34 @@ def test_plan_cli_json_and_train_plan_only_refusal(tmp_path):
     assert key in data
   assert set(data["per_chip_bytes"]) == {"params", "optimizer", "temp", "total", "host"}
   assert "fits" in ok.stdout and "MFU implied" in ok.stdout
-  workdir = tmp_path / "run"
-  refused = _run("jaxformer.train", "--config=configs/gpt2.py:tiny", "--plan_only",
-                 "--topology=v5e:2x2", f"--workdir={workdir}", *_flags(_too_big()), cwd=repo)
-  assert refused.returncode == 2, refused.stderr[-2000:]
-  line = refused.stderr.strip().splitlines()[-1]
-  assert "short by" in line and "nearest change that fits: --config." in line
-  assert not workdir.exists()
+  nearest = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v5e:2x2",
+                 "--nearest", *_flags(_too_big()), cwd=repo)
+  assert nearest.returncode == 3, nearest.stderr[-2000:]
+  assert "nearest change that fits: --config." in nearest.stdout, nearest.stdout[-2000:]
+  cfg = _too_big()
+  with pytest.raises(ValueError) as refused:
+    program.require_fit(cfg, config_checks.validate(cfg), topology.devices("v5e:2x2"))
+  line = str(refused.value)
+  assert "\n" not in line and "short by" in line and "optim.grad_accum" in line
+  assert "python -m jaxformer.plan" in line and "--nearest" in line
+
+
+def test_train_plan_only_is_refused_with_the_planners_command(monkeypatch):
+  """`train --plan_only` (and --topology, --slices) is refused in one line that gives the
+  equivalent `python -m jaxformer.plan` command, before JAX starts a backend."""
+  import sys
+  import types
+  from jaxformer.train import __main__ as train_main
+  from tests.user_errors import user_error
+  argv = ["--config=configs/gpt2.py:tiny", "--plan_only", "--topology=v5e:2x2",
+          "--config.train.batch_size=16", "--workdir=/tmp/x"]
+  monkeypatch.setattr(sys, "argv", ["train", *argv])
+  given = types.SimpleNamespace(plan_only=True, topology="v5e:2x2", slices=None)
+  monkeypatch.setattr(train_main, "flags", types.SimpleNamespace(FLAGS=given))
+  user_error(lambda: train_main.main([]), "python -m jaxformer.plan "
+             "--config=configs/gpt2.py:tiny --config.train.batch_size=16 --topology=v5e:2x2")
+  given.plan_only, given.topology, given.slices = False, None, 2
+  user_error(lambda: train_main.main([]), "--topology=<a TPU topology", "--slices=2")
 
 
 @needs_libtpu

@@ -46,9 +46,9 @@ def test_kernels_compile_per_shard_in_the_llama_train_step(impl, names):
   (2 rows, 2 of 4 query heads, 1 of 2 kv heads: splash's MQA kernel), and the updated state
   keeps the FSDP x tensor-parallel shardings it came in with."""
   from jaxformer import accelerators as chips
-  from jaxformer.plan import hlo
-  from jaxformer.plan import estimate
-  program = estimate.build_program(llama_config(impl), tpu_devices("v5e:2x2"))
+  from jaxformer.plan import estimate, hlo
+  from jaxformer.train.program import build_program
+  program = build_program(llama_config(impl), tpu_devices("v5e:2x2"))
   compiled = program.step.lower(*program.args).compile()
   text = compiled.as_text()
   calls = {re.sub(r"\.\d+$", "", name): shape for name, shape in _CALL.findall(text)}

@@ -62,7 +62,7 @@ def test_the_trainer_applies_them_before_jax_starts_a_backend(monkeypatch):
   monkeypatch.setenv(tpu_flags.ENV, "--xla_enable_async_all_gather=false")
   monkeypatch.delenv(tpu_flags.GROUPS_ENV, raising=False)
   monkeypatch.setattr(tpu_flags, "_first", {})
-  given = types.SimpleNamespace(workdir=None, plan_only=False, topology=None,
+  given = types.SimpleNamespace(workdir=None, plan_only=False, topology=None, slices=None,
                                 compilation_cache=None, config=None)
   monkeypatch.setattr(train_main, "flags", types.SimpleNamespace(FLAGS=given))
   monkeypatch.setattr(train_main.compilation, "enable_cache", lambda path: None)  # the suite's

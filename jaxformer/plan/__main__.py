@@ -1,9 +1,11 @@
 """python -m jaxformer.plan --config=configs/<name>.py[:arg] --topology=v5e:4x4 [--slices=N]
-    [--config.a.b=v] [--json=PATH] [--search [--search_dims=mesh,fsdp,...] [--budget_minutes=M]]
+    [--config.a.b=v] [--json=PATH] [--nearest]
+    [--search [--search_dims=mesh,fsdp,...] [--budget_minutes=M]]
 
 Compiles the train step `jaxformer.train` would run for the config on the named TPU topology
 (compile-only devices: no TPU needed) and prints per-chip memory against HBM, FLOPs,
-collectives and estimated step times. `--search` ranks shardings and prints the winning
+collectives and estimated step times. `--nearest`: when the step does not fit, also find and
+print the smallest change that does. `--search` ranks shardings and prints the winning
 `--config.*` overrides.
 
 Exit codes: 0 the step fits (with --search: a candidate fits); 3 it does not fit in HBM
@@ -24,6 +26,9 @@ config_flags.DEFINE_config_file("config", None, "Training config file.", lock_co
 flags.DEFINE_string("topology", None, "TPU topology, e.g. v5e:4x4, v5p:4x4x4, v4:2x2x2, v6e:8x8.")
 flags.DEFINE_integer("slices", 1, "Number of slices (multi-slice: the data axis spans DCN).")
 flags.DEFINE_string("json", None, "Also write the report as JSON to this path.")
+flags.DEFINE_bool("nearest", False, "When the step does not fit: compile the smallest changes "
+                  "(remat policy, FSDP, gradient accumulation, mesh; one field, then pairs) "
+                  "until one fits, and print it.")
 flags.DEFINE_bool("search", False, "Search the sharding space and rank what fits.")
 flags.DEFINE_list("search_dims", ["mesh", "fsdp", "remat", "accum", "attention", "scan"],
                   "Dimensions the search varies (others keep the config's value).")
@@ -37,7 +42,8 @@ flags.mark_flags_as_required(["config", "topology"])
 
 def main(argv):
   del argv
-  from jaxformer.plan import estimate, search
+  from jaxformer import accelerators
+  from jaxformer.plan import estimate, search, topology
   from jaxformer.train import config_checks
   f = flags.FLAGS
   if f.slices < 1:
@@ -55,6 +61,16 @@ def main(argv):
     print(estimate.table(report))
     if f.json:
       _write_json(f.json, report.to_json())
+    if not report.fits and f.nearest:
+      print("looking for the nearest change that fits")
+      chip = accelerators.CHIPS[topology.generation(f.topology)]
+      nearest = search.nearest_fitting_change(
+          f.config, topology.devices(f.topology, f.slices), chip, topology=f.topology,
+          slices=f.slices, refused=report, log=print)
+      print("no change of remat policy, FSDP, gradient accumulation or mesh fits: use more "
+            "chips or a smaller model or batch" if nearest is None else
+            f"nearest change that fits: {nearest.flags()} "
+            f"({estimate.gib(nearest.plan['per_chip_bytes']['total'])} per chip)")
     return None if report.fits else EXIT_DOES_NOT_FIT
   result = search.search(f.config, f.topology, f.slices, dimensions=f.search_dims,
                               budget_seconds=60 * f.budget_minutes, workers=f.workers,

@@ -1,13 +1,13 @@
 """What a training config costs on a TPU slice, read from the compiler before any chip is used.
 
-`build_program` assembles the train step exactly as `jaxformer.train` runs it (the same
-`setup.jit_train_step`, shardings from the same `ShardingPlan`), with abstract arguments in
-place of the data and the train state, for any list of devices: libtpu's compile-only devices
-of a topology (`jaxformer.plan.topology`) or the machine's own. `plan` compiles it and reads
-what the compiler reports: per-chip memory (`memory_analysis`), its cost model
-(`estimated_cycles` of every op, summed over the executed schedule by `jaxformer.plan.hlo`), the
-collectives and the matmul FLOPs. A step that does not fit is refused by the TPU compiler
-itself (RESOURCE_EXHAUSTED); its message states the bytes needed, which the plan reports.
+`plan` builds the train step exactly as `jaxformer.train` runs it
+(`jaxformer.train.program.build_program`: the trainer's own jitted step and shardings, with
+abstract arguments) for libtpu's compile-only devices of a topology (`jaxformer.plan.topology`),
+compiles it (each compile cached on disk, `compile_cached`) and reads what the compiler
+reports: per-chip memory (`memory_analysis`), its cost model (`estimated_cycles` of every op,
+summed over the executed schedule by `jaxformer.plan.hlo`), the collectives and the matmul
+FLOPs. A step that does not fit is refused by the TPU compiler itself (RESOURCE_EXHAUSTED);
+its message states the bytes needed, which the plan reports.
 
 Two step-time estimates, both labelled as estimates:
 - the compiler's: its cost model's cycles for every op (`estimated_cycles`), plus the
@@ -32,87 +32,21 @@ Other kernels with no cost at all are left out, and the table says so.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gzip
 import hashlib
 import json
 import os
 import re
-import time
-import warnings
-from typing import Any, Sequence
 
 import jax
 
-from jaxformer import accelerators, models, parallel, paths, run_settings, tpu_flags
-from jaxformer.data.batch_spec import train_batch_spec
+from jaxformer import accelerators, models, paths, tpu_flags
 from jaxformer.ops.pallas import splash as splash_lib
-from jaxformer.parallel import offload
-from jaxformer.parallel.sharding import per_device_bytes
 from jaxformer.plan import hlo, topology as topology_lib
-from jaxformer.state import train_state as state_lib
-from jaxformer.train import config_checks, progress, setup, tasks
-
-
-@dataclasses.dataclass
-class Program:
-  """A config's train step on a device set, with abstract (ShapeDtypeStruct) arguments."""
-  config: Any
-  settings: run_settings.RunSettings
-  task: tasks.Task
-  plan: parallel.ShardingPlan
-  step: parallel.CompiledStep
-  state: Any                     # the train state: ShapeDtypeStructs with their shardings
-  batch: dict
-  key: Any
-
-  @property
-  def args(self) -> tuple:
-    return self.state, self.batch, self.key
-
-
-def build_program(config, devices: Sequence[Any], settings=None) -> Program:
-  """The train step of `config` for `devices`, as the trainer builds it; every config error
-  (mesh, divisibility, batch) is raised here, before anything compiles."""
-  settings = settings or config_checks.validate(config)
-  task = tasks.task_for_run(config)
-  plan = parallel.ShardingPlan.from_config(settings.mesh, devices)
-  plan.check_batch_size(settings.train.batch_size, grad_accum=settings.optim.grad_accum)
-  module, tx, init_boxed = state_lib.train_state_fns(config)
-  abstract = jax.eval_shape(init_boxed)
-  state_shardings = setup.offloaded(config, settings, plan, plan.state_shardings(abstract))
-  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                       plan.restore_target(abstract), state_shardings)   # host memory kinds
-  spec = train_batch_spec(config, settings, task.batch_layout,
-                          models.with_defaults(config.model))
-  batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=plan.batch_sharding(len(shape)))
-           for k, (shape, dtype) in spec.items()}
-  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=plan.replicated)
-  step = setup.jit_train_step(settings, plan, module, tx, task, state_shardings,
-                              {k: v.sharding for k, v in batch.items()})
-  return Program(config, settings, task, plan, step, state, batch, key)
-
-
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-# TPU compiler refusals: "... HLO temporaries (31.47G) exceeds available HBM (15.75G)" and
-# "Used 20.51G of 15.75G hbm. Exceeded hbm capacity by 4.76G."
-_OOM_PATTERNS = (
-    re.compile(r"temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)"),
-    re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm"),
-)
-
-
-def parse_out_of_memory(message: str) -> tuple[int, int] | None:
-  """(bytes needed, bytes available) from a TPU compiler's out-of-memory refusal, or None."""
-  if "RESOURCE_EXHAUSTED" not in message:
-    return None
-  for pattern in _OOM_PATTERNS:
-    match = pattern.search(message)
-    if match:
-      need, need_unit, have, have_unit = match.groups()
-      return (int(float(need) * _UNITS[need_unit]), int(float(have) * _UNITS[have_unit]))
-  return None
+from jaxformer.train import progress
+from jaxformer.train.program import (CompileOutput, Program, build_program, compile_program,
+                                     fits, gib, memory)
 
 
 @dataclasses.dataclass
@@ -204,55 +138,6 @@ def splash_kernel_flops(stats: hlo.ProgramStats, model_config) -> dict[str, floa
   return out
 
 
-@dataclasses.dataclass
-class CompileOutput:
-  """What the compiler says about a program: kept (cached) whole, so that a better analysis
-  re-reads it without compiling again."""
-  seconds: float
-  memory: dict[str, int] | None = None   # CompiledMemoryStats fields
-  hlo: str | None = None                 # the optimized HLO text
-  refusal: str | None = None             # an out-of-memory refusal's first line
-  needed_temp_bytes: int | None = None   # from the refusal
-
-
-def _compile_only(program: Program) -> bool:
-  """Whether `program`'s devices are libtpu's compile-only ones (no chip behind them)."""
-  client = program.plan.mesh.devices.flat[0].client
-  return type(client).__name__ == "CompileOnlyPyClient"
-
-
-@contextlib.contextmanager
-def _cache_warnings_off(active: bool):
-  """Compile-only executables cannot be read back from JAX's persistent compilation cache
-  ('PjRtCompiler must be constructed with a Client'): JAX warns and compiles, which is what
-  a plan wants, so its warning is not shown. (JAX decides once per process whether the cache
-  is used, so it cannot be switched off here.)"""
-  with warnings.catch_warnings():
-    if active:
-      warnings.filterwarnings("ignore", message=".*persistent compilation cache entry")
-    yield
-
-
-def compile_program(program: Program) -> CompileOutput:
-  """Compile `program`; an out-of-memory refusal is a result, any other error raises."""
-  start = time.perf_counter()
-  try:
-    with _cache_warnings_off(_compile_only(program)):
-      compiled = program.step.lower(*program.args).compile()
-  except jax.errors.JaxRuntimeError as e:
-    refused = parse_out_of_memory(str(e))
-    if refused is None:
-      raise
-    return CompileOutput(time.perf_counter() - start, refusal=_first_line(str(e)),
-                         needed_temp_bytes=refused[0])
-  seconds = time.perf_counter() - start
-  memory = compiled.memory_analysis()
-  fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-            "temp_size_in_bytes", "generated_code_size_in_bytes", "host_temp_size_in_bytes")
-  return CompileOutput(seconds, memory={f: int(getattr(memory, f, 0)) for f in fields},
-                       hlo=compiled.as_text())
-
-
 def default_cache_dir() -> str:
   return paths.cache_dir("plans")
 
@@ -300,26 +185,16 @@ def analyse(program: Program, out: CompileOutput, chip: accelerators.Chip, *, to
   """The compiled program's memory, FLOPs, collectives and estimated step times per chip."""
   mesh = program.plan.mesh
   n = mesh.devices.size
-  # device memory; what the memory levers keep in host memory is counted apart ("host")
-  host = offload.host_bytes(program.state)
-  params = per_device_bytes(program.state["params"])
-  optimizer = per_device_bytes(program.state["opt_state"]) - offload.host_bytes(
-      program.state["opt_state"])
+  per_chip = memory(program, out)      # what the memory levers keep in host memory: "host"
   analytic = float(progress.flops_per_step(program.config.model, program.task, program.batch, 1))
   common = dict(topology=topology, slices=slices, chips=n, chip=chip, mesh=dict(mesh.shape),
                 fsdp=program.settings.mesh.fsdp, compile_seconds=out.seconds,
-                compiler_flags=tpu_flags.in_effect())
+                compiler_flags=tpu_flags.in_effect(), per_chip_bytes=per_chip,
+                fits=fits(program, out, chip.hbm_bytes))
   if out.refusal is not None:
-    total = params + optimizer + out.needed_temp_bytes + per_device_bytes(program.batch)
-    return Plan(**common, fits=False,
-                per_chip_bytes={"params": params, "optimizer": optimizer,
-                                "temp": out.needed_temp_bytes, "total": total, "host": host},
-                flops_per_step={"compiler": None, "analytic": analytic}, collectives={},
-                estimated_step_seconds=None, roofline={},
+    return Plan(**common, flops_per_step={"compiler": None, "analytic": analytic},
+                collectives={}, estimated_step_seconds=None, roofline={},
                 mfu={"estimate": None, "roofline": None}, refusal=out.refusal)
-  m = out.memory
-  total = (m["argument_size_in_bytes"] + m["output_size_in_bytes"] - m["alias_size_in_bytes"]
-           + m["temp_size_in_bytes"] + m["generated_code_size_in_bytes"])
   stats = hlo.analyse(out.hlo, mesh)
   kernels = kernel_summary(stats, chip, splash_kernel_flops(stats, program.config.model))
   communication = communication_seconds(stats.collectives, chip)
@@ -336,16 +211,7 @@ def analyse(program: Program, out: CompileOutput, chip: accelerators.Chip, *, to
   mfu = {"estimate": analytic / (estimate * peak) if estimate else None,
          "roofline": analytic / (roofline["step_seconds"] * peak)
          if roofline["step_seconds"] else None}
-  # With host offload the compiler's temporaries count host-memory buffers too (Llama-3 8B,
-  # moments offloaded: 32.79 GiB of "temporaries" on a 31.25 GiB chip, compiled): there the
-  # verdict is the compiler's, which refuses any program over HBM (RESOURCE_EXHAUSTED).
-  offloaded = bool(setup.memory_levers(program.config, program.settings))
-  fits = True if offloaded else total <= chip.hbm_bytes
-  return Plan(**common, fits=fits,
-              per_chip_bytes={"params": params, "optimizer": optimizer,
-                              "temp": m["temp_size_in_bytes"], "total": total,
-                              "host": host + m.get("host_temp_size_in_bytes", 0)},
-              flops_per_step={"compiler": matmul_flops * n, "analytic": analytic},
+  return Plan(**common, flops_per_step={"compiler": matmul_flops * n, "analytic": analytic},
               collectives=stats.collectives, estimated_step_seconds=estimate,
               roofline=roofline, mfu=mfu, kernels=kernels, estimate=breakdown)
 
@@ -399,18 +265,10 @@ def exposed_communication(stats: hlo.ProgramStats, chip: accelerators.Chip) -> f
   return exposed
 
 
-def _first_line(message: str) -> str:
-  return next((line.strip() for line in message.splitlines() if line.strip()), message)
-
-
 def seconds(x: float | None) -> str:
   if x is None:
     return "n/a"
   return f"{x:.3f} s" if x >= 0.1 else f"{1e3 * x:.3f} ms"
-
-
-def gib(n: float | None) -> str:
-  return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
 
 
 def table(p: Plan) -> str:

@@ -36,6 +36,7 @@ from jaxformer.parallel.sharding import per_device_bytes
 from jaxformer.plan import estimate, topology as topology_lib
 from jaxformer.state import train_state as state_lib
 from jaxformer.train import config_checks, progress, tasks
+from jaxformer.train.program import build_program, compile_program
 
 DIMENSIONS = ("mesh", "fsdp", "remat", "accum", "attention", "scan", "optimizer")
 # optimizer-state levers: (state dtype, offloaded to host)
@@ -352,10 +353,11 @@ def _compile_all(config, queue: list[Candidate], topology, slices, chip, *, work
 def nearest_fitting_change(config, devices, chip: accelerators.Chip, *, topology: str,
                            slices: int = 1, refused: estimate.Plan | None = None,
                            log=lambda *_: None) -> Candidate | None:
-  """The smallest change to `config` that fits: one field at a time (remat policy, FSDP,
-  gradient accumulation, the mesh), then pairs; among as many changes, those expected to fit
-  first, fastest first. Compiled in this process on `devices`; `refused` (the config's own
-  plan) calibrates the memory estimate, and so does each compile."""
+  """The smallest change to `config` that fits (`python -m jaxformer.plan --nearest`): one
+  field at a time (remat policy, FSDP, gradient accumulation, the mesh), then pairs; among as
+  many changes, those expected to fit first, fastest first. Compiled in this process on
+  `devices`; `refused` (the config's own plan) calibrates the memory estimate, and so does
+  each compile."""
   current = _current_values(config, devices)
   neighbours = []
   for dims in (["remat"], ["fsdp"], ["accum"], ["mesh"], ["remat", "accum"],
@@ -377,9 +379,9 @@ def nearest_fitting_change(config, devices, chip: accelerators.Chip, *, topology
     order = _order_key(margin, chip.hbm_bytes)
     viable.sort(key=lambda c: (len(c.overrides), *order(c)))
     c = viable.pop(0)
-    program = estimate.build_program(with_overrides(config, c.overrides), devices)
-    result = estimate.analyse(program, estimate.compile_program(program), chip,
-                              topology=topology, slices=slices)
+    program = build_program(with_overrides(config, c.overrides), devices)
+    result = estimate.analyse(program, compile_program(program), chip, topology=topology,
+                              slices=slices)
     c.status, c.plan = "compiled", result.to_json()
     log(f"  tried {c.flags()}: {'fits' if result.fits else 'does not fit'}")
     if result.fits:
@@ -419,51 +421,3 @@ def table(result: SearchResult, top: int = 15) -> str:
   lines.append(", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
                + f"; {result.seconds:.0f} s in all")
   return "\n".join(lines)
-
-
-def require_fit(config, settings, devices, chip: accelerators.Chip, *, topology: str,
-                slices: int = 1, log=lambda *_: None) -> estimate.Plan:
-  """The plan of `config` on `devices`; a ValueError naming the shortfall and the nearest
-  change that fits when the step does not fit in the chip's HBM."""
-  program = estimate.build_program(config, devices, settings)
-  report = estimate.analyse(program, estimate.compile_program(program), chip,
-                            topology=topology, slices=slices)
-  if report.fits:
-    return report
-  total = report.per_chip_bytes["total"]
-  need = (f"the train step needs {estimate.gib(total)} per chip but a {chip.name} has "
-          f"{estimate.gib(chip.hbm_bytes)} of HBM (short by "
-          f"{estimate.gib(total - chip.hbm_bytes)})")
-  log(need + "; looking for the nearest change that fits")
-  nearest = nearest_fitting_change(config, devices, chip, topology=topology, slices=slices,
-                                   refused=report, log=log)
-  if nearest is None:
-    raise ValueError(f"{need}; no change of remat policy, FSDP, gradient accumulation or mesh "
-                     "fits: use more chips or a smaller model or batch")
-  fit = nearest.plan["per_chip_bytes"]["total"]
-  raise ValueError(f"{need}; nearest change that fits: {nearest.flags()} "
-                   f"({estimate.gib(fit)} per chip)")
-
-
-def local_chip(devices) -> accelerators.Chip:
-  """The chip of this machine's TPU `devices`; ValueError elsewhere (no HBM to plan for)."""
-  if devices[0].platform != "tpu":
-    raise ValueError(f"--plan_only on {devices[0].platform} devices needs --topology=<a TPU "
-                     "topology, e.g. v5e:4x4> (memory planning is for TPUs: the GPU plugin "
-                     "has no compile-only devices)")
-  return accelerators.for_device_kind(devices[0].device_kind)
-
-
-def plan_only(config, *, topology: str | None, slices: int = 1) -> estimate.Plan:
-  """`train --plan_only`: the plan printed, and a ValueError if the step does not fit."""
-  settings = config_checks.validate(config)
-  if topology:
-    devices = topology_lib.devices(topology, slices)
-    chip = accelerators.CHIPS[topology_lib.generation(topology)]
-  else:
-    devices = jax.devices()
-    chip, topology = local_chip(devices), devices[0].device_kind
-  report = require_fit(config, settings, devices, chip, topology=topology, slices=slices,
-                       log=print)
-  print(estimate.table(report))
-  return report

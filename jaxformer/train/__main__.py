@@ -1,6 +1,12 @@
 """python -m jaxformer.train --config=configs/<name>.py[:arg] --workdir=DIR [--config.a.b=v]
     [--fresh] [--data_changed_ok] [--branch_from=TRUNK_WORKDIR@STEP]
-    [--plan_only [--topology=v5e:4x4 [--slices=N]]]"""
+
+Planning is `python -m jaxformer.plan` (`--plan_only`, `--topology` and `--slices` are refused
+here with that command line); on a TPU a run checks that its step fits before it writes
+anything (`jaxformer.train.program.require_fit`)."""
+
+import shlex
+import sys
 
 import jax
 from absl import flags
@@ -19,11 +25,10 @@ flags.DEFINE_bool("data_changed_ok", False, "Resume although data.source changed
 flags.DEFINE_string("branch_from", None, "TRUNK_WORKDIR@STEP: start --workdir as a cooldown "
                     "branch of that run's checkpoint (optim.schedule=wsd; a rerun resumes it; "
                     "with --fresh, whatever --workdir held is discarded first).")
-flags.DEFINE_bool("plan_only", False, "Compile the train step, print its per-chip memory and "
-                  "estimated step time, and exit (refused if it does not fit); writes nothing.")
-flags.DEFINE_string("topology", None, "With --plan_only: compile for this TPU topology "
-                    "(e.g. v5e:4x4) instead of this machine's TPUs.")
-flags.DEFINE_integer("slices", 1, "With --topology: the number of slices.")
+# planning moved to `python -m jaxformer.plan`: these are refused with its command line
+flags.DEFINE_bool("plan_only", False, "Moved: use python -m jaxformer.plan (refused here).")
+flags.DEFINE_string("topology", None, "Moved: use python -m jaxformer.plan (refused here).")
+flags.DEFINE_integer("slices", None, "Moved: use python -m jaxformer.plan (refused here).")
 cli.define_compilation_cache_flag()
 flags.mark_flags_as_required(["config"])
 
@@ -31,16 +36,10 @@ flags.mark_flags_as_required(["config"])
 def main(argv):
   del argv
   f = flags.FLAGS
+  if f.plan_only or f.topology or f.slices is not None:
+    raise ValueError(planning_moved(sys.argv[1:], f.topology, f.slices))
   tpu_flags.apply()    # the TPU compiler's overlap flags, before JAX initialises a backend
-  # compile-only TPU executables cannot be cached
-  compilation.enable_cache(None if f.plan_only and f.topology else f.compilation_cache)
-  if f.plan_only:
-    from jaxformer.plan import search
-    search.plan_only(f.config, topology=f.topology, slices=f.slices)
-    return
-  if f.topology:
-    raise ValueError(f"--topology={f.topology} is for --plan_only (a run trains on the "
-                     "machine's own devices); add --plan_only or drop --topology")
+  compilation.enable_cache(f.compilation_cache)
   if f.workdir is None:
     raise ValueError("--workdir is not set; pass --workdir=DIR (the run directory: "
                      "checkpoints, metrics; a rerun resumes)")
@@ -55,6 +54,25 @@ def main(argv):
       else None, "checking --workdir")
   console.route_process_output(jax.process_index(), jax.process_count(), f.workdir)
   train(f.config, f.workdir, fresh=f.fresh, data_changed_ok=f.data_changed_ok)
+
+
+def planning_moved(argv: list[str], topology: str | None, slices: int | None) -> str:
+  """The refusal of `--plan_only` / `--topology` / `--slices`: the planner's equivalent
+  command line (this one's --config and --config.* flags, its topology)."""
+  kept = []
+  for i, a in enumerate(argv):
+    if a.startswith(("--config=", "--config.")):
+      kept.append(a)
+    elif a == "--config" and i + 1 < len(argv):          # absl's "--config FILE" spelling
+      kept.append(f"--config={argv[i + 1]}")
+  where = [f"--topology={topology or '<a TPU topology, e.g. v5e:4x4>'}"]
+  if slices is not None and slices != 1:
+    where.append(f"--slices={slices}")
+  command = shlex.join(["python", "-m", "jaxformer.plan", *kept, *where])
+  return (f"planning is `python -m jaxformer.plan`, not a flag of jaxformer.train: run "
+          f"`{command}` (add --nearest for the nearest change that fits, --search for the "
+          "fastest sharding); on a TPU, training checks that its step fits before it writes "
+          "anything")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import jax
 
 from jaxformer import console, paths, run_files
 from jaxformer.parallel import StopRequest, watchdog
-from jaxformer.train import config_checks, evaluation, plots, setup
+from jaxformer.train import config_checks, evaluation, plots, program, setup
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import read
 
@@ -42,11 +42,7 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
   settings = config_checks.validate(config)
   setup.check_workdir(workdir, settings, fresh=fresh)   # before anything is written or compiled
   if jax.devices()[0].platform == "tpu":     # refuse a step that cannot fit before any work
-    from jaxformer.plan import search
-    devices = jax.devices()
-    say = print if jax.process_index() == 0 else logging.info
-    search.require_fit(config, settings, devices, search.local_chip(devices),
-                            topology=devices[0].device_kind, log=say)
+    program.require_fit(config, settings, jax.devices())
   workdir_lib.check_usable(workdir)
   owner = workdir_lib.Lock(workdir) if jax.process_index() == 0 else contextlib.nullcontext()
   with owner, watchdog.Watchdog(settings.train.stall_timeout, resume_hint=RESUME_HINT):
