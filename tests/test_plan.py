@@ -373,3 +373,28 @@ def test_plan_table_warns_of_kernels_without_a_cost():
   assert "(incl. 1 Pallas kernel at 50% of its roofline, 0.040 ms; a paper)" in text
   assert "WARNING: 2 custom kernel(s) carry no cost" in text
   assert json.loads(json.dumps(p.to_json()))["kernels"]["uncosted"] == 2
+
+
+def test_splash_calls_are_counted_from_their_result_shapes():
+  """`splash_kernel_flops` reads batch, heads, length and head_dim from an uncosted splash
+  call's result (`hlo.arrays`: layouts, memory spaces and integer arrays aside); dk/dv count
+  the query heads of each kv head."""
+  from configs import llama
+  from jaxformer.ops.pallas import splash
+  from jaxformer.plan import estimate, hlo
+  assert hlo.arrays("(bf16[2,4,256,64]{3,2,1,0:T(8,128)(2,1)}, f32[2,4,256]{2,1,0:S(1)}, "
+                    "s32[], u8[<=8])") == [("bf16", (2, 4, 256, 64)), ("f32", (2, 4, 256)),
+                                           ("s32", ()), ("u8", (8,))]
+  cfg = llama.get_config("tiny").model
+  cfg.update(num_heads=4, num_kv_heads=2, window=None)
+  uncosted = {"splash_mha_fwd_residuals.3": {"executions": 2, "shape":
+                  "(s32[2], bf16[2,4,256,64]{3,2,1,0}, f32[2,4,256]{2,1,0})"},
+              "splash_mha_dkv_no_residuals.1": {"executions": 2, "shape":
+                  "(bf16[2,2,256,64]{3,2,1,0}, bf16[2,2,256,64]{3,2,1,0})"},
+              "some_other_kernel": {"executions": 1, "shape": "f32[8]"}}
+  stats = hlo.ProgramStats(collectives={}, estimated_cycles=0, matmul_flops=0, hbm_bytes=0,
+                           loops=[], uncosted=uncosted)
+  flops = estimate.splash_kernel_flops(stats, cfg)
+  args = dict(batch=2, heads=4, tq=256, tk=256, head_dim=64, causal=True)
+  assert flops == {"splash_mha_fwd_residuals.3": splash.kernel_flops("fwd", **args),
+                   "splash_mha_dkv_no_residuals.1": splash.kernel_flops("dkv", **args)}

@@ -102,7 +102,7 @@ class Plan:
 KERNEL_EFFICIENCY = 0.5
 KERNEL_EFFICIENCY_SOURCE = "FlashAttention-2's published 50-73% of peak (arXiv:2307.08691), lower end"
 _SPLASH_CALL = re.compile(r"splash_(mha|mqa)_(fwd|dq|dkv)")
-_ARRAY = re.compile(r"(?:bf16|f32|f16)\[([\d,]+)\]")
+_FLOATS = ("bf16", "f32", "f16")        # a splash call's arrays (its int residuals aside)
 
 
 def splash_kernel_flops(stats: hlo.ProgramStats, model_config) -> dict[str, float]:
@@ -115,7 +115,7 @@ def splash_kernel_flops(stats: hlo.ProgramStats, model_config) -> dict[str, floa
   cfg = None
   for name, call in stats.uncosted.items():
     kind = _SPLASH_CALL.search(name)
-    arrays = [tuple(int(n) for n in a.split(",")) for a in _ARRAY.findall(call["shape"])]
+    arrays = [dims for dtype, dims in hlo.arrays(call["shape"]) if dtype in _FLOATS and dims]
     if kind is None or not arrays:
       continue
     if cfg is None:

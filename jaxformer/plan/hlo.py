@@ -805,12 +805,21 @@ def _number(text: str) -> float | None:
   return int(value) if value.is_integer() else value
 
 
+def arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+  """(dtype, dims) of every array of an HLO (tuple) shape's text, in order:
+  "(bf16[2,4]{1,0}, f32[8], s32[])" -> [("bf16", (2, 4)), ("f32", (8,)), ("s32", ())];
+  a dynamic bound "<=8" reads as 8."""
+  return [(m.group(1), _array_dims(m)) for m in _ARRAY.finditer(shape)]
+
+
+def _array_dims(match: re.Match) -> tuple[int, ...]:
+  return tuple(int(d.replace("<=", "")) for d in match.group(2).split(",") if d)
+
+
 @functools.lru_cache(maxsize=65536)
 def _dims(shape: str) -> tuple[int, ...]:
   match = _ARRAY.search(shape)
-  if not match or not match.group(2):
-    return ()
-  return tuple(int(d.replace("<=", "")) for d in match.group(2).split(","))
+  return _array_dims(match) if match else ()
 
 
 @functools.lru_cache(maxsize=65536)
@@ -831,11 +840,11 @@ def _hbm_bytes(shape: str) -> float:
 
 
 def _array_bytes(match: re.Match) -> float:
-  dtype, dims = match.group(1), match.group(2)
+  dtype = match.group(1)
   size = _DTYPE_BYTES.get(dtype, 1 if dtype.startswith("f8") else None)
   if size is None:
     return 0.0
-  return size * math.prod(int(d.replace("<=", "")) for d in dims.split(",") if d)
+  return size * math.prod(_array_dims(match))
 
 
 def _valid_taps(out: int, size_in: int, window: int, stride: int, low: int,
