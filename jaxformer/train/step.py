@@ -169,7 +169,9 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
   `batch_shards` / `shard_axes`: how many ways and over which mesh axes the batch is split
   (micro-batches keep each device's rows on it). `map_axes` (leading `shard_axes`, their
   sizes multiplying to `map_shards`): accumulate the gradients unreduced over them and
-  reduce once per step (module docstring; `grad_reduce_axes` decides); `param_specs`: the
+  reduce once per step (module docstring); they come from `grad_reduce_axes`, which decides
+  and refuses what cannot reduce once (e.g. a task whose objective is not a sum over rows:
+  it is not checked again here); `param_specs`: the
   parameters' PartitionSpecs, which the accumulator keeps (None: the compiler chooses).
   With dropout the masks then come from a key per block (as good, not the same numbers).
 
@@ -231,9 +233,6 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
 
   grad_fn = jax.value_and_grad(weighted_sums, has_aux=True)
   once = bool(map_axes) and grad_accum > 1 and map_shards > 1
-  if once and (task.objective is not None or task.frozen_key is not None):
-    raise ValueError("optim.grad_reduce='once' cannot apply: this task's objective is not a "
-                     "sum over rows; use optim.grad_reduce='per_microbatch'")
 
   def block_grads(params, mb, rng, aux_scale, frozen):
     """Gradients per block of the mapped axes: mb [map_shards, rows, ...] -> a leading
