@@ -398,3 +398,19 @@ def test_splash_calls_are_counted_from_their_result_shapes():
   args = dict(batch=2, heads=4, tq=256, tk=256, head_dim=64, causal=True)
   assert flops == {"splash_mha_fwd_residuals.3": splash.kernel_flops("fwd", **args),
                    "splash_mha_dkv_no_residuals.1": splash.kernel_flops("dkv", **args)}
+
+
+def test_the_search_can_vary_hybrid_replicas_of_an_fsdp_mesh():
+  from jaxformer.plan import search
+  from jaxformer.train import config_checks
+  cfg = _tiny()
+  plain = search.candidate_overrides(cfg, 8, ["mesh", "fsdp"])
+  found = search.candidate_overrides(cfg, 8, ["mesh", "fsdp", "replica"])
+  hybrid = [c for c in found if c["mesh.replica"] > 1]
+  # every replica count below the chips, each over an FSDP mesh of the remaining chips
+  assert {c["mesh.replica"] for c in hybrid} == {2, 4}
+  assert all(c["mesh.fsdp"] and c["mesh.data"] > 1 for c in hybrid)
+  assert all(c["mesh.replica"] * c["mesh.data"] * c["mesh.model"] == 8 for c in hybrid)
+  assert len(found) - len(hybrid) == len(plain)
+  for c in hybrid:                 # every candidate is a config the trainer accepts
+    config_checks.validate(search.with_overrides(cfg, c))

@@ -4,10 +4,11 @@ The space (each dimension can be held at the config's value): mesh shapes (data,
 expert) over the slice's chips, FSDP on/off, the remat policy, the per-chip micro-batch (the
 global batch is fixed; `optim.grad_accum` splits it), the attention implementation and
 layer scanning; with `optimizer` (not in the CLI's default) also the optimizer state's
-dtype and host offload. Cheap checks first, on abstract shapes only: the trainer's own validation
-and divisibility errors, and the exact per-chip bytes of parameters, optimizer moments and
-gradients, which no sharding of activations can reduce (a candidate over HBM on those alone
-is dropped uncompiled). The rest are compiled best-first in worker processes: those an
+dtype and host offload, and with `replica` hybrid sharding (`mesh.replica` data-parallel
+replicas of an FSDP mesh: across slices, parameter gathers stay on ICI). Cheap checks
+first, on abstract shapes only: the trainer's own validation and divisibility errors, and
+the exact per-chip bytes of parameters, optimizer moments and gradients, which no sharding
+of activations can reduce (a candidate over HBM on those alone is dropped uncompiled). The rest are compiled best-first in worker processes: those an
 activation estimate expects to fit (its error learnt from every compile so far, per remat
 policy), fastest first by a rough analytic step time; the order is redone after each
 result, until the time budget or the compile cap. Each compile is cached on disk under a
@@ -38,7 +39,7 @@ from jaxformer.state import train_state as state_lib
 from jaxformer.train import config_checks, progress, tasks
 from jaxformer.train.program import build_program, compile_program
 
-DIMENSIONS = ("mesh", "fsdp", "remat", "accum", "attention", "scan", "optimizer")
+DIMENSIONS = ("mesh", "fsdp", "remat", "accum", "attention", "scan", "optimizer", "replica")
 # optimizer-state levers: (state dtype, offloaded to host)
 OPTIMIZER_STATES = (("float32", False), ("bfloat16", False), ("bfloat16", True))
 ATTENTION_IMPLS = ("xla", "pallas", "splash")     # splash refuses what it cannot do: pruned
@@ -68,16 +69,26 @@ def candidate_overrides(config, chips: int, dimensions: Iterable[str]) -> list[d
   cfg = models.with_defaults(config.model)
   fields = models.config_fields(cfg["family"])
   axes: list[list[tuple[tuple[str, Any], ...]]] = []
+  # hybrid sharding: R replicas of a (data, model, expert) mesh of chips / R (FSDP gathers
+  # within a replica, only gradients cross replicas); R > 1 only with FSDP over data > 1
+  replicas = (_divisors(chips)[:-1] if "replica" in dimensions
+              else [config.mesh.get("replica", 1)])
   if "mesh" in dimensions:
     num_experts = cfg.get("num_experts") or 1
     meshes = []
-    for model in _divisors(chips):
-      for expert in _divisors(chips // model):
-        if expert > 1 and num_experts % expert:
-          continue
-        meshes.append((("mesh.data", chips // (model * expert)), ("mesh.model", model),
-                       ("mesh.expert", expert)))
+    for replica in replicas:
+      per = chips // replica
+      for model in _divisors(per):
+        for expert in _divisors(per // model):
+          if expert > 1 and num_experts % expert:
+            continue
+          mesh = (("mesh.data", per // (model * expert)), ("mesh.model", model),
+                  ("mesh.expert", expert))
+          meshes.append(mesh + ((("mesh.replica", replica),) if "replica" in dimensions
+                                else ()))
     axes.append(meshes)
+  elif "replica" in dimensions:
+    axes.append([(("mesh.replica", r),) for r in replicas])
   if "fsdp" in dimensions:
     axes.append([(("mesh.fsdp", False),), (("mesh.fsdp", True),)])
   if "remat" in dimensions and "remat_policy" in fields:
@@ -92,7 +103,9 @@ def candidate_overrides(config, chips: int, dimensions: Iterable[str]) -> list[d
                  for dtype, offload in OPTIMIZER_STATES])
   if "scan" in dimensions and "scan_layers" in fields:
     axes.append([(("model.scan_layers", s),) for s in (True, False)])
-  return [dict(itertools.chain.from_iterable(combo)) for combo in itertools.product(*axes)]
+  found = [dict(itertools.chain.from_iterable(combo)) for combo in itertools.product(*axes)]
+  return [c for c in found if c.get("mesh.replica", 1) == 1 or (
+      c.get("mesh.fsdp", config.mesh.get("fsdp", False)) and c.get("mesh.data", 2) > 1)]
 
 
 @dataclasses.dataclass
