@@ -222,3 +222,16 @@ def test_a_run_with_offloaded_moments_checkpoints_resumes_and_equals_the_plain_r
   records = lambda name: [(r["step"], r.get("loss"), r.get("eval_loss")) for r in map(
       json.loads, open(tmp_path / name / "metrics.jsonl"))]
   assert records("moved") == records("plain") and len(records("plain")) == 3
+
+
+@pytest.mark.parametrize("policy, names", [
+    ("offload_layer_input_qkv", 4), ("offload_layer_input_qkv_out", 5)])
+def test_maxtext_style_policies_offload_the_block_input_and_the_projections(policy, names):
+  """The combined policies move each block's input and their projections to host memory (one
+  device_put per name and layer, 2 layers) and keep nothing named on the device."""
+  loss, params = _tiny_llama(policy)
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    jax.ad_checkpoint.print_saved_residuals(loss, params)
+  text = out.getvalue()
+  assert "named '" not in text and text.count("device_put") == 2 * names, text

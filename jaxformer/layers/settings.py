@@ -67,6 +67,11 @@ REMAT_POLICIES = {
     "offload_projections": _offloaded(_PROJECTIONS),
     "offload_layer_input": _offloaded(("layer_input",)),   # `full` with each block's input
                                                            # in host memory
+    # each block's input and q/k/v (+ the out projection) in host memory, the rest
+    # recomputed: MaxText's published Llama-3.1 70B (and 8B, Mixtral) recipes on v6e
+    # ("custom" with decoder_layer_input, query/key/value_proj (, out_proj) offloaded)
+    "offload_layer_input_qkv": _offloaded(("layer_input",) + _QKV),
+    "offload_layer_input_qkv_out": _offloaded(("layer_input",) + _QKV + ("attention_out",)),
 }
 # The policies that move activations to host memory: refused where the devices have none
 # (`jaxformer.parallel.offload.check`).

@@ -211,7 +211,8 @@ _SAVED = {"none": (10, 24, 5), "dots": (2, 12, 4), "dots_no_batch": (2, 12, 0),
           "full": (2, 0, 0), "save_qkv": (2, 3, 0), "save_attention": (2, 5, 0),
           "save_projections": (2, 13, 0), "offload_qkv": (2, 0, 0),
           "offload_attention": (2, 0, 0), "offload_projections": (2, 0, 0),
-          "offload_layer_input": (0, 0, 0)}
+          "offload_layer_input": (0, 0, 0), "offload_layer_input_qkv": (0, 0, 0),
+          "offload_layer_input_qkv_out": (0, 0, 0)}
 
 
 def _activation_bytes(cfg, settings, plan) -> float:
@@ -242,7 +243,8 @@ def _rough_seconds(cfg, settings, plan, chip, param_bytes: int) -> float:
   recompute = {"none": 1.0, "dots": 1.1, "dots_no_batch": 1.15, "full": 4 / 3,
                "save_qkv": 1.25, "save_attention": 1.2, "save_projections": 1.05,
                "offload_qkv": 1.25, "offload_attention": 1.2, "offload_projections": 1.05,
-               "offload_layer_input": 4 / 3}
+               "offload_layer_input": 4 / 3, "offload_layer_input_qkv": 1.25,
+               "offload_layer_input_qkv_out": 1.2}
   flops *= recompute.get(model.get("remat_policy", "none"), 1.0)
   shape = plan.mesh.shape
   accum = settings.optim.grad_accum
