@@ -46,7 +46,7 @@ from jaxformer.ops.pallas import splash as splash_lib
 from jaxformer.plan import hlo, topology as topology_lib
 from jaxformer.train import progress
 from jaxformer.train.program import (CompileOutput, Program, build_program, compile_program,
-                                     fits, gib, memory)
+                                     fingerprint, fits, gib, memory)
 
 
 @dataclasses.dataclass
@@ -142,11 +142,12 @@ def default_cache_dir() -> str:
   return paths.cache_dir("plans")
 
 
-def cache_key(config, topology: str, slices: int) -> str:
-  """The config, the topology and the compiler's versions: what a compile depends on."""
+def cache_key(config, topology: str, slices: int, program: Program) -> str:
+  """What a compile depends on: the lowered program (so a change of the code that builds the
+  step is a new key), the config, the topology, the compiler's versions and flags."""
   import jaxlib
   versions = [jax.__version__, jaxlib.__version__, topology_lib.libtpu_version()]
-  text = json.dumps([config.to_dict(), topology, slices, versions]
+  text = json.dumps([config.to_dict(), topology, slices, versions, fingerprint(program)]
                     + ([flags] if (flags := tpu_flags.in_effect()) else []), sort_keys=True,
                     default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:24]
@@ -176,7 +177,8 @@ def plan(config, topology: str, slices: int = 1, *, settings=None,
   devices = topology_lib.devices(topology, slices)
   program = build_program(config, devices, settings)
   chip = accelerators.CHIPS[topology_lib.generation(topology)]
-  out = compile_cached(program, cache_key(config, topology, slices), cache_dir)
+  key = None if cache_dir is None else cache_key(config, topology, slices, program)
+  out = compile_cached(program, key, cache_dir)
   return analyse(program, out, chip, topology=topology, slices=slices)
 
 

@@ -12,8 +12,8 @@ of activations can reduce (a candidate over HBM on those alone is dropped uncomp
 activation estimate expects to fit (its error learnt from every compile so far, per remat
 policy), fastest first by a rough analytic step time; the order is redone after each
 result, until the time budget or the compile cap. Each compile is cached on disk under a
-hash of the config, topology and compiler versions, so a rerun is instant. Fitting
-candidates are ranked by the compiler's estimated step time.
+hash of the lowered program, config, topology and compiler versions, so a rerun is
+instant. Fitting candidates are ranked by the compiler's estimated step time.
 """
 
 from __future__ import annotations

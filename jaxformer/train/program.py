@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import re
 import time
 import warnings
@@ -122,6 +123,14 @@ def _cache_warnings_off(active: bool):
     if active:
       warnings.filterwarnings("ignore", message=".*persistent compilation cache entry")
     yield
+
+
+def fingerprint(program: Program) -> str:
+  """A hash of the lowered program (StableHLO): what the compiler is given, so a cached plan
+  goes stale when the code that builds the step changes, not only when the config does."""
+  with _cache_warnings_off(_compile_only(program)):
+    text = program.step.lower(*program.args).as_text()
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def compile_program(program: Program) -> CompileOutput:
