@@ -1,22 +1,29 @@
-"""Published models planned on published TPU slices, from a CPU machine (issue #29).
+"""Published models planned on published TPU slices, from a CPU machine.
 
-For each row: the config (its published size), a slice people train on, and the global batch
-of the matching published run where there is one (per-chip batch x chips, so our estimate and
-their measurement describe the same step). `jaxformer.plan.search.search` varies the mesh,
-FSDP, the remat policy and gradient accumulation (layers scanned, XLA attention), compiles the
-most promising candidates for the topology's compile-only devices and keeps the fastest that
-fits. Compiles are cached (~/.cache/jaxformer/plans), so a rerun, or a run interrupted and
-restarted, recompiles nothing it has done; finished rows are kept in
-experiments/results/tpu_plans.json.
+For each row: the config (its published size), a slice people train on, the global batch of
+the matching published run where there is one (per-chip batch x chips, so our estimate and
+their measurement describe the same step), and a recipe: the settings MaxText's own benchmark
+configs use for that model on that chip (`benchmarks/maxtext_{trillium,v5e}_model_configs.py`
+at the commit in RECIPES_SOURCE: FSDP over every chip, no gradient accumulation, flash
+attention, their remat/offload policy), in jaxformer's terms. A row compiles its recipe for
+the topology's compile-only devices; where that does not fit, the optimizer-state levers next
+(bfloat16 moments, then moments in host memory), until one fits. `--search` also runs
+`jaxformer.plan.search` around it and keeps the fastest that fits. Compiles are cached
+(~/.cache/jaxformer/plans, keyed by the lowered program), so a rerun, or a run interrupted
+and restarted, recompiles nothing it has done; finished rows are kept in
+experiments/results/tpu_plans.json. `tpu_plans_before.json` holds the rows as planned before
+the step's TPU work (issue #41: XLA attention, float32 logits, a gradient reduce per
+micro-batch, one-hot MoE dispatch; searched over mesh, FSDP, remat and accumulation), for the
+report's "before" column.
 
-Everything here is an estimate from the TPU compiler (its memory assignment and its per-op cost
-model) and the chips' public figures; the published numbers beside them were measured by
-others (`experiments/published_tpu_throughput.py`), with their own tuned sharding, kernels and
-flags. "TFLOP/s/chip" on both sides counts model FLOPs (6N + attention; ours does not halve
-causal attention, MaxText's has since July 2025).
+Everything here is an estimate from the TPU compiler (its memory assignment and its per-op
+cost model) and the chips' public figures; the published numbers beside them were measured
+by others (`experiments/published_tpu_throughput.py`), with their own tuned sharding, kernels
+and flags. "TFLOP/s/chip" on both sides counts model FLOPs (6N + attention; ours does not
+halve causal attention, MaxText's has since July 2025).
 
-Usage: python -m experiments.tpu_plans [--rows=LABEL,...] [--budget_minutes=20]
-           [--max_compiles=3] [--workers=2]
+Usage: python -m experiments.tpu_plans [--rows=LABEL,...] [--search] [--budget_minutes=20]
+           [--max_compiles=3] [--workers=2] [--redo]
 """
 
 from __future__ import annotations
@@ -27,17 +34,22 @@ import json
 import math
 import os
 import pathlib
-import sys
 import time
+from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from experiments import published_tpu_throughput as published  # noqa: E402
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
-DIMENSIONS = ("mesh", "fsdp", "remat", "accum")
+# --search varies these around the recipe's mesh (pure FSDP over every chip)
+DIMENSIONS = ("remat", "accum", "attention", "optimizer")
+RECIPES_SOURCE = ("github:AI-Hypercomputer/maxtext@e591f30cbbf217ed67ef71263ec0538239f9c3b8"
+                  ":benchmarks/maxtext_{trillium,v5e}_model_configs.py")
+# Tried in order until the step fits: MaxText's recipes keep float32 AdamW moments on device.
+MEMORY_FALLBACKS = ({}, {"optim.state_dtype": "bfloat16"},
+                    {"optim.state_dtype": "bfloat16", "optim.offload_state": True})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +61,9 @@ class Row:
   published: str | None = None   # the model name in published_tpu_throughput, same chips
   seq_len: int | None = None     # None: the config's (set to the published run's)
   slices: int = 1
+  # the recipe's own settings beyond FSDP over every chip, no accumulation, flash attention
+  recipe: tuple[tuple[str, Any], ...] = ()
+  recipe_from: str = "ours"      # the MaxText benchmark config it follows, or "ours"
 
   @property
   def chips(self) -> int:
@@ -58,14 +73,26 @@ class Row:
 
 ROWS = [
     Row("GPT-2 small", "gpt2.py:small", "v5e:2x2", 8),
-    Row("Llama-2 7B", "llama.py:llama2-7b", "v5e:4x4", 2),
-    Row("Llama-3 8B", "llama.py:llama3-8b", "v6e:2x4", 3, "Llama 3.1 8B"),
-    Row("ViT-H/14", "vit.py:H/14", "v5e:4x4", 32),
-    Row("Mixtral 8x7B", "mixtral.py:8x7b", "v5p:4x4x4", 4, seq_len=4096),
-    Row("Llama-2 70B", "llama.py:llama2-70b", "v6e:16x16", 2, "Llama 2 70B"),
-    Row("Llama-3 70B", "llama.py:llama3-70b", "v6e:4x8", 2, "Llama 3.1 70B"),
-    Row("Mixtral 8x7B", "mixtral.py:8x7b", "v6e:16x16", 12, "Mixtral 8X7B", seq_len=4096),
-    Row("GPT-3 175B", "gpt3.py:175b", "v6e:16x16", 3, "GPT3-175B"),
+    Row("Llama-2 7B", "llama.py:llama2-7b", "v5e:4x4", 2,
+        recipe=(("model.remat_policy", "save_qkv"),), recipe_from="llama2-7b-v5e-256"),
+    Row("Llama-3 8B", "llama.py:llama3-8b", "v6e:2x4", 3, "Llama 3.1 8B",
+        recipe=(("model.remat_policy", "offload_layer_input_qkv_out"),),
+        recipe_from="llama3_1-8b-8192"),
+    Row("ViT-H/14", "vit.py:H/14", "v5e:4x4", 32, recipe=(("model.remat_policy", "full"),)),
+    Row("Mixtral 8x7B", "mixtral.py:8x7b", "v5p:4x4x4", 4, seq_len=4096,
+        recipe=(("model.remat_policy", "offload_layer_input_qkv_out"),),
+        recipe_from="mixtral_8x7b_dropless (trillium's settings; dropless)"),
+    Row("Llama-2 70B", "llama.py:llama2-70b", "v6e:16x16", 2, "Llama 2 70B",
+        recipe=(("model.remat_policy", "offload_qkv"),), recipe_from="llama2_70b_4096_synthetic"),
+    Row("Llama-3 70B", "llama.py:llama3-70b", "v6e:4x8", 2, "Llama 3.1 70B",
+        recipe=(("model.remat_policy", "offload_layer_input_qkv"),),
+        recipe_from="llama3_1-70b-8192-bs2"),
+    Row("Mixtral 8x7B", "mixtral.py:8x7b", "v6e:16x16", 12, "Mixtral 8X7B", seq_len=4096,
+        recipe=(("model.remat_policy", "offload_layer_input_qkv_out"),
+                ("model.moe_dispatch", "capacity"), ("model.moe_capacity_factor", 1.25)),
+        recipe_from="mixtral_8x7b_dropped"),
+    Row("GPT-3 175B", "gpt3.py:175b", "v6e:16x16", 3, "GPT3-175B",
+        recipe=(("model.remat_policy", "full"),), recipe_from="gpt-3-175b-bf16"),
 ]
 
 
@@ -76,7 +103,7 @@ def row_key(row: Row) -> str:
 
 def load(row: Row):
   from jaxformer.sweep.config import load_config
-  overrides = {"model.scan_layers": True, "model.attention_impl": "xla"}
+  overrides = {"model.scan_layers": True}
   if row.per_chip_batch is not None:
     overrides["train.batch_size"] = row.per_chip_batch * row.chips
   if row.seq_len is not None:
@@ -84,30 +111,53 @@ def load(row: Row):
   return load_config(str(ROOT / "configs" / row.config), overrides)
 
 
+def recipe(row: Row) -> dict[str, Any]:
+  """The row's recipe as overrides: FSDP over every chip, no accumulation, the attention
+  kernel `auto` picks on TPU, and the recipe's own settings."""
+  return {"mesh.data": row.chips // row.slices, "mesh.model": 1, "mesh.expert": 1,
+          "mesh.fsdp": True, "mesh.replica": row.slices, "optim.grad_accum": 1,
+          "model.attention_impl": "auto", **dict(row.recipe)}
+
+
 def run_row(row: Row, args) -> dict:
-  from jaxformer.plan import search
+  from jaxformer.plan import estimate, search
   config = load(row)
   start = time.perf_counter()
-  result = search.search(config, row.topology, row.slices, dimensions=DIMENSIONS,
-                              budget_seconds=60 * args.budget_minutes, workers=args.workers,
-                              max_compiles=args.max_compiles)
-  best = result.best
+  tried, compiles, best = [], [], None
+  for extra in MEMORY_FALLBACKS:
+    overrides = {**recipe(row), **extra}
+    print(f"  recipe {' '.join(f'{k}={v}' for k, v in overrides.items())}", flush=True)
+    try:
+      plan = estimate.plan(search.with_overrides(config, overrides), row.topology, row.slices,
+                           cache_dir=estimate.default_cache_dir()).to_json()
+    except ValueError as e:              # a setting this row's model refuses: say so, go on
+      tried.append({"overrides": overrides, "refused": str(e).splitlines()[0]})
+      continue
+    compiles.append(plan["compile_seconds"])
+    tried.append({"overrides": overrides, "fits": plan["fits"],
+                  "total_bytes": plan["per_chip_bytes"]["total"]})
+    if plan["fits"]:
+      best = {"overrides": overrides, "plan": plan, "by": "recipe"}
+      break
   counts: dict[str, int] = {}
-  for c in result.candidates:
-    counts[c.status] = counts.get(c.status, 0) + 1
-  compiles = [c.plan["compile_seconds"] for c in result.candidates if c.plan]
-  why = None
-  if best is None:
-    memory = [c.reason for c in result.candidates if "alone need" in c.reason]
-    why = (f"none of the {len(compiles)} compiled fit" if compiles else
-           min(memory, key=lambda m: float(m.split(" need ")[1].split()[0])) if memory else
-           "no candidate passed the checks")
+  if args.search:
+    result = search.search(search.with_overrides(config, recipe(row)), row.topology,
+                           row.slices, dimensions=DIMENSIONS,
+                           budget_seconds=60 * args.budget_minutes, workers=args.workers,
+                           max_compiles=args.max_compiles)
+    for c in result.candidates:
+      counts[c.status] = counts.get(c.status, 0) + 1
+    compiles += [c.plan["compile_seconds"] for c in result.candidates if c.plan]
+    found = result.best
+    if found is not None and (best is None or found.seconds < best["plan"][
+        "estimated_step_seconds"]):
+      best = {"overrides": {**recipe(row), **found.overrides}, "plan": found.plan,
+              "by": "search"}
   return {"row": dataclasses.asdict(row), "seconds": time.perf_counter() - start,
-          "counts": counts, "compile_seconds": compiles,
-          "fitting": sum(c.fits for c in result.candidates),
-          "batch_size": config.train.batch_size, "seq_len": _length(config),
-          "best": None if best is None else {"overrides": best.overrides, "plan": best.plan},
-          "why": why}
+          "tried": tried, "counts": counts, "compile_seconds": compiles,
+          "batch_size": config.train.batch_size, "seq_len": _length(config), "best": best,
+          "why": None if best is not None else "none of the recipe's settings fit: " + "; ".join(
+              t.get("refused") or f"{t['total_bytes'] / 2**30:.1f} GiB" for t in tried)}
 
 
 def _length(config) -> str:
@@ -128,82 +178,97 @@ def _published(row: Row) -> published.PublishedRun | None:
   return None
 
 
-def table(results: dict) -> str:
-  lines = ["| model | slice | chips | global batch x seq | fits | best sharding found | "
-           "GiB/chip | est. step s (compiler) | est. MFU (compiler / roofline) | "
-           "est. TFLOP/s/chip | published TFLOP/s/chip | published / est. | compiles |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+def _tflops(row: Row, plan: dict) -> float | None:
+  est = plan["estimated_step_seconds"]
+  return plan["flops_per_step"]["analytic"] / (row.chips * est) / 1e12 if est else None
+
+
+def _short(overrides: dict, row: Row) -> str:
+  """The settings beyond the recipe's fixed part (FSDP over every chip, no accumulation)."""
+  fixed = recipe(Row(row.label, row.config, row.topology, row.per_chip_batch,
+                     slices=row.slices))
+  shown = {k: v for k, v in overrides.items() if fixed.get(k) != v}
+  return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in shown.items()) or "-"
+
+
+def table(results: dict, before: dict) -> str:
+  lines = ["| model | slice | chips | global batch x seq | fits | settings beyond FSDP over "
+           "every chip, no accumulation (recipe) | GiB/chip (host) | est. step s "
+           "(compute + exposed comm.) | est. MFU | est. TFLOP/s/chip | before | published "
+           "TFLOP/s/chip | published / est. | compiles |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for row in ROWS:
     r = results.get(row_key(row))
     if r is None:
       continue
-    if r["seq_len"] is None:                 # rows recorded before lengths were strings
-      r["seq_len"] = _length(load(row))
-    best = r["best"]
     pub = _published(row)
+    old = (before.get(row_key(row)) or {}).get("best")
+    was = f"{_tflops(row, old['plan']):.0f}" if old else "no fit"
     compiles = r["compile_seconds"]
     compiled = (f"{len(compiles)} ({min(compiles):.0f}-{max(compiles):.0f} s)"
                 if compiles else "0")
+    source = row.recipe_from
+    best = r["best"]
     if best is None:
       lines.append(f"| {row.label} | {row.topology} | {row.chips} | {r['batch_size']} x "
-                   f"{r['seq_len']} | no: {r.get('why') or 'none compiled fit'} | - | - | - | "
-                   "- | - | "
+                   f"{r['seq_len']} | no: {r['why']} | ({source}) | - | - | - | - | {was} | "
                    f"{pub.value if pub else '-'} | - | {compiled} |")
       continue
     p = best["plan"]
-    sharding = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in best["overrides"].items())
     est = p["estimated_step_seconds"]
-    tflops = p["flops_per_step"]["analytic"] / (row.chips * est) / 1e12 if est else None
-    mfu = p["mfu"]
+    parts = p.get("estimate") or {}
+    split = (f" ({parts['compute_seconds']:.2f} + {parts['exposed_communication_seconds']:.2f})"
+             if "exposed_communication_seconds" in parts else "")
+    tflops = _tflops(row, p)
     ratio = f"{pub.value / tflops:.2f}" if pub and tflops else "-"
+    host = p["per_chip_bytes"].get("host", 0)
     lines.append(
         f"| {row.label} | {row.topology} | {row.chips} | {r['batch_size']} x {r['seq_len']} "
-        f"| yes | {sharding} | {p['per_chip_bytes']['total'] / 2**30:.1f} | "
-        f"{est:.3f} | {100 * mfu['estimate']:.0f}% / {100 * mfu['roofline']:.0f}% | "
-        f"{tflops:.0f} | {pub.value if pub else '-'} | {ratio} | {compiled} |")
+        f"| yes | {_short(best['overrides'], row)} ({source}; {best['by']}) | "
+        f"{p['per_chip_bytes']['total'] / 2**30:.1f} ({host / 2**30:.1f}) | "
+        f"{est:.3f}{split} | {100 * p['mfu']['estimate']:.0f}% | {tflops:.0f} | {was} | "
+        f"{pub.value if pub else '-'} | {ratio} | {compiled} |")
   return "\n".join(lines)
 
 
 REPORT = """# Published models planned on TPU slices
 
 `python -m experiments.tpu_plans` on a 2-core CPU machine with no accelerator: each row's
-config compiled by libtpu for the slice's compile-only devices (`jaxformer.plan --search`
-over mesh, FSDP, remat policy and gradient accumulation; layers scanned, XLA attention),
-the fastest candidate that fits by the compiler's cost model. Every number on our side is an
-estimate from the TPU compiler (its memory assignment, its per-op cycle estimates at the
-chip clock measured from its matmul estimates) and the chips' public figures
-(`jaxformer/accelerators.py`), not a measurement.
+config compiled by libtpu for the slice's compile-only devices, with the settings MaxText's
+benchmark configs use for that model and chip (the recipe column names the config, from
+`{source}`; "ours" where MaxText has none): FSDP over every chip, no gradient accumulation,
+layers scanned, the attention kernel `auto` picks on TPU (jaxformer's Pallas flash kernel),
+the chunked loss, the remat/offload policy shown; where that does not fit, bfloat16 optimizer
+moments, then moments in host memory. Every number on our side is an estimate from the TPU
+compiler (its memory assignment, its per-op cycle estimates at the chip clock measured from
+its matmul estimates) and the chips' public figures (`jaxformer/accelerators.py`), not a
+measurement.
 
 {table}
 
 - global batch: the published run's per-chip batch x chips where there is one (so both sides
   describe the same step), otherwise a per-chip batch people use; seq is the published
   run's where the config's differs (Mixtral: 4096), otherwise the config's.
+- est. step: the compiler's cycle estimate (Pallas kernels charged at
+  `estimate.KERNEL_EFFICIENCY`, 50% of their roofline) plus the communication its schedule
+  cannot hide behind the compute of the same scope (`jaxformer.plan.estimate.exposed_communication`).
 - est. MFU: analytic model FLOPs (6N + attention, `scaling.flops_per_token`) / (chips x peak
-  x estimated step); the roofline column uses the roofline step instead.
-- est. TFLOP/s/chip: the same model FLOPs / (chips x compiler-estimated step).
-- published: measured by Google with MaxText (tuned sharding, kernels, XLA flags, remat
-  offloading), from `experiments/published_tpu_throughput.py`, where each number's source
-  (repository, commit, file, the line quoted) is recorded. MaxText halves causal attention
-  FLOPs; we count them whole, which flatters our TFLOP/s by a few percent at these lengths.
-- "no" in fits: why nothing fitted: the exact per-chip bytes of parameters, gradients and
-  AdamW's two float32 moments already exceed the chip's HBM (no sharding of a float32
-  AdamW run fits; MaxText fits these with other optimizer-state or offloading settings), or
-  none of the candidates compiled within the row's compile cap fitted (what was tried is in
-  `tpu_plans.json`; the closest Llama-3 8B candidate missed by 1.0 GiB).
+  x estimated step); est. TFLOP/s/chip: the same FLOPs / (chips x estimated step).
+- before: est. TFLOP/s/chip of the same row before the step's TPU work (XLA attention,
+  float32 logits, a gradient reduce per micro-batch, one-hot MoE dispatch; the best of a
+  search over mesh, FSDP, remat and accumulation: `tpu_plans_before.json`).
+- published: measured by Google with MaxText, from `experiments/published_tpu_throughput.py`,
+  where each number's source is recorded. MaxText halves causal attention FLOPs; we count
+  them whole, which flatters our TFLOP/s by a few percent at these lengths.
 
 How far the estimate can be trusted: the compiler's cycle estimates are what XLA uses to
-schedule, not a simulator; they leave out collective time (carried by the roofline column)
-and Pallas kernels (charged at `estimate.KERNEL_EFFICIENCY`, 50%, of their roofline:
-FlashAttention-2's published lower end). Where the published / estimated ratio is
-near 1 the compiled step is as fast as MaxText's measured one would be if the estimate
-held; a large ratio says our step, as compiled, does much more work or moves much more
-memory than theirs (for instance f32 logits and XLA attention's T x T scores, gradient
-all-reduces inside the accumulation loop, untuned sharding), and cannot tell that apart from
-estimate error without hardware.
+schedule, not a simulator. Where the published / estimated ratio is near 1 the compiled step
+is as fast as MaxText's measured one would be if the estimate held; a ratio well above 1 says
+our step, as compiled, does more work or moves more memory than theirs, and cannot tell that
+apart from estimate error without hardware.
 
-Searches (candidates by status; compile times as measured when each was first compiled, on 2
-cores shared by two compile workers and other jobs; wall time of the run that wrote this):
+Runs (what each row compiled; compile times as measured when first compiled, on 2 cores
+shared with other jobs; wall time of the run that wrote this):
 
 {searches}
 """
@@ -216,9 +281,13 @@ def searches(results: dict) -> str:
     if r is None:
       continue
     compiled = r["compile_seconds"]
+    tried = "; ".join(
+        f"{_short(t['overrides'], row) if t['overrides'] else '-'}: "
+        + (f"refused ({t['refused']})" if "refused" in t else
+           f"{t['total_bytes'] / 2**30:.1f} GiB, {'fits' if t['fits'] else 'does not fit'}")
+        for t in r["tried"])
     counts = ", ".join(f"{n} {k}" for k, n in sorted(r["counts"].items()))
-    lines.append(f"- {row_key(row)}: {counts}"
-                 + (f"; {r['fitting']} fit" if "fitting" in r else "")
+    lines.append(f"- {row_key(row)}: {tried}" + (f"; search: {counts}" if counts else "")
                  + (f"; compiles {min(compiled):.0f}-{max(compiled):.0f} s each, "
                     f"{sum(compiled) / 60:.1f} min in all" if compiled else "")
                  + f"; this run {r['seconds'] / 60:.1f} min (cached compiles are read back)")
@@ -228,16 +297,19 @@ def searches(results: dict) -> str:
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rows", default=None, help="comma-separated labels (default: all)")
+  parser.add_argument("--search", action="store_true",
+                      help="also search around each recipe (compiles several candidates)")
   parser.add_argument("--budget_minutes", type=float, default=20.0)
   parser.add_argument("--max_compiles", type=int, default=3)
   parser.add_argument("--workers", type=int, default=2)
-  parser.add_argument("--redo", action="store_true", help="re-analyse finished rows "
+  parser.add_argument("--redo", action="store_true", help="redo finished rows "
                       "(compiles come from the cache)")
   parser.add_argument("--out", default=str(RESULTS / "tpu_plans.md"))
   args = parser.parse_args(argv)
   state_path = RESULTS / "tpu_plans.json"
   results = json.loads(state_path.read_text()) if state_path.exists() else {}
   results = {k: v for k, v in results.items() if k in {row_key(r) for r in ROWS}}
+  before = json.loads((RESULTS / "tpu_plans_before.json").read_text())
   wanted = None if args.rows is None else set(args.rows.split(","))
   for row in ROWS:
     if wanted is not None and row.label not in wanted:
@@ -248,8 +320,9 @@ def main(argv=None):
     print(f"== {key}", flush=True)
     results[key] = run_row(row, args)
     state_path.write_text(json.dumps(results, indent=1))
-  text = table(results)
-  pathlib.Path(args.out).write_text(REPORT.format(table=text, searches=searches(results)))
+  text = table(results, before)
+  pathlib.Path(args.out).write_text(REPORT.format(table=text, source=RECIPES_SOURCE,
+                                                  searches=searches(results)))
   print(text)
 
 
