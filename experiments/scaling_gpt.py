@@ -48,15 +48,13 @@ import pathlib
 import sys
 import time
 
+import numpy as np
+
+from configs.sweeps import isoflop, scaling_gpt as gpt_sweep
+from experiments import report_check
+from jaxformer import scaling
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-  sys.path.insert(0, str(REPO_ROOT))
-
-import numpy as np  # noqa: E402
-
-from configs.sweeps import isoflop, scaling_gpt as gpt_sweep  # noqa: E402
-from experiments import report_check  # noqa: E402
-from jaxformer import scaling  # noqa: E402
 
 FORMAT = "scaling_gpt/wsd-doubling/2"   # results["format"] of the reports `render` draws
 KAPLAN_ALPHA_N = 0.076         # Kaplan et al. 2020, eq. 1.1 (N_c = 8.8e13 non-embedding params)
