@@ -18,7 +18,7 @@ bundled.
 
 `tiny`: the same objective on character-level tiny Shakespeare (65 characters + mask, decoder
 start and padding = 68 ids), 64-character windows, a 2 + 2 layer model of width 64 that trains
-on a laptop CPU in about two minutes (see the README for the numbers).
+on a laptop CPU in about two minutes (see docs/models.md for the numbers).
 """
 
 from configs import common

@@ -5,7 +5,7 @@
 (`--config.data.source=tfds:mnist`); with neither, training stops with how to get either.
 28x28 images cut into 7x7 patches (16 patches + [CLS]), a 4-layer, 128-wide pre-norm
 encoder, AdamW with cosine decay and small random shifts as augmentation: >= 98% test
-accuracy in a few minutes on a 2-core CPU (see NOTES.md).
+accuracy in a few minutes on a 2-core CPU (see docs/design/performance.md).
 
 `digits`: scikit-learn's bundled 8x8 digits (1,797 images, no download): 2x2 patches, for
 demos and tests that must not depend on a data directory.

@@ -2,7 +2,8 @@
 
     python -m experiments.stress_multiprocess [--runs 20] [--busy 2] [--timeout 600] [--out DIR]
 
-Each run is the command that hung 2 of 11 times before the fix (NOTES.md, "Parallelism"):
+Each run is the command that hung 2 of 11 times before the fix (docs/design/parallelism.md,
+"No process waits forever"):
 `launch.local`, 2 processes x 2 CPU devices, `configs/shakespeare_char.py:tiny` for 40 steps,
 an asynchronous checkpoint every 10 and an evaluation every 20 (so each evaluation follows an
 asynchronous checkpoint still being written). `--busy` processes spin beside it the whole time

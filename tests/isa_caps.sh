@@ -7,7 +7,7 @@
 #   SSE4_2: no AVX, no FMA (OpenBLAS's Nehalem kernels)
 #   AVX:    256-bit vectors, no FMA (OpenBLAS's Sandy Bridge kernels)
 # The default machine's run is the suite itself. Wider ISAs than the host's (AVX-512 on an
-# AVX2 host) cannot be emulated; the tolerances are derived (NOTES.md "Tests"), not tuned.
+# AVX2 host) cannot be emulated; the tolerances are derived (docs/design/testing.md), not tuned.
 #
 #   tests/isa_caps.sh                    the numerical files below, under both caps
 #   tests/isa_caps.sh tests/test_moe.py  other files / pytest arguments instead

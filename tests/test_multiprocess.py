@@ -235,7 +235,7 @@ def test_a_stop_signal_to_one_process_stops_both_after_the_same_step(tmp_path, s
   processes). The LR is constant, so train.steps changes no step: the run is long
   enough for any machine to be signalled mid-run, the rerun and the reference end at S + 3.
   Process 1 is signalled (a host that is not the coordinator, as a maintenance event does);
-  signalling process 0 passes the same way (~72 s more, run by hand: NOTES.md)."""
+  signalling process 0 passes the same way (~72 s more, run by hand: docs/design/parallelism.md)."""
   run, whole, home = str(tmp_path / "run"), str(tmp_path / "whole"), tmp_path / "home"
   outputs = _train_cli(run, _preempted_config(10_000), 2, 4, home=home, signalled=signalled)
   step = _stopped_at(outputs[0])

@@ -218,7 +218,7 @@ LOWERING_CASES = {   # (shape kwargs, kernel kwargs, bias/mask/segments)
 def test_kernels_lower_for_gpu_triton_and_tpu_mosaic(name, backend, platform, call):
   """Forward + backward lower through Pallas to Triton / Mosaic on this CPU host: block shapes,
   index maps and kernel bodies satisfy each backend's lowering rules (running them needs the
-  device; see NOTES.md)."""
+  device; see docs/design/attention.md)."""
   shape, kw, extras = LOWERING_CASES[name]
   b, tq, tk, h, hkv, d = (shape[key] for key in ("b", "tq", "tk", "h", "hkv", "d"))
   struct = jax.ShapeDtypeStruct

@@ -1,6 +1,6 @@
 """The package's layering, enforced: every jaxformer module imports only from its own package
-and from the layers below it (README, "Layout"), so the package graph has no cycles and no
-exceptions."""
+and from the layers below it (docs/design/structure.md; README, "Layout"), so the package
+graph has no cycles and no exceptions."""
 
 from __future__ import annotations
 

@@ -35,8 +35,9 @@ IMPLS = ("xla", "blocked", "pallas", "splash", "cudnn", "auto")
 KERNEL_IMPLS = ("pallas", "splash")
 # The kernel "auto" picks on TPU when it takes the inputs (the other one otherwise): the one
 # that plans faster for Llama-2 7B's attention (T=4096, bf16, causal) on compile-only v5e,
-# `python -m experiments.tpu_attention_choice` (NOTES.md, "Pallas attention"): ours 16.1 ms
-# per layer fwd+bwd, splash 17.3 (its 512 blocks compute more of the causal diagonal).
+# `python -m experiments.tpu_attention_choice` (docs/design/attention.md, "Ours vs splash on
+# TPU"): ours 16.1 ms per layer fwd+bwd, splash 17.3 (its 512 blocks compute more of the
+# causal diagonal).
 TPU_AUTO_KERNEL = "pallas"
 # ...unless our kernel's whole-sequence VMEM blocks (K and V, and dk/dv's query and dO rows
 # of a GQA group) would take more than this: splash streams its blocks and has no such bound

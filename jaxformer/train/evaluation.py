@@ -25,8 +25,8 @@ def evaluate(eval_step, params, pipeline, task, plan, frozen=None, *, step: int 
   there (in their own dtype: the same numbers as an on-device sum). Why: dispatching every
   eval batch (and a device-side add per batch) without waiting queued ~40 multi-device
   programs with collectives behind the train step; with several CPU processes that deadlocked
-  XLA's per-device launch queues in 2 of 11 runs under load (NOTES.md, "Parallelism"). One
-  host round trip per eval batch costs nothing next to the eval step itself."""
+  XLA's per-device launch queues in 2 of 11 runs under load (docs/design/parallelism.md, "No
+  process waits forever"). One host round trip per eval batch costs nothing next to the eval step itself."""
   jax.block_until_ready(params)          # no train step still running beside the eval steps
   totals = None
   for i, batch in enumerate(pipeline.eval_batches()):

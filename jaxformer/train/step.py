@@ -152,7 +152,8 @@ def gathered_head(readout):
   reduced dW in every tile (v5e:2x2 plan, 1-layer d=512 V=32000 FSDP: all-gather 38 -> 257
   MiB, reduce-scatter 62.5 -> 250 MiB per chip; with it, the dense loss's 38 and 62.5). Cost:
   the whole float32 kernel (and on some plans an all-reduced float32 dW) is live at once;
-  NOTES.md (Training) has the figures. A no-op outside a mesh's logical-axis rules."""
+  docs/design/memory.md (the chunked loss) has the figures. A no-op outside a mesh's
+  logical-axis rules."""
   axes = ("vocab", None) if readout.vocab_major else (None, "vocab")
   return dataclasses.replace(readout, kernel=nn.with_logical_constraint(readout.kernel, axes))
 
