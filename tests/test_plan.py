@@ -254,37 +254,47 @@ def test_plan_cli_user_errors_are_one_line():
   user_error(lambda: estimate.plan(cfg, "v5e:2x2"), "mesh data=3")
 
 
-@needs_libtpu
-def test_two_slices_put_the_data_parallel_gradient_exchange_on_dcn():
-  """Two v5e:2x2 slices, data parallel over all 8 chips: the gradients cross the slices over
-  the data-centre network, and the roofline charges DCN time for them."""
-  from jaxformer.plan import estimate
-  cfg = _tiny()
-  cfg.mesh.update(data=8, model=1, fsdp=False)
-  p = estimate.plan(cfg, "v5e:2x2", slices=2)
-  assert p.chips == 8 and p.slices == 2
-  dcn = [rec for rec in p.collectives.values() if rec["dcn"]]
-  assert dcn and all(rec["axes"] == ["data"] or rec["axes"] == ("data",) for rec in dcn)
-  assert p.roofline["dcn_seconds"] > 0
-  assert "x 2 slices" in estimate.table(p)
-
-
-@needs_libtpu
-def test_hybrid_sharding_keeps_parameter_gathers_on_ici():
-  """Two v5e:2x2 slices with FSDP: mesh.data=8 spans both slices, so parameters are
-  all-gathered over DCN; mesh.replica=2 (a replica per slice, FSDP over its 4 chips) gathers
-  them over ICI only, and what crosses DCN is the gradients' all-reduce over 'replica'."""
+@pytest.fixture(scope="module")
+def two_slice_plans():
+  """Two v5e:2x2 slices with FSDP (one compile each, shared by the two tests below):
+  mesh.data=8 spans both slices; mesh.replica=2 is a replica per slice, FSDP over its 4
+  chips."""
   from jaxformer.plan import estimate
   plans = {}
   for name, mesh in {"data": dict(data=8), "hybrid": dict(replica=2, data=4)}.items():
     cfg = _tiny()
     cfg.mesh.update(model=1, fsdp=True, **mesh)
     plans[name] = estimate.plan(cfg, "v5e:2x2", slices=2)
-  dcn = lambda p: [(r["kind"], tuple(r["axes"])) for r in p.collectives.values() if r["dcn"]]
-  assert ("all-gather", ("data",)) in dcn(plans["data"])
+  return plans
+
+
+def _dcn(p):
+  return [(r["kind"], tuple(r["axes"])) for r in p.collectives.values() if r["dcn"]]
+
+
+@needs_libtpu
+def test_two_slices_put_the_data_axis_exchange_on_dcn(two_slice_plans):
+  """mesh.data=8 over all 8 chips of two slices: what 'data' exchanges (FSDP's parameter
+  gathers and gradient scatters) crosses the slices over the data-centre network, and the
+  roofline charges DCN time for it."""
+  from jaxformer.plan import estimate
+  p = two_slice_plans["data"]
+  assert p.chips == 8 and p.slices == 2
+  assert _dcn(p) and all(axes == ("data",) for _, axes in _dcn(p))
+  assert p.roofline["dcn_seconds"] > 0
+  assert "x 2 slices" in estimate.table(p)
+
+
+@needs_libtpu
+def test_hybrid_sharding_keeps_parameter_gathers_on_ici(two_slice_plans):
+  """mesh.data=8 spanning both slices all-gathers parameters over DCN; mesh.replica=2
+  gathers them over ICI only, and what crosses DCN is the gradients' all-reduce over
+  'replica'."""
+  plans = two_slice_plans
+  assert ("all-gather", ("data",)) in _dcn(plans["data"])
   hybrid = plans["hybrid"]
   assert hybrid.mesh == dict(replica=2, data=4, model=1, expert=1)
-  assert dcn(hybrid) == [("all-reduce", ("replica",))]
+  assert _dcn(hybrid) == [("all-reduce", ("replica",))]
   assert any(r["kind"] == "all-gather" and tuple(r["axes"]) == ("data",) and not r["dcn"]
              for r in hybrid.collectives.values())
   assert hybrid.roofline["dcn_seconds"] < plans["data"].roofline["dcn_seconds"]
