@@ -96,28 +96,52 @@ def test_out_of_memory_refusals_parse():
   assert parse_out_of_memory("INVALID_ARGUMENT: something else") is None
 
 
+def _kernel_config(impl: str):
+  """Data parallel on v5e:2x2, one 128-wide head at 512 tokens: 4 x 4 query/key blocks of
+  128 per sequence for the Pallas kernels."""
+  cfg = _tiny(batch=4, seq=512, d_model=128, num_heads=1, attention_impl=impl)
+  cfg.mesh.update(data=4, model=1, fsdp=False)
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def xla_plan():
+  """The data-parallel XLA-attention plan: the memory-by-hand test's 'dp' strategy and the
+  Pallas costing test's reference (one compile for both)."""
+  from jaxformer.plan import estimate
+  return estimate.plan(_kernel_config("xla"), "v5e:2x2")
+
+
 @needs_libtpu
-def test_plan_memory_by_hand_and_collectives_of_each_strategy():
+def test_plan_memory_by_hand_and_collectives_of_each_strategy(xla_plan):
   """Data parallel: every chip holds all parameters (4 bytes each) and Adam's two moments,
   and gradients are all-reduced over 'data'; FSDP gathers parameters and scatters gradients
-  over 'data'; tensor parallelism communicates over 'model' only."""
+  over 'data'; tensor parallelism communicates over 'model' only. The report a fitting plan
+  writes (`--json`) and prints."""
   from jaxformer import scaling
   from jaxformer.plan import estimate
-  n = scaling.count_params(_tiny().model)["total"]
-  plans = {}
-  for name, mesh in {"dp": dict(data=4, model=1, fsdp=False),
-                     "fsdp": dict(data=4, model=1, fsdp=True),
+  plans = {"dp": xla_plan}
+  for name, mesh in {"fsdp": dict(data=4, model=1, fsdp=True),
                      "tp": dict(data=1, model=4, fsdp=False)}.items():
     cfg = _tiny()
     cfg.mesh.update(mesh)
     plans[name] = estimate.plan(cfg, "v5e:2x2")
   dp = plans["dp"]
+  n = scaling.count_params(_kernel_config("xla").model)["total"]
   assert dp.fits and dp.chips == 4 and dp.hbm_bytes == 16 * 2**30
   assert dp.per_chip_bytes["params"] == 4 * n
   assert 8 * n <= dp.per_chip_bytes["optimizer"] <= 8 * n + 64      # mu, nu (+ counters)
   assert dp.per_chip_bytes["total"] >= dp.per_chip_bytes["params"] * 3
   # FSDP shards every matrix's embed dim 4 ways; the few vectors without one stay whole
+  n = scaling.count_params(_tiny().model)["total"]
   assert n <= plans["fsdp"].per_chip_bytes["params"] < 4 * n / 3
+  data = json.loads(json.dumps(dp.to_json()))
+  for key in ("fits", "hbm_bytes", "per_chip_bytes", "flops_per_step", "collectives",
+              "estimated_step_seconds", "compile_seconds"):
+    assert key in data
+  assert data["fits"] and set(data["per_chip_bytes"]) == {"params", "optimizer", "temp",
+                                                          "total", "host"}
+  assert "fits" in estimate.table(dp) and "MFU implied" in estimate.table(dp)
 
   def kinds(plan, axis):
     return {rec["kind"] for rec in plan.collectives.values() if axis in rec["axes"]}
@@ -165,15 +189,15 @@ def test_search_returns_the_best_of_a_space_ranked_by_hand(tmp_path):
   split): 1 does not fit, and of 2 and 4 the one with fewer, larger micro-batches is faster.
   A rerun reads every compile from the cache."""
   from jaxformer.plan import search
-  result = search.search(_too_big(), "v5e:2x2", dimensions=["accum"],
-                              cache_dir=str(tmp_path), log=lambda *_: None)
+  result = search.search(_too_big(), "v5e:2x2", dimensions=["accum"], workers=1,
+                         cache_dir=str(tmp_path), log=lambda *_: None)
   by_accum = {c.overrides["optim.grad_accum"]: c for c in result.candidates}
   assert by_accum[8].status == "pruned" and "does not split" in by_accum[8].reason
   assert by_accum[1].status == "compiled" and not by_accum[1].fits
   assert by_accum[2].fits and by_accum[4].fits
   assert result.best is by_accum[2]
-  again = search.search(_too_big(), "v5e:2x2", dimensions=["accum"],
-                             cache_dir=str(tmp_path), log=lambda *_: None)
+  again = search.search(_too_big(), "v5e:2x2", dimensions=["accum"], workers=1,
+                        cache_dir=str(tmp_path), log=lambda *_: None)
   assert again.best.overrides == {"optim.grad_accum": 2} and again.seconds < result.seconds
   assert "optim.grad_accum=2" in search.table(again)
 
@@ -189,24 +213,15 @@ def _run(module: str, *args: str, cwd=None):
 
 @needs_libtpu
 @pytest.mark.slow
-def test_plan_cli_json_nearest_and_the_trainers_fit_check(tmp_path):
-  """The CLI's --json report; --nearest finds a change that fits a step that does not; the
-  trainer's own check (`train.program.require_fit`, what a run on TPU does before it writes
-  anything) refuses that step in one line naming the shortfall and the levers."""
+def test_plan_cli_nearest_and_the_trainers_fit_check():
+  """--nearest finds a change that fits a step that does not; the trainer's own check
+  (`train.program.require_fit`, what a run on TPU does before it writes anything) refuses
+  that step in one line naming the shortfall and the levers. (The CLI's --json and exit codes:
+  test_a_step_that_cannot_fit_...; a fitting plan's report: test_plan_memory_by_hand_...)"""
   import pathlib
   from jaxformer.plan import topology
   from jaxformer.train import program
   repo = pathlib.Path(__file__).resolve().parents[1]
-  report = tmp_path / "plan.json"
-  ok = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v5e:2x2",
-            f"--json={report}", *_flags(_tiny()), cwd=repo)
-  assert ok.returncode == 0, ok.stderr[-2000:]
-  data = json.loads(report.read_text())
-  for key in ("fits", "hbm_bytes", "per_chip_bytes", "flops_per_step", "collectives",
-              "estimated_step_seconds", "compile_seconds"):
-    assert key in data
-  assert set(data["per_chip_bytes"]) == {"params", "optimizer", "temp", "total", "host"}
-  assert "fits" in ok.stdout and "MFU implied" in ok.stdout
   nearest = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v5e:2x2",
                  "--nearest", *_flags(_too_big()), cwd=repo)
   assert nearest.returncode == 3, nearest.stderr[-2000:]
@@ -238,17 +253,13 @@ def test_train_plan_only_is_refused_with_the_planners_command(monkeypatch):
 
 
 @needs_libtpu
-def test_plan_cli_user_errors_are_one_line():
-  import pathlib
-  repo = pathlib.Path(__file__).resolve().parents[1]
-  bad = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v9z:2x2",
-             cwd=repo)
-  assert bad.returncode == 2 and "--topology='v9z:2x2'" in bad.stderr
-  assert "Traceback" not in bad.stderr
-  # what the CLI prints as such a line (one subprocess is enough for the printing): a mesh
-  # the topology cannot hold, refused before compiling
+def test_plan_user_errors_name_the_flag_or_field():
+  """A topology libtpu does not know and a mesh the topology cannot hold: user errors (what
+  the CLI prints as one `error:` line with exit 2, through a subprocess in test_cli's
+  plan_json_unwritable), raised before compiling."""
   from jaxformer.plan import estimate
   from tests.user_errors import user_error
+  user_error(lambda: estimate.plan(_tiny(), "v9z:2x2"), "--topology='v9z:2x2'")
   cfg = _tiny()
   cfg.mesh.data = 3
   user_error(lambda: estimate.plan(cfg, "v5e:2x2"), "mesh data=3")
@@ -301,16 +312,12 @@ def test_hybrid_sharding_keeps_parameter_gathers_on_ici(two_slice_plans):
 
 
 @needs_libtpu
-def test_pallas_attention_kernels_are_costed_at_a_stated_efficiency():
+def test_pallas_attention_kernels_are_costed_at_a_stated_efficiency(xla_plan):
   """The Pallas kernels' matmuls are no HLO dots and they carry no compiler cycles: their
   cost_estimate puts the plan's FLOPs near the XLA attention plan's (causal blocks skipped)
   and adds their roofline / KERNEL_EFFICIENCY to the compiler's step time estimate."""
   from jaxformer.plan import estimate
-  plans = {}
-  for impl in ("xla", "pallas"):
-    cfg = _tiny(batch=4, seq=512, d_model=128, num_heads=1, attention_impl=impl)
-    cfg.mesh.update(data=4, model=1, fsdp=False)
-    plans[impl] = estimate.plan(cfg, "v5e:2x2")
+  plans = {"xla": xla_plan, "pallas": estimate.plan(_kernel_config("pallas"), "v5e:2x2")}
   xla, pallas = plans["xla"], plans["pallas"]
   kernels = pallas.kernels
   assert kernels["count"] == 3 and kernels["uncosted"] == 0
