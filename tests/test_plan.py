@@ -284,6 +284,7 @@ def _dcn(p):
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_two_slices_put_the_data_axis_exchange_on_dcn(two_slice_plans):
   """mesh.data=8 over all 8 chips of two slices: what 'data' exchanges (FSDP's parameter
   gathers and gradient scatters) crosses the slices over the data-centre network, and the
@@ -297,6 +298,7 @@ def test_two_slices_put_the_data_axis_exchange_on_dcn(two_slice_plans):
 
 
 @needs_libtpu
+@pytest.mark.slow
 def test_hybrid_sharding_keeps_parameter_gathers_on_ici(two_slice_plans):
   """mesh.data=8 spanning both slices all-gathers parameters over DCN; mesh.replica=2
   gathers them over ICI only, and what crosses DCN is the gradients' all-reduce over
