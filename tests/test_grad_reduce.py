@@ -105,9 +105,9 @@ MESHES = {"dp": (dict(data=8, model=1, fsdp=False), "once"),
           "replica x fsdp x tp": (dict(replica=2, data=2, model=2, fsdp=True), "auto")}
 
 
-# the fast loop keeps data parallel and the hybrid replica x FSDP x TP mesh (FSDP and TP
-# together); FSDP alone and data x TP run in the full suite
-@pytest.mark.parametrize("mesh", [m if m in ("dp", "replica x fsdp x tp") else
+# the fast loop keeps the hybrid replica x FSDP x TP mesh (FSDP and TP together, 'auto');
+# data parallel, FSDP alone and data x TP ('once') run in the full suite
+@pytest.mark.parametrize("mesh", [m if m == "replica x fsdp x tp" else
                                   pytest.param(m, marks=pytest.mark.slow) for m in MESHES])
 def test_reduce_once_is_the_per_microbatch_and_the_one_device_gradient(mesh):
   """A MoE GPT (dropless top-2, load-balance and router z-loss weighted in), micro-batch 0
@@ -162,6 +162,7 @@ def _reduced_bytes(plan) -> tuple[int, float]:
   return sum(r["count"] for r in recs), sum(r["bytes"] for r in recs)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(__import__("importlib").util.find_spec("libtpu") is None,
                     reason="libtpu is not installed: no compile-only TPU devices")
 def test_gradient_reduction_bytes_do_not_grow_with_grad_accum():

@@ -72,6 +72,7 @@ def test_offloaded_policies_move_their_activations_to_host():
   assert "named '" not in offloaded and offloaded.count("device_put") == 2 * 5
 
 
+@pytest.mark.slow
 def test_every_remat_policy_gives_the_gradient_of_none():
   """Rematerialising (and offloading, which the CPU can: it has pinned_host memory) changes
   where activations wait, not the gradient: equal to no remat, in both stack layouts."""
