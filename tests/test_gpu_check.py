@@ -5,11 +5,13 @@ Llama train steps through the planner's program), tiny."""
 import json
 
 import numpy as np
+import pytest
 
 from experiments import gpu_check
 from jaxformer.ops import attention
 
 
+@pytest.mark.slow
 def test_smoke_checks_every_impl_and_both_train_steps(tmp_path):
   assert gpu_check.main(["--smoke", "--out", str(tmp_path)]) == 0
   report = json.loads((tmp_path / "gpu_check.json").read_text())

@@ -77,6 +77,7 @@ def test_data_parallel_dropless_is_a_grouped_matmul_at_the_active_flops():
   assert 0.99 <= ratio <= 1.02, ratio
 
 
+@pytest.mark.slow
 def test_expert_parallel_exchange_moves_only_the_assigned_rows():
   # Each device's m = B*T*K/4 rows go out once and come back once, forward and backward:
   # 4 ragged all-to-alls of m * D bf16 per device, whatever the expert axis S. The padded

@@ -96,28 +96,52 @@ def test_out_of_memory_refusals_parse():
   assert parse_out_of_memory("INVALID_ARGUMENT: something else") is None
 
 
+def _kernel_config(impl: str):
+  """Data parallel on v5e:2x2, one 128-wide head at 512 tokens: 4 x 4 query/key blocks of
+  128 per sequence for the Pallas kernels."""
+  cfg = _tiny(batch=4, seq=512, d_model=128, num_heads=1, attention_impl=impl)
+  cfg.mesh.update(data=4, model=1, fsdp=False)
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def xla_plan():
+  """The data-parallel XLA-attention plan: the memory-by-hand test's 'dp' strategy and the
+  Pallas costing test's reference (one compile for both)."""
+  from jaxformer.plan import estimate
+  return estimate.plan(_kernel_config("xla"), "v5e:2x2")
+
+
 @needs_libtpu
-def test_plan_memory_by_hand_and_collectives_of_each_strategy():
+def test_plan_memory_by_hand_and_collectives_of_each_strategy(xla_plan):
   """Data parallel: every chip holds all parameters (4 bytes each) and Adam's two moments,
   and gradients are all-reduced over 'data'; FSDP gathers parameters and scatters gradients
-  over 'data'; tensor parallelism communicates over 'model' only."""
+  over 'data'; tensor parallelism communicates over 'model' only. The report a fitting plan
+  writes (`--json`) and prints."""
   from jaxformer import scaling
   from jaxformer.plan import estimate
-  n = scaling.count_params(_tiny().model)["total"]
-  plans = {}
-  for name, mesh in {"dp": dict(data=4, model=1, fsdp=False),
-                     "fsdp": dict(data=4, model=1, fsdp=True),
+  plans = {"dp": xla_plan}
+  for name, mesh in {"fsdp": dict(data=4, model=1, fsdp=True),
                      "tp": dict(data=1, model=4, fsdp=False)}.items():
     cfg = _tiny()
     cfg.mesh.update(mesh)
     plans[name] = estimate.plan(cfg, "v5e:2x2")
   dp = plans["dp"]
+  n = scaling.count_params(_kernel_config("xla").model)["total"]
   assert dp.fits and dp.chips == 4 and dp.hbm_bytes == 16 * 2**30
   assert dp.per_chip_bytes["params"] == 4 * n
   assert 8 * n <= dp.per_chip_bytes["optimizer"] <= 8 * n + 64      # mu, nu (+ counters)
   assert dp.per_chip_bytes["total"] >= dp.per_chip_bytes["params"] * 3
   # FSDP shards every matrix's embed dim 4 ways; the few vectors without one stay whole
+  n = scaling.count_params(_tiny().model)["total"]
   assert n <= plans["fsdp"].per_chip_bytes["params"] < 4 * n / 3
+  data = json.loads(json.dumps(dp.to_json()))
+  for key in ("fits", "hbm_bytes", "per_chip_bytes", "flops_per_step", "collectives",
+              "estimated_step_seconds", "compile_seconds"):
+    assert key in data
+  assert data["fits"] and set(data["per_chip_bytes"]) == {"params", "optimizer", "temp",
+                                                          "total", "host"}
+  assert "fits" in estimate.table(dp) and "MFU implied" in estimate.table(dp)
 
   def kinds(plan, axis):
     return {rec["kind"] for rec in plan.collectives.values() if axis in rec["axes"]}
@@ -165,15 +189,15 @@ def test_search_returns_the_best_of_a_space_ranked_by_hand(tmp_path):
   split): 1 does not fit, and of 2 and 4 the one with fewer, larger micro-batches is faster.
   A rerun reads every compile from the cache."""
   from jaxformer.plan import search
-  result = search.search(_too_big(), "v5e:2x2", dimensions=["accum"],
-                              cache_dir=str(tmp_path), log=lambda *_: None)
+  result = search.search(_too_big(), "v5e:2x2", dimensions=["accum"], workers=1,
+                         cache_dir=str(tmp_path), log=lambda *_: None)
   by_accum = {c.overrides["optim.grad_accum"]: c for c in result.candidates}
   assert by_accum[8].status == "pruned" and "does not split" in by_accum[8].reason
   assert by_accum[1].status == "compiled" and not by_accum[1].fits
   assert by_accum[2].fits and by_accum[4].fits
   assert result.best is by_accum[2]
-  again = search.search(_too_big(), "v5e:2x2", dimensions=["accum"],
-                             cache_dir=str(tmp_path), log=lambda *_: None)
+  again = search.search(_too_big(), "v5e:2x2", dimensions=["accum"], workers=1,
+                        cache_dir=str(tmp_path), log=lambda *_: None)
   assert again.best.overrides == {"optim.grad_accum": 2} and again.seconds < result.seconds
   assert "optim.grad_accum=2" in search.table(again)
 
@@ -189,24 +213,15 @@ def _run(module: str, *args: str, cwd=None):
 
 @needs_libtpu
 @pytest.mark.slow
-def test_plan_cli_json_nearest_and_the_trainers_fit_check(tmp_path):
-  """The CLI's --json report; --nearest finds a change that fits a step that does not; the
-  trainer's own check (`train.program.require_fit`, what a run on TPU does before it writes
-  anything) refuses that step in one line naming the shortfall and the levers."""
+def test_plan_cli_nearest_and_the_trainers_fit_check():
+  """--nearest finds a change that fits a step that does not; the trainer's own check
+  (`train.program.require_fit`, what a run on TPU does before it writes anything) refuses
+  that step in one line naming the shortfall and the levers. (The CLI's --json and exit codes:
+  test_a_step_that_cannot_fit_...; a fitting plan's report: test_plan_memory_by_hand_...)"""
   import pathlib
   from jaxformer.plan import topology
   from jaxformer.train import program
   repo = pathlib.Path(__file__).resolve().parents[1]
-  report = tmp_path / "plan.json"
-  ok = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v5e:2x2",
-            f"--json={report}", *_flags(_tiny()), cwd=repo)
-  assert ok.returncode == 0, ok.stderr[-2000:]
-  data = json.loads(report.read_text())
-  for key in ("fits", "hbm_bytes", "per_chip_bytes", "flops_per_step", "collectives",
-              "estimated_step_seconds", "compile_seconds"):
-    assert key in data
-  assert set(data["per_chip_bytes"]) == {"params", "optimizer", "temp", "total", "host"}
-  assert "fits" in ok.stdout and "MFU implied" in ok.stdout
   nearest = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v5e:2x2",
                  "--nearest", *_flags(_too_big()), cwd=repo)
   assert nearest.returncode == 3, nearest.stderr[-2000:]
@@ -238,65 +253,73 @@ def test_train_plan_only_is_refused_with_the_planners_command(monkeypatch):
 
 
 @needs_libtpu
-def test_plan_cli_user_errors_are_one_line():
-  import pathlib
-  repo = pathlib.Path(__file__).resolve().parents[1]
-  bad = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v9z:2x2",
-             cwd=repo)
-  assert bad.returncode == 2 and "--topology='v9z:2x2'" in bad.stderr
-  assert "Traceback" not in bad.stderr
-  mesh = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v5e:2x2",
-              "--config.mesh.data=3", cwd=repo)
-  assert mesh.returncode == 2 and "mesh data=3" in mesh.stderr and "Traceback" not in mesh.stderr
-
-
-@needs_libtpu
-def test_two_slices_put_the_data_parallel_gradient_exchange_on_dcn():
-  """Two v5e:2x2 slices, data parallel over all 8 chips: the gradients cross the slices over
-  the data-centre network, and the roofline charges DCN time for them."""
+def test_plan_user_errors_name_the_flag_or_field():
+  """A topology libtpu does not know and a mesh the topology cannot hold: user errors (what
+  the CLI prints as one `error:` line with exit 2, through a subprocess in test_cli's
+  plan_json_unwritable), raised before compiling."""
   from jaxformer.plan import estimate
+  from tests.user_errors import user_error
+  user_error(lambda: estimate.plan(_tiny(), "v9z:2x2"), "--topology='v9z:2x2'")
   cfg = _tiny()
-  cfg.mesh.update(data=8, model=1, fsdp=False)
-  p = estimate.plan(cfg, "v5e:2x2", slices=2)
-  assert p.chips == 8 and p.slices == 2
-  dcn = [rec for rec in p.collectives.values() if rec["dcn"]]
-  assert dcn and all(rec["axes"] == ["data"] or rec["axes"] == ("data",) for rec in dcn)
-  assert p.roofline["dcn_seconds"] > 0
-  assert "x 2 slices" in estimate.table(p)
+  cfg.mesh.data = 3
+  user_error(lambda: estimate.plan(cfg, "v5e:2x2"), "mesh data=3")
 
 
-@needs_libtpu
-def test_hybrid_sharding_keeps_parameter_gathers_on_ici():
-  """Two v5e:2x2 slices with FSDP: mesh.data=8 spans both slices, so parameters are
-  all-gathered over DCN; mesh.replica=2 (a replica per slice, FSDP over its 4 chips) gathers
-  them over ICI only, and what crosses DCN is the gradients' all-reduce over 'replica'."""
+@pytest.fixture(scope="module")
+def two_slice_plans():
+  """Two v5e:2x2 slices with FSDP (one compile each, shared by the two tests below):
+  mesh.data=8 spans both slices; mesh.replica=2 is a replica per slice, FSDP over its 4
+  chips."""
   from jaxformer.plan import estimate
   plans = {}
   for name, mesh in {"data": dict(data=8), "hybrid": dict(replica=2, data=4)}.items():
     cfg = _tiny()
     cfg.mesh.update(model=1, fsdp=True, **mesh)
     plans[name] = estimate.plan(cfg, "v5e:2x2", slices=2)
-  dcn = lambda p: [(r["kind"], tuple(r["axes"])) for r in p.collectives.values() if r["dcn"]]
-  assert ("all-gather", ("data",)) in dcn(plans["data"])
+  return plans
+
+
+def _dcn(p):
+  return [(r["kind"], tuple(r["axes"])) for r in p.collectives.values() if r["dcn"]]
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_two_slices_put_the_data_axis_exchange_on_dcn(two_slice_plans):
+  """mesh.data=8 over all 8 chips of two slices: what 'data' exchanges (FSDP's parameter
+  gathers and gradient scatters) crosses the slices over the data-centre network, and the
+  roofline charges DCN time for it."""
+  from jaxformer.plan import estimate
+  p = two_slice_plans["data"]
+  assert p.chips == 8 and p.slices == 2
+  assert _dcn(p) and all(axes == ("data",) for _, axes in _dcn(p))
+  assert p.roofline["dcn_seconds"] > 0
+  assert "x 2 slices" in estimate.table(p)
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_hybrid_sharding_keeps_parameter_gathers_on_ici(two_slice_plans):
+  """mesh.data=8 spanning both slices all-gathers parameters over DCN; mesh.replica=2
+  gathers them over ICI only, and what crosses DCN is the gradients' all-reduce over
+  'replica'."""
+  plans = two_slice_plans
+  assert ("all-gather", ("data",)) in _dcn(plans["data"])
   hybrid = plans["hybrid"]
   assert hybrid.mesh == dict(replica=2, data=4, model=1, expert=1)
-  assert dcn(hybrid) == [("all-reduce", ("replica",))]
+  assert _dcn(hybrid) == [("all-reduce", ("replica",))]
   assert any(r["kind"] == "all-gather" and tuple(r["axes"]) == ("data",) and not r["dcn"]
              for r in hybrid.collectives.values())
   assert hybrid.roofline["dcn_seconds"] < plans["data"].roofline["dcn_seconds"]
 
 
 @needs_libtpu
-def test_pallas_attention_kernels_are_costed_at_a_stated_efficiency():
+def test_pallas_attention_kernels_are_costed_at_a_stated_efficiency(xla_plan):
   """The Pallas kernels' matmuls are no HLO dots and they carry no compiler cycles: their
   cost_estimate puts the plan's FLOPs near the XLA attention plan's (causal blocks skipped)
   and adds their roofline / KERNEL_EFFICIENCY to the compiler's step time estimate."""
   from jaxformer.plan import estimate
-  plans = {}
-  for impl in ("xla", "pallas"):
-    cfg = _tiny(batch=4, seq=512, d_model=128, num_heads=1, attention_impl=impl)
-    cfg.mesh.update(data=4, model=1, fsdp=False)
-    plans[impl] = estimate.plan(cfg, "v5e:2x2")
+  plans = {"xla": xla_plan, "pallas": estimate.plan(_kernel_config("pallas"), "v5e:2x2")}
   xla, pallas = plans["xla"], plans["pallas"]
   kernels = pallas.kernels
   assert kernels["count"] == 3 and kernels["uncosted"] == 0
