@@ -122,14 +122,31 @@ _UNCHECKED_TRAIN = ("import runpy, sys; from jaxformer.state import checkpoint; 
                     "runpy.run_module('jaxformer.train', run_name='__main__')")
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """The metrics of an uninterrupted in-process run of a config, trained once per module
+  (on first use: the full-disk cases share it)."""
+  done = {}
+  def records(cfg):
+    key = cfg.to_json()
+    if key not in done:
+      from jaxformer.train import loop
+      from jaxformer.train.metrics import read
+      workdir = tmp_path_factory.mktemp("whole")
+      loop.train(cfg, str(workdir))
+      done[key] = read(workdir / "metrics.jsonl")
+    return done[key]
+  return records
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("checked", [True, False], ids=["checked_first", "fills_mid_write"])
-def test_a_really_full_disk_is_one_line_and_the_rerun_resumes_identically(tmp_path, checked):
+def test_a_really_full_disk_is_one_line_and_the_rerun_resumes_identically(tmp_path, checked,
+                                                                          uninterrupted):
   """A 2 MB tmpfs as the workdir fills up during the run, found by the free-space check or
   by Orbax's writers mid-checkpoint: one `error:` line naming the workdir, exit 2, no
   traceback; with space freed, the rerun resumes and writes the metrics of an uninterrupted
   run."""
-  from jaxformer.train import loop
   from jaxformer.train.metrics import read
   cfg = tiny_run_config(steps=16, checkpoint_every=2, keep_checkpoints=8, log_every=2,
                         eval_every=8, eval_batches=1)
@@ -146,9 +163,8 @@ def test_a_really_full_disk_is_one_line_and_the_rerun_resumes_identically(tmp_pa
     result = _train(run, *flags)
     assert result.returncode == 0, result.stderr           # from its last complete checkpoint
     resumed = read(run / "metrics.jsonl")
-  loop.train(cfg, str(tmp_path / "whole"))
   keep = ("step", "loss", "grad_norm", "eval_loss")
-  whole = read(tmp_path / "whole" / "metrics.jsonl")
+  whole = uninterrupted(cfg)
   assert [{k: r[k] for k in keep if k in r} for r in resumed] == [
       {k: r[k] for k in keep if k in r} for r in whole]
 

@@ -32,6 +32,7 @@ def test_a_bad_name_lists_the_valid_ones(bad):
     captioning.get_config(bad)
 
 
+@pytest.mark.slow
 def test_scores_render_and_figures_on_an_untrained_tiny_model(tmp_path):
   from experiments import captioning as study
   with pytest.raises(ValueError, match="--mnist is required"):

@@ -236,6 +236,7 @@ def test_mup_transfer_analysis_prediction_and_report(tmp_path):
   assert (tmp_path / "report.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_gpt_results_render_and_refit_from_the_json_alone(gpt, tmp_path, monkeypatch):
   """A finished study's results (made-up losses L = 5 N^-0.1 + 0.5 / doubling index, seeds
   +-0.005): OUT.md is render(OUT.json), refit(OUT.json) gives the stored estimates, and the

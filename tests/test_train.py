@@ -383,19 +383,6 @@ def test_vit_on_digits_trains_keeps_best_and_writes_observability_files(tmp_path
   assert os.path.isdir(os.path.join(workdir, "best", str(best_step)))
 
 
-@pytest.mark.slow
-def test_moe_gpt_logs_router_metrics_and_aux_loss(tmp_path):
-  import configs.moe_gpt as mg
-  cfg = mg.get_config("tiny")
-  cfg.train.update(steps=6, log_every=3, eval_every=6, sample_tokens=0)
-  cfg.data.eval_batches = 1
-  loop.train(cfg, str(tmp_path / "moe"))
-  record = [r for r in read(str(tmp_path / "moe" / "metrics.jsonl")) if "loss" in r][-1]
-  assert len(record["moe_expert_load"]) == 4
-  np.testing.assert_allclose(sum(record["moe_expert_load"]), 1.0, rtol=1e-5)
-  assert 0.0 <= record["moe_dropped_fraction"] < 1.0 and record["moe_load_balance_loss"] > 0.5
-
-
 def test_attention_map_layer_choice():
   from jaxformer.train.attention_maps import pick_layer
   w = lambda *shape: np.zeros(shape)
