@@ -44,3 +44,34 @@ def test_fsdp_rules_shard_embed_over_data():
   rules = dict(logical_axis_rules(fsdp=True))
   assert rules["embed"] == "data" and rules["heads"] == "model" and rules["batch"] == "data"
   assert dict(logical_axis_rules())["embed"] is None
+
+
+def test_fsdp_kernel_is_gathered_once_in_the_compute_dtype_and_its_gradient_scattered():
+  """layers.gather.gathered: under FSDP rules the kernel comes out cast and whole along embed
+  (model axes kept), its gradient lands on the parameter's own sharding, values and gradients
+  equal the plain cast's; without rules it is the plain cast (nothing constrained)."""
+  import jax.numpy as jnp
+  from jaxformer.layers.gather import gathered
+  mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+  axes = ("embed", "heads")
+  w = jax.device_put(jax.random.normal(jax.random.key(0), (8, 6), np.float32),
+                     NamedSharding(mesh, P("data", "model")))
+  x = jax.device_put(jax.random.normal(jax.random.key(1), (16, 8), np.float32),
+                     NamedSharding(mesh, P("data", None)))
+
+  def loss(w, x, use):
+    k = use(w)
+    return jnp.sum(jnp.tanh(x.astype(jnp.bfloat16) @ k).astype(jnp.float32)), k
+
+  plain = lambda w: w.astype(jnp.bfloat16)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(logical_axis_rules(fsdp=True)):
+    (value, k), grad = jax.jit(jax.value_and_grad(
+        lambda w, x: loss(w, x, lambda w: gathered(w, axes, jnp.bfloat16)), has_aux=True))(w, x)
+  (ref_value, _), ref_grad = jax.jit(jax.value_and_grad(
+      lambda w, x: loss(w, x, plain), has_aux=True))(w, x)
+  assert k.dtype == jnp.bfloat16 and k.sharding.spec == P(None, "model")
+  assert grad.sharding.spec == P("data", "model") and grad.dtype == np.float32
+  np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+  np.testing.assert_allclose(grad, ref_grad, rtol=1e-6)
+  assert str(jax.make_jaxpr(lambda w: gathered(w, axes, jnp.bfloat16))(w)).count(
+      "sharding_constraint") == 0

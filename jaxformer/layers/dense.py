@@ -13,6 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxformer.layers.gather import gathered
+
 
 def default_kernel_init(in_axis, out_axis, batch_axis=()) -> Callable:
   """LeCun-normal over the true fan-in (all contracted axes) of a multi-axis kernel;
@@ -46,7 +48,7 @@ class DenseGeneral(nn.Module):
     # axes so tensor-parallel shardings of heads/mlp are untouched.
     lead = x.shape[:x.ndim - n_in]
     x2 = x.reshape((-1,) + x.shape[x.ndim - n_in:]).astype(self.dtype)
-    y = jax.lax.dot_general(x2, kernel.astype(self.dtype),
+    y = jax.lax.dot_general(x2, gathered(kernel, self.axes, self.dtype),
                             ((tuple(range(1, n_in + 1)), tuple(range(n_in))), ((), ())))
     y = y.reshape(lead + y.shape[1:])
     if self.use_bias:
