@@ -95,14 +95,15 @@ def test_announce_is_one_line_with_the_time(capsys):
   assert capsys.readouterr().out == "preparing y ... failed\n"
 
 
+# Two calls in one job (matched by their order): one that succeeds, then one that fails on
+# process 0; one two-process start for both cases.
 _ONCE = textwrap.dedent("""
     import os, sys, time
     from jaxformer import parallel
     import jax
     parallel.initialize()
-    log, fail = sys.argv[1], sys.argv[2] == "fail"
 
-    def work():
+    def work(log, fail):
       with open(log, "a") as f:
         f.write(f"start {jax.process_index()}\\n")
       time.sleep(0.5)
@@ -112,27 +113,26 @@ _ONCE = textwrap.dedent("""
         f.write(f"end {jax.process_index()}\\n")
       return jax.process_index()
 
-    try:
-      print("result", parallel.process_zero_first(work, "preparing the data"), flush=True)
-    except ValueError as e:
-      print("error", e, flush=True)
+    for log, fail in ((sys.argv[1], False), (sys.argv[2], True)):
+      try:
+        print("result", parallel.process_zero_first(lambda: work(log, fail),
+                                                    "preparing the data"), flush=True)
+      except ValueError as e:
+        print("error", e, flush=True)
 """)
 
 
-@pytest.mark.parametrize("mode", ["ok", "fail"])
-def test_process_zero_does_one_time_work_first_and_others_learn_of_its_failure(tmp_path, mode):
-  log = tmp_path / "log"
-  results = run_local([sys.executable, "-c", _ONCE, str(log), mode], 2, 1,
+def test_process_zero_does_one_time_work_first_and_others_learn_of_its_failure(tmp_path):
+  ok, fail = tmp_path / "ok", tmp_path / "fail"
+  results = run_local([sys.executable, "-c", _ONCE, str(ok), str(fail)], 2, 1,
                       env={"PYTHONPATH": ROOT}, timeout=120)
   outputs = [r.stdout for r in results]
-  if mode == "ok":
-    assert log.read_text().split("\n") == ["start 0", "end 0", "start 1", "end 1", ""]
-    assert "result 0" in outputs[0] and "result 1" in outputs[1]
-  else:
-    assert log.read_text() == "start 0\n"               # process 1 never started the work
-    assert "error data.source='x' is empty" in outputs[0]
-    assert ("error process 0 failed while preparing the data (ValueError: data.source='x' is "
-            "empty); see its output") in outputs[1], outputs[1]
+  assert ok.read_text().split("\n") == ["start 0", "end 0", "start 1", "end 1", ""]
+  assert "result 0" in outputs[0] and "result 1" in outputs[1]
+  assert fail.read_text() == "start 0\n"               # process 1 never started the work
+  assert "error data.source='x' is empty" in outputs[0]
+  assert ("error process 0 failed while preparing the data (ValueError: data.source='x' is "
+          "empty); see its output") in outputs[1], outputs[1]
 
 
 _ROUTED = r'''

@@ -235,8 +235,9 @@ def test_rope_model_may_exceed_max_len(monkeypatch):
                       vocab_limit=None, decode=True)
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, None, None), (1.0, None, None),
-                                                       (2.0, 3, None), (1.0, None, 0.9)])
+# Greedy, and sampling through each filter (the unfiltered draw is their last step).
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.0, None, None), (2.0, 3, None),
+                                                       (1.0, None, 0.9)])
 def test_vocab_limit_never_produces_padded_ids(model_params, temperature, top_k, top_p):
   """A model vocabulary padded past the tokenizer's: ids >= vocab_limit are never drawn."""
   _, params = model_params("gpt")

@@ -79,7 +79,7 @@ def np_moe(x, p, *, k, act, renormalize=True, capacity=None):
 
 def init_moe(x, **fields):
   module = make_moe(**fields)
-  params = nn.unbox(module.init(jax.random.key(0), x))["params"]
+  params = nn.unbox(jax.jit(module.init)(jax.random.key(0), x))["params"]   # one compile
   return module, params, jax.tree.map(lambda a: np.asarray(a, np.float64), params)
 
 
@@ -89,10 +89,11 @@ def run(module, params, x, **kwargs):
   return fn(params, x)
 
 
+# k: experts a token (3 for one dropless case: its sort and grouping are not only top-2's).
 @pytest.mark.parametrize("fields", [
     dict(dispatch="dropless", gated=True, activation="silu", grouped_matmul="ragged"),
     dict(dispatch="dropless", gated=False, activation="relu", renormalize=False,
-         grouped_matmul="blocked"),
+         grouped_matmul="blocked", k=3),
     dict(dispatch="dropless", gated=True, activation="silu", grouped_matmul="megablox"),
     dict(dispatch="capacity", gated=True, activation="silu", capacity_factor=0.6),
     dict(dispatch="capacity", gated=False, activation="relu", renormalize=False,
@@ -100,10 +101,12 @@ def run(module, params, x, **kwargs):
 ])
 def test_moe_matches_numpy_reference(fields):
   x = rand((3, 7, 10))
-  module, params, p = init_moe(x, num_experts=5, experts_per_token=2, hidden_dim=6, **fields)
+  fields = dict(fields)
+  k = fields.pop("k", 2)
+  module, params, p = init_moe(x, num_experts=5, experts_per_token=k, hidden_dim=6, **fields)
   capacity = (expert_capacity(7, 5, 2, fields["capacity_factor"])
               if fields["dispatch"] == "capacity" else None)
-  want = np_moe(x.astype(np.float64), p, k=2, act=fields["activation"],
+  want = np_moe(x.astype(np.float64), p, k=k, act=fields["activation"],
                 renormalize=fields.get("renormalize", True), capacity=capacity)
   out, state = run(module, params, x)
   np.testing.assert_allclose(out, want, atol=2e-5)
@@ -113,21 +116,6 @@ def test_moe_matches_numpy_reference(fields):
   else:
     slots = np_slots(np_route(x.astype(np.float64), p, 2, True)[3], 5)
     assert 0 < dropped == pytest.approx(np.mean(slots >= capacity))
-
-
-def test_dropless_equals_every_expert_run_densely_weighted_by_gates():
-  x = rand((2, 9, 8), seed=3)
-  module, params, _ = init_moe(x, num_experts=6, experts_per_token=3, hidden_dim=5)
-  probs = jax.nn.softmax(x @ params["router"]["kernel"])
-  top, idx = jax.lax.top_k(probs, 3)
-  gates = jnp.sum(jax.nn.one_hot(idx, 6) * (top / top.sum(-1, keepdims=True))[..., None], -2)
-  h = jax.nn.silu(jnp.einsum("gtd,edh->gteh", x, params["wi_gate"])) * jnp.einsum(
-      "gtd,edh->gteh", x, params["wi_up"])
-  dense = jnp.einsum("gteh,ehd,gte->gtd", h, params["wo"], gates)
-  for impl in ("ragged", "blocked"):
-    out, _ = run(make_moe(num_experts=6, experts_per_token=3, hidden_dim=5,
-                          grouped_matmul=impl), params, x)
-    np.testing.assert_allclose(out, dense, atol=1e-5)
 
 
 @pytest.mark.parametrize("impl", ["ragged", "megablox", "blocked"])
@@ -263,7 +251,7 @@ def test_expert_parallel_matches_single_device(dispatch):
   module, params, _ = init_moe(x, num_experts=8, experts_per_token=2, hidden_dim=4,
                                dispatch=dispatch, capacity_factor=0.9)
   loss = lambda p, x: jnp.sum(jnp.sin(module.apply({"params": p}, x)))
-  want = jax.value_and_grad(loss, (0, 1))(params, x)
+  want = jax.jit(jax.value_and_grad(loss, (0, 1)))(params, x)        # one compile
   for experts in (2, 4, 8):
     mesh = jax.make_mesh((8 // experts, 1, experts), MESH_AXES,
                          axis_types=(AxisType.Auto,) * 3)

@@ -22,8 +22,10 @@ from jaxformer.parallel import (ShardingPlan, distributed, initialize, logical_a
                                 make_mesh, per_device_bytes)
 from tests import sharded_gpt as worker
 
-MESHES = [((8, 1, 1), False), ((8, 1, 1), True), ((4, 2, 1), False), ((4, 2, 1), True),
-          ((2, 4, 1), False), ((2, 4, 1), True), ((1, 8, 1), False)]
+# Data only, FSDP only, model only, and data x model with and without FSDP: one mesh of each
+# (the data x model split's other proportions run the same rules and collectives).
+MESHES = [((8, 1, 1), False), ((8, 1, 1), True), ((4, 2, 1), True), ((2, 4, 1), False),
+          ((1, 8, 1), False)]
 SHARDED_INIT = ((4, 2, 1), True)     # initialised by plan.init_state straight into its shards
 # Logical name -> mesh axis as the rules promise it for parameters (checked independently).
 PARAM_AXES = {"heads": "model", "kv_heads": "model", "mlp": "model", "vocab": "model",
