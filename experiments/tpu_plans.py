@@ -333,8 +333,12 @@ def main(argv=None):
 
 
 def render(results: dict, before: dict) -> str:
-  return REPORT.format(table=table(results, before), source=RECIPES_SOURCE,
-                       searches=searches(results))
+  pending = [row_key(r) for r in ROWS if row_key(r) not in results]
+  text = table(results, before) + ("\n\nNot planned yet with the recipes (`python -m "
+                                   "experiments.tpu_plans` resumes; their rows in "
+                                   "`tpu_plans_before.json`): " + "; ".join(pending) + "."
+                                   if pending else "")
+  return REPORT.format(table=text, source=RECIPES_SOURCE, searches=searches(results))
 
 
 if __name__ == "__main__":
