@@ -30,7 +30,7 @@ from typing import Any, Iterable
 
 import jax
 
-from jaxformer import accelerators, cli, models, parallel
+from jaxformer import accelerators, cli, models, parallel, run_settings
 from jaxformer.data.batch_spec import train_batch_spec
 from jaxformer.layers.settings import REMAT_POLICIES
 from jaxformer.parallel.sharding import per_device_bytes
@@ -71,8 +71,8 @@ def candidate_overrides(config, chips: int, dimensions: Iterable[str]) -> list[d
   axes: list[list[tuple[tuple[str, Any], ...]]] = []
   # hybrid sharding: R replicas of a (data, model, expert) mesh of chips / R (FSDP gathers
   # within a replica, only gradients cross replicas); R > 1 only with FSDP over data > 1
-  replicas = (_divisors(chips)[:-1] if "replica" in dimensions
-              else [config.mesh.get("replica", 1)])
+  held = run_settings.parse_section("mesh", config.mesh)      # the config's own mesh
+  replicas = _divisors(chips)[:-1] if "replica" in dimensions else [held.replica]
   if "mesh" in dimensions:
     num_experts = cfg.get("num_experts") or 1
     meshes = []
@@ -104,8 +104,8 @@ def candidate_overrides(config, chips: int, dimensions: Iterable[str]) -> list[d
   if "scan" in dimensions and "scan_layers" in fields:
     axes.append([(("model.scan_layers", s),) for s in (True, False)])
   found = [dict(itertools.chain.from_iterable(combo)) for combo in itertools.product(*axes)]
-  return [c for c in found if c.get("mesh.replica", 1) == 1 or (
-      c.get("mesh.fsdp", config.mesh.get("fsdp", False)) and c.get("mesh.data", 2) > 1)]
+  return [c for c in found if c.get("mesh.replica", held.replica) == 1 or (
+      c.get("mesh.fsdp", held.fsdp) and c.get("mesh.data", 2) > 1)]
 
 
 @dataclasses.dataclass
