@@ -114,12 +114,17 @@ def load(row: Row):
   return load_config(str(ROOT / "configs" / row.config), overrides)
 
 
-def recipe(row: Row) -> dict[str, Any]:
-  """The row's recipe as overrides: FSDP over every chip, no accumulation, the attention
-  kernel `auto` picks on TPU, and the recipe's own settings."""
+def _fixed(row: Row) -> dict[str, Any]:
+  """What every recipe sets: FSDP over every chip, no accumulation, the attention kernel
+  `auto` picks on TPU."""
   return {"mesh.data": row.chips // row.slices, "mesh.model": 1, "mesh.expert": 1,
           "mesh.fsdp": True, "mesh.replica": row.slices, "optim.grad_accum": 1,
-          "model.attention_impl": "auto", **dict(row.recipe)}
+          "model.attention_impl": "auto"}
+
+
+def recipe(row: Row) -> dict[str, Any]:
+  """The row's recipe as overrides: the fixed part and the recipe's own settings."""
+  return {**_fixed(row), **dict(row.recipe)}
 
 
 def run_row(row: Row, args) -> dict:
@@ -188,8 +193,7 @@ def _tflops(row: Row, plan: dict) -> float | None:
 
 def _short(overrides: dict, row: Row) -> str:
   """The settings beyond the recipe's fixed part (FSDP over every chip, no accumulation)."""
-  fixed = recipe(Row(row.label, row.config, row.topology, row.per_chip_batch,
-                     slices=row.slices))
+  fixed = _fixed(row)
   shown = {k: v for k, v in overrides.items() if fixed.get(k) != v}
   return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in shown.items()) or "-"
 
