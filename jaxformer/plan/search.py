@@ -9,9 +9,10 @@ replicas of an FSDP mesh: across slices, parameter gathers stay on ICI). Cheap c
 first, on abstract shapes only: the trainer's own validation and divisibility errors, and
 the exact per-chip bytes of parameters, optimizer moments and gradients, which no sharding
 of activations can reduce (a candidate over HBM on those alone is dropped uncompiled). The
-rest are compiled best-first in worker processes: those an activation estimate expects to fit (its error learnt from every compile so far, per remat
-policy), fastest first by a rough analytic step time; the order is redone after each
-result, until the time budget or the compile cap. Each compile is cached on disk under a
+rest are compiled best-first in worker processes: those an activation estimate expects to
+fit (its error learnt from every compile so far, per remat policy), fastest first by a rough
+analytic step time; the order is redone after each result, until the time budget or the
+compile cap. Each compile is cached on disk under a
 hash of the lowered program, config, topology and compiler versions, so a rerun is
 instant. Fitting candidates are ranked by the compiler's estimated step time.
 """
