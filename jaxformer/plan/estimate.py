@@ -46,7 +46,7 @@ from jaxformer.ops.pallas import splash as splash_lib
 from jaxformer.plan import hlo, topology as topology_lib
 from jaxformer.train import progress
 from jaxformer.train.program import (CompileOutput, Program, build_program, compile_program,
-                                     fingerprint, fits, gib, memory)
+                                     fingerprint, fits, gib, lower, memory)
 
 
 @dataclasses.dataclass
@@ -142,26 +142,27 @@ def default_cache_dir() -> str:
   return paths.cache_dir("plans")
 
 
-def cache_key(config, topology: str, slices: int, program: Program) -> str:
+def cache_key(config, topology: str, slices: int, lowered) -> str:
   """What a compile depends on: the lowered program (so a change of the code that builds the
   step is a new key), the config, the topology, the compiler's versions and flags."""
   import jaxlib
   versions = [jax.__version__, jaxlib.__version__, topology_lib.libtpu_version()]
-  text = json.dumps([config.to_dict(), topology, slices, versions, fingerprint(program)]
+  text = json.dumps([config.to_dict(), topology, slices, versions, fingerprint(lowered)]
                     + ([flags] if (flags := tpu_flags.in_effect()) else []), sort_keys=True,
                     default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def compile_cached(program: Program, key: str, cache_dir: str | None) -> CompileOutput:
+def compile_cached(program: Program, key: str, cache_dir: str | None,
+                   lowered=None) -> CompileOutput:
   """`compile_program`, through a gzipped JSON file per key in `cache_dir` (None: no cache)."""
   if cache_dir is None:
-    return compile_program(program)
+    return compile_program(program, lowered)
   path = os.path.join(cache_dir, key + ".json.gz")
   if os.path.exists(path):
     with gzip.open(path, "rt") as f:
       return CompileOutput(**json.load(f))
-  out = compile_program(program)
+  out = compile_program(program, lowered)
   os.makedirs(cache_dir, exist_ok=True)
   tmp = f"{path}.{os.getpid()}.tmp"
   with gzip.open(tmp, "wt") as f:
@@ -177,8 +178,9 @@ def plan(config, topology: str, slices: int = 1, *, settings=None,
   devices = topology_lib.devices(topology, slices)
   program = build_program(config, devices, settings)
   chip = accelerators.CHIPS[topology_lib.generation(topology)]
-  key = None if cache_dir is None else cache_key(config, topology, slices, program)
-  out = compile_cached(program, key, cache_dir)
+  lowered = lower(program)            # once: the cache key hashes it, a miss compiles it
+  key = None if cache_dir is None else cache_key(config, topology, slices, lowered)
+  out = compile_cached(program, key, cache_dir, lowered)
   return analyse(program, out, chip, topology=topology, slices=slices)
 
 

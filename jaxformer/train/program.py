@@ -125,20 +125,25 @@ def _cache_warnings_off(active: bool):
     yield
 
 
-def fingerprint(program: Program) -> str:
-  """A hash of the lowered program (StableHLO): what the compiler is given, so a cached plan
-  goes stale when the code that builds the step changes, not only when the config does."""
+def lower(program: Program):
+  """`program`'s step lowered to StableHLO (what `compile_program` compiles)."""
   with _cache_warnings_off(_compile_only(program)):
-    text = program.step.lower(*program.args).as_text()
-  return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return program.step.lower(*program.args)
 
 
-def compile_program(program: Program) -> CompileOutput:
-  """Compile `program`; an out-of-memory refusal is a result, any other error raises."""
+def fingerprint(lowered) -> str:
+  """A hash of a lowered program (StableHLO): what the compiler is given, so a cached plan
+  goes stale when the code that builds the step changes, not only when the config does."""
+  return hashlib.sha256(lowered.as_text().encode()).hexdigest()[:16]
+
+
+def compile_program(program: Program, lowered=None) -> CompileOutput:
+  """Compile `program` (from `lowered`, its `lower`, when the caller has it); an
+  out-of-memory refusal is a result, any other error raises."""
   start = time.perf_counter()
   try:
     with _cache_warnings_off(_compile_only(program)):
-      compiled = program.step.lower(*program.args).compile()
+      compiled = (lowered if lowered is not None else lower(program)).compile()
   except jax.errors.JaxRuntimeError as e:
     refused = parse_out_of_memory(str(e))
     if refused is None:
