@@ -30,7 +30,7 @@ minutes; `timeout 480` is the last resort):
    over 8 kv heads, mlp 8192, tied embeddings, vocab 128256; batch 4 x 2048), bf16 compute
    and float32 params, dropout off, unpacked rows, `attention_impl="auto"`; then, as time
    allows, GPT-2 small with each other impl. Reported: compile seconds, median step time
-   (windows of 5 steps), tokens/s, MFU = 6N + attention FLOPs (`train.progress.flops_per_step`)
+   (windows of 5 steps), tokens/s, MFU = 6N + attention + readout FLOPs (`train.progress.flops_per_step`)
    per second over the device's dense bf16 peak (`accelerators.peak_flops_per_device`), the
    compiled step's device memory. A step that runs out of memory is retried once at half the
    batch.
@@ -150,7 +150,7 @@ class Results:
     lines += [""] + notes + ([""] if notes else [])
     lines += ["## Train steps (one device, bf16 compute, float32 params, AdamW)", "",
               "GiB: the compiled step's device memory (arguments + outputs - donated + "
-              "temporaries). MFU: 6N + attention FLOPs per second over the dense bf16 peak.", "",
+              "temporaries). MFU: 6N + attention + readout FLOPs per second over the dense bf16 peak.", "",
               "| model | params | batch x seq | attention | compile s | step ms | tokens/s "
               "| TFLOP/s | MFU | GiB |",
               "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]

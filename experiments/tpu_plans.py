@@ -19,8 +19,9 @@ report's "before" column.
 Everything here is an estimate from the TPU compiler (its memory assignment and its per-op
 cost model) and the chips' public figures; the published numbers beside them were measured
 by others (`experiments/published_tpu_throughput.py`), with their own tuned sharding, kernels
-and flags. "TFLOP/s/chip" on both sides counts model FLOPs (6N + attention; ours does not
-halve causal attention, MaxText's has since July 2025).
+and flags. "TFLOP/s/chip" on both sides counts model FLOPs: 6N + attention + the output head's matmul
+(MaxText's `embedding_flops`; `counting.flops_per_token(readout=True)`); ours does not halve
+causal attention, MaxText's has since July 2025.
 
 Usage: python -m experiments.tpu_plans [--rows=LABEL,...] [--search] [--budget_minutes=20]
            [--max_compiles=3] [--workers=2] [--redo]
@@ -264,7 +265,8 @@ measurement.
 - est. step: the compiler's cycle estimate (Pallas kernels charged at
   `estimate.KERNEL_EFFICIENCY`, 50% of their roofline) plus the communication its schedule
   cannot hide behind the compute of the same scope (`jaxformer.plan.estimate.exposed_communication`).
-- est. MFU: analytic model FLOPs (6N + attention, `scaling.flops_per_token`) / (chips x peak
+- est. MFU: analytic model FLOPs (6N + attention + the output head's 6Vd, as MaxText counts
+  them: `train.progress.flops_per_step`) / (chips x peak
   x estimated step); est. TFLOP/s/chip: the same FLOPs / (chips x estimated step).
 - before: est. TFLOP/s/chip of the same row before the step's TPU work (XLA attention,
   float32 logits, a gradient reduce per micro-batch, one-hot MoE dispatch; the best of a

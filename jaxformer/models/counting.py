@@ -124,7 +124,7 @@ FLOPS_METHODS = ("kaplan", "hoffmann")
 
 
 def flops_per_token(model_config: Any, seq_len: int, *, method: str = "kaplan",
-                    attention: bool = True) -> int:
+                    attention: bool = True, readout: bool = False) -> int:
   """Training FLOPs per token at context length `seq_len` (backward = 2 x forward, so
   training = 3 x forward), counted one of two published ways:
 
@@ -149,7 +149,15 @@ def flops_per_token(model_config: Any, seq_len: int, *, method: str = "kaplan",
     logits are counted as matmuls with the vocabulary even when tied.
 
   `attention=False` drops the n_ctx terms (the "6N" of C = 6ND for kaplan). Neither count
-  halves the attention terms for causal masking. Per-family details:
+  halves the attention terms for causal masking.
+
+  `readout=True` (kaplan) adds the output head's matmul over the vocabulary, 6 V d per token,
+  for families with token embeddings: Kaplan's N leaves it out (an untied head is an
+  "embedding"), yet the chip computes it, and MaxText's `calculate_tflops_training_per_device`
+  counts it (`embedding_flops` = 2 B T d V, x 3 for training), so the MFU and TFLOP/s that
+  training and the planner report (`train.progress.flops_per_step`) count it, to compare with
+  MaxText's published figures. Scaling-law fits keep the plain count. (hoffmann already has
+  it in its vocabulary term.) Per-family details:
   - sliding window (Mistral): n_ctx = min(seq_len, window + 1);
   - seq2seq: per (source, target) token pair with both of length seq_len; n_layer counts
     encoder self-, decoder self- and decoder cross-attention layers;
@@ -164,10 +172,11 @@ def flops_per_token(model_config: Any, seq_len: int, *, method: str = "kaplan",
   layers, keys, width = attention_layers(model_config, seq_len)
   if not attention:
     layers = 0
-  if method == "kaplan":
-    return 6 * n + 6 * layers * keys * width
   cfg = models.config_as_dict(model_config)
   lookups = models.get(cfg.get("family")).embedding_lookups   # token tables, counted as matmuls
+  if method == "kaplan":
+    head = 6 * cfg["vocab_size"] * cfg["d_model"] if readout and lookups else 0
+    return 6 * n + 6 * layers * keys * width + head
   if lookups is None:
     raise ValueError(f"method='hoffmann' counts Transformer layers; model.family="
                      f"{cfg.get('family')!r} has none: use method='kaplan'")

@@ -301,7 +301,7 @@ def table(p: Plan) -> str:
   kernel_flops = " incl. Pallas kernels' estimates" if (p.kernels or {}).get("count") else ""
   lines.append(f"FLOPs per step: compiler {f['compiler']:.3e} (matmuls{kernel_flops}, all "
                f"chips), analytic "
-               f"{f['analytic']:.3e} (6N + attention; ratio {f['compiler'] / f['analytic']:.2f})")
+               f"{f['analytic']:.3e} (6N + attention + readout; ratio {f['compiler'] / f['analytic']:.2f})")
   for kind, rec in sorted(p.collectives.items()):
     lines.append(f"  {kind:<28} x{rec['count']:<6} {rec['bytes'] / 2**20:10.1f} MiB per chip")
   r = p.roofline

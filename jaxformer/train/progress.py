@@ -34,9 +34,11 @@ def format_duration(seconds: float) -> str:
 
 
 def flops_per_step(model_config, task, batch: dict, process_count: int) -> int:
-  """Model FLOPs of one optimizer step over all processes, Kaplan's 6N + attention convention
-  (`models.counting.flops_per_token`): examples x tokens per example x FLOPs per token, the
-  tokens from the task's batch layout or, for images, the family's `tokens_per_example`."""
+  """Model FLOPs of one optimizer step over all processes, Kaplan's 6N + attention plus the
+  output head's matmul over the vocabulary as MaxText counts it
+  (`models.counting.flops_per_token(..., readout=True)`): examples x tokens per example x
+  FLOPs per token, the tokens from the task's batch layout or, for images, the family's
+  `tokens_per_example`."""
   from jaxformer import models
   from jaxformer.models import counting
   rows = batch[task.labels].shape[0] * process_count
@@ -46,7 +48,7 @@ def flops_per_step(model_config, task, batch: dict, process_count: int) -> int:
     tokens = context = models.get(cfg["family"]).tokens_per_example(cfg)
   else:
     tokens, context = lengths
-  return int(counting.flops_per_token(model_config, context) * tokens * rows
+  return int(counting.flops_per_token(model_config, context, readout=True) * tokens * rows
              * task.flops_scale)
 
 class Progress:
