@@ -52,26 +52,52 @@ def _offloaded(names):
       offload_src="device", offload_dst="pinned_host")
 
 
+@dataclasses.dataclass(frozen=True)
+class RematPolicy:
+  """What a block keeps for its backward pass, with the two figures the planner's search
+  orders candidates by before it compiles any (`plan.search`; never reported as results).
+
+  checkpoint: the `jax.checkpoint` policy (None: no rematerialisation).
+  saved: activation memory per token and layer in 16-bit words, after Korthikanti et al.
+    ("Reducing activation recomputation", sec. 4: d (10 + 24 / t) + 5 a s / t with tensor
+    parallelism t; its 10 d of norms, residuals and dropout masks are not split by t) as
+    (x d kept whole, x d split over t, x heads x seq split over t): `none`
+    keeps all of it; `dots` the matmul outputs, attention's float32 scores included;
+    `dots_no_batch` the projections only; `full` each layer's input; q/k/v ~3 d (fewer with
+    GQA), attention's output and out projection 2 d, the FFN's in and out ~8 d; an offloaded
+    set keeps nothing in device memory.
+  recompute: training FLOPs relative to no rematerialisation (`full` runs the forward twice:
+    4 / 3)."""
+  checkpoint: Any
+  saved: tuple[int, int, int]
+  recompute: float
+
+
 # `model.remat_policy`: what each block keeps for the backward pass (the rest is recomputed).
 REMAT_POLICIES = {
-    "none": None,                                        # no rematerialisation
-    "full": jax.checkpoint_policies.nothing_saveable,   # recompute the whole block
-    "dots": jax.checkpoint_policies.checkpoint_dots,    # keep matmul outputs
-    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
-    "save_qkv": _saved(_QKV),                # keep q/k/v projections
-    "save_attention": _saved(_ATTENTION),    # + attention's output and out projection
-    "save_projections": _saved(_PROJECTIONS),   # + the FFN's in/out projections: every
-                                                # matmul output but attention's own
-    "offload_qkv": _offloaded(_QKV),         # the same three sets, kept in host memory
-    "offload_attention": _offloaded(_ATTENTION),
-    "offload_projections": _offloaded(_PROJECTIONS),
-    "offload_layer_input": _offloaded(("layer_input",)),   # `full` with each block's input
-                                                           # in host memory
+    "none": RematPolicy(None, (10, 24, 5), 1.0),          # no rematerialisation
+    "full": RematPolicy(jax.checkpoint_policies.nothing_saveable, (2, 0, 0), 4 / 3),
+    "dots": RematPolicy(jax.checkpoint_policies.checkpoint_dots, (2, 12, 4), 1.1),
+    "dots_no_batch": RematPolicy(jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+                                 (2, 12, 0), 1.15),
+    "save_qkv": RematPolicy(_saved(_QKV), (2, 3, 0), 1.25),     # keep q/k/v projections
+    # + attention's output and out projection
+    "save_attention": RematPolicy(_saved(_ATTENTION), (2, 5, 0), 1.2),
+    # + the FFN's in/out projections: every matmul output but attention's own
+    "save_projections": RematPolicy(_saved(_PROJECTIONS), (2, 13, 0), 1.05),
+    # the same three sets, kept in host memory
+    "offload_qkv": RematPolicy(_offloaded(_QKV), (2, 0, 0), 1.25),
+    "offload_attention": RematPolicy(_offloaded(_ATTENTION), (2, 0, 0), 1.2),
+    "offload_projections": RematPolicy(_offloaded(_PROJECTIONS), (2, 0, 0), 1.05),
+    # `full` with each block's input in host memory
+    "offload_layer_input": RematPolicy(_offloaded(("layer_input",)), (0, 0, 0), 4 / 3),
     # each block's input and q/k/v (+ the out projection) in host memory, the rest
     # recomputed: MaxText's published Llama-3.1 70B (and 8B, Mixtral) recipes on v6e
     # ("custom" with decoder_layer_input, query/key/value_proj (, out_proj) offloaded)
-    "offload_layer_input_qkv": _offloaded(("layer_input",) + _QKV),
-    "offload_layer_input_qkv_out": _offloaded(("layer_input",) + _QKV + ("attention_out",)),
+    "offload_layer_input_qkv": RematPolicy(_offloaded(("layer_input",) + _QKV), (0, 0, 0),
+                                           1.25),
+    "offload_layer_input_qkv_out": RematPolicy(
+        _offloaded(("layer_input",) + _QKV + ("attention_out",)), (0, 0, 0), 1.2),
 }
 # The policies that move activations to host memory: refused where the devices have none
 # (`jaxformer.parallel.offload.check`).

@@ -74,7 +74,7 @@ class BlockStack(nn.Module):
       raise ValueError(f"repeat_last={repeat_last} must be >= 0, and > 0 needs query_offset")
     layer = _Layer
     if remat_policy != "none":
-      layer = nn.remat(layer, policy=REMAT_POLICIES[remat_policy], prevent_cse=not scan)
+      layer = nn.remat(layer, policy=REMAT_POLICIES[remat_policy].checkpoint, prevent_cse=not scan)
     kw = dict(settings=self.settings, wiring=FrozenDict(self.wiring or {}),
               deterministic=deterministic)
     inputs = (context, mask, context_mask, segment_ids, positions, bias, rel_embeddings)

@@ -196,24 +196,11 @@ class Margin:
       self.seen.setdefault(c.remat_policy, []).append(max(needed, 0) / c.activation_bytes)
 
 
-# Activation bytes kept for the backward pass per token and layer (Korthikanti et al. 2022,
-# "Reducing activation recomputation", sec. 4: d (10 + 24/t) + 5 a s / t in 16-bit with
-# tensor parallelism t and no recomputation; the 10 d of norms, residuals and dropout masks
-# are not split by t). By remat policy, as (d replicated, d split over t, a s split over t):
-# `dots` keeps the matmul outputs, the attention scores included (a batched dot, float32);
-# `dots_no_batch` keeps the projections' outputs only; `full` keeps each layer's input.
-# The compiler keeps some residuals in float32 and copies: its temporaries came out ~1.2x
-# this for GPT-2 small (31.5 GiB compiled vs 27 GiB estimated, v5e, 16 rows/chip). A search
-# starts from this margin and learns each policy's from what its compiles needed.
+# The compiler keeps some residuals in float32 and copies: its temporaries came out ~1.2x the
+# policies' `saved` figures (layers/settings.py) for GPT-2 small (31.5 GiB compiled vs 27 GiB
+# estimated, v5e, 16 rows/chip). A search starts from this margin and learns each policy's
+# from what its compiles needed.
 _ACTIVATION_MARGIN = 1.3
-# The named policies (layers/settings.py): q/k/v are ~3 d (fewer with GQA), attention's
-# output and out projection 2 d, the FFN's in and out ~8 d; offloaded ones keep ~nothing.
-_SAVED = {"none": (10, 24, 5), "dots": (2, 12, 4), "dots_no_batch": (2, 12, 0),
-          "full": (2, 0, 0), "save_qkv": (2, 3, 0), "save_attention": (2, 5, 0),
-          "save_projections": (2, 13, 0), "offload_qkv": (2, 0, 0),
-          "offload_attention": (2, 0, 0), "offload_projections": (2, 0, 0),
-          "offload_layer_input": (0, 0, 0), "offload_layer_input_qkv": (0, 0, 0),
-          "offload_layer_input_qkv_out": (0, 0, 0)}
 
 
 def _activation_bytes(cfg, settings, plan) -> float:
@@ -225,7 +212,7 @@ def _activation_bytes(cfg, settings, plan) -> float:
   seq = settings.data.seq_len or model.get("max_len") or 1
   d, layers = model.get("d_model", 1), model.get("num_layers", 1)
   heads = model.get("num_heads", 1)
-  whole, split, scores = _SAVED.get(model.get("remat_policy", "none"), _SAVED["none"])
+  whole, split, scores = REMAT_POLICIES[model.get("remat_policy", "none")].saved
   per_token = whole * d + (split * d + scores * heads * seq) / t
   tokens = rows * seq
   vocab = model.get("vocab_size") or model.get("num_classes") or 0
@@ -241,12 +228,7 @@ def _rough_seconds(cfg, settings, plan, chip, param_bytes: int) -> float:
   batch = {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in train_batch_spec(
       cfg, settings, task.batch_layout, model).items()}
   flops = progress.flops_per_step(cfg.model, task, batch, 1) / plan.mesh.devices.size
-  recompute = {"none": 1.0, "dots": 1.1, "dots_no_batch": 1.15, "full": 4 / 3,
-               "save_qkv": 1.25, "save_attention": 1.2, "save_projections": 1.05,
-               "offload_qkv": 1.25, "offload_attention": 1.2, "offload_projections": 1.05,
-               "offload_layer_input": 4 / 3, "offload_layer_input_qkv": 1.25,
-               "offload_layer_input_qkv_out": 1.2}
-  flops *= recompute.get(model.get("remat_policy", "none"), 1.0)
+  flops *= REMAT_POLICIES[model.get("remat_policy", "none")].recompute
   shape = plan.mesh.shape
   accum = settings.optim.grad_accum
   moved = 0.0
