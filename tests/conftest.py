@@ -25,3 +25,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
     os.environ.get("TMPDIR", "/tmp"), f"jaxformer-test-xla-cache-{os.getuid()}"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+
+def pytest_runtest_setup(item):
+  """A test marked `gpu` or `tpu` runs only where JAX sees that device (tests/accelerators.py):
+  elsewhere it is skipped with the command that runs it."""
+  for platform in ("gpu", "tpu"):
+    if item.get_closest_marker(platform) is not None:
+      import pytest
+      from tests import accelerators
+      if not accelerators.visible(platform):
+        pytest.skip(accelerators.skip_reason(platform))

@@ -22,7 +22,7 @@ from jaxformer.models.stack import stack_layers
 from jaxformer.parallel import ShardingPlan
 from jaxformer.parallel.rules import MESH_AXES, logical_axis_rules
 from jaxformer.train import loop
-from tests import sharded_gpt
+from tests import accelerators, sharded_gpt
 from tests.arrays import assert_close_f32, rand
 from tests.gradcheck import numeric_grad
 from tests.modules import make_moe
@@ -122,11 +122,28 @@ def test_moe_matches_numpy_reference(fields):
 def test_dropless_gradients_match_float64_reference(impl):
   # Every grouped matmul's VJP (megablox: gmm for the input gradient, tgmm for the weights',
   # interpreted on CPU) against central differences of the float64 reference.
-  x = rand((2, 5, 6), seed=11)
-  module, params, p = init_moe(x, num_experts=4, experts_per_token=2, hidden_dim=5,
+  _check_dropless_gradients(impl, rand((2, 5, 6), seed=11), hidden_dim=5)
+
+
+@pytest.mark.tpu
+def test_megablox_compiled_for_the_tpu_matches_float64_reference():
+  """megablox's gmm/tgmm as Mosaic kernels on a TPU (not interpreted), at MXU-sized widths
+  (128: whole tiles), float32 at `highest`."""
+  with accelerators.on_device("tpu"):
+    _check_dropless_gradients("megablox", rand((1, 128, 128), seed=11), hidden_dim=128,
+                              platform="tpu")
+
+
+def _check_dropless_gradients(impl, x, *, hidden_dim, platform=None):
+  """The gradients (params, input) of a dropless layer (4 experts, top-2) vs central
+  differences of the float64 reference; `platform`: also check that the kernels were compiled
+  for it."""
+  module, params, p = init_moe(x, num_experts=4, experts_per_token=2, hidden_dim=hidden_dim,
                                grouped_matmul=impl)
   ct = rand(x.shape, seed=12)
   loss = lambda q, x: jnp.sum(module.apply({"params": q}, x) * ct)
+  if platform is not None:
+    accelerators.assert_kernel_compiled(platform, jax.grad(loss, (0, 1)), params, x)
   grads = jax.jit(jax.grad(loss, (0, 1)))(params, x)
   for name in ("wi_gate", "wi_up", "wo"):
     def f(w, name=name):

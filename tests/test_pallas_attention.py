@@ -1,4 +1,5 @@
-"""Pallas flash attention (CPU interpret mode) against the float64 NumPy reference."""
+"""Pallas flash attention (CPU interpret mode) against the float64 NumPy reference; on a GPU or
+TPU also compiled for the device (markers `gpu`/`tpu`, tests/accelerators.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from jaxformer import models
 from jaxformer.ops.attention import dot_product_attention
 from jaxformer.ops.pallas import attention as pallas_ops
+from tests import accelerators
 from tests import attention_reference as ref
 
 BLOCK = 16
@@ -78,13 +80,18 @@ def _with_blocks(block_q, block_k):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_values_and_grads_match_float64_reference(name):
-  shape_kw, kw = CASES[name]
+  _check_against_reference(*CASES[name], _with_blocks(BLOCK, BLOCK))
+
+
+def _check_against_reference(shape_kw, kw, attention):
+  """`attention`'s output and dq/dk/dv(/dbias) against the float64 reference; rows with no
+  visible key are exactly zero."""
   q, k, v, d_out = make_inputs(**shape_kw)
   bias = kw.get("bias")
   expected, _ = ref.attention(q, k, v, bias=bias, **ref.reference_kwargs(kw))
   dq, dk, dv, ds = ref.attention_grads(q, k, v, d_out, bias=bias, **ref.reference_kwargs(kw))
 
-  grads, out = ref.grad_fn(kw, _with_blocks(BLOCK, BLOCK))(q, k, v, d_out)
+  grads, out = ref.grad_fn(kw, attention)(q, k, v, d_out)
   ref.assert_matches(out, grads, expected, (dq, dk, dv, ds), bias)
   visible = ref.visible_mask(q.shape[0], q.shape[2], q.shape[1], k.shape[1],
                              **{key: val for key, val in ref.reference_kwargs(kw).items()
@@ -93,6 +100,36 @@ def test_values_and_grads_match_float64_reference(name):
   if empty_rows.any():
     np.testing.assert_array_equal(np.moveaxis(np.asarray(out), 2, 1)[empty_rows], 0)
     np.testing.assert_array_equal(np.moveaxis(np.asarray(grads[0]), 2, 1)[empty_rows], 0)
+
+
+def hardware_cases():
+  """Shapes the kernels also lower for on this host (LOWERING_CASES), in float32."""
+  b, tq, tk = 2, 77, 200
+  kv_ids = segments(b, tk)
+  rng = np.random.default_rng(4)
+  return {
+      "head_dim_128_gqa2": CASES["head_dim_128_gqa2"],
+      "everything_mqa_d64": (dict(b=b, tq=tq, tk=tk, h=4, hkv=1, d=64), dict(
+          causal=True, window=(50, None), bias=alibi_bias(4, tq, tk),
+          mask=rng.random((b, 1, tq, tk)) > 0.2, segment_ids=(kv_ids[:, tk - tq:], kv_ids))),
+  }
+
+
+HARDWARE_CASES = hardware_cases()
+
+
+@pytest.mark.parametrize("platform", accelerators.params("gpu", "tpu"))
+@pytest.mark.parametrize("name", sorted(HARDWARE_CASES))
+def test_kernels_compiled_for_the_device_match_float64_reference(name, platform):
+  """The kernels as Triton (GPU) or Mosaic (TPU) programs, not interpreted, on the device:
+  the same reference and tolerances as the interpreted cases (float32 at `highest`)."""
+  shape_kw, kw = HARDWARE_CASES[name]
+  attention = functools.partial(_pallas, interpret=False)
+  with accelerators.on_device(platform):
+    q, k, v, _ = make_inputs(**shape_kw)
+    accelerators.assert_kernel_compiled(platform, lambda q, k, v: attention(q, k, v, **kw),
+                                        q, k, v)
+    _check_against_reference(shape_kw, kw, attention)
 
 
 def test_dot_product_attention_pallas_equals_xla_under_jit_grad():

@@ -1,5 +1,6 @@
 """impl="splash" (JAX's splash attention TPU kernel) in the Pallas interpreter on CPU against
-the float64 NumPy reference (values and gradients), and its refusals by name."""
+the float64 NumPy reference (values and gradients), and its refusals by name; on a TPU also
+compiled for it (marker `tpu`, tests/accelerators.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxformer.ops.attention import dot_product_attention, resolve_impl
+from tests import accelerators
 from tests import attention_reference as ref
 from tests.user_errors import user_error
 
@@ -29,6 +31,21 @@ def _splash(*args, **kw):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_values_and_grads_match_float64_reference(name):
+  _check_against_reference(name)
+
+
+@pytest.mark.tpu
+@pytest.mark.parametrize("name", ["causal_gqa2", "mqa_window_segments"])
+def test_splash_compiled_for_the_tpu_matches_float64_reference(name):
+  """The same cases as Mosaic kernels on a TPU (not interpreted), float32 at `highest`."""
+  shape_kw, kw = CASES[name]
+  with accelerators.on_device("tpu"):
+    q, k, v, _ = ref.random_inputs(**shape_kw)
+    accelerators.assert_kernel_compiled("tpu", lambda q, k, v: _splash(q, k, v, **kw), q, k, v)
+    _check_against_reference(name)
+
+
+def _check_against_reference(name):
   shape_kw, kw = CASES[name]
   q, k, v, d_out = ref.random_inputs(**shape_kw)
   expected, _ = ref.attention(q, k, v, **ref.reference_kwargs(kw))
