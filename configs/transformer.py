@@ -9,7 +9,7 @@ shared BPE vocabulary of ~37000 tokens (WMT14 En-De). Table 3: base d 512, 6+6 l
 
 The paper's parameter counts are approximate: they are rounded, and the vocabulary size is
 only given as "about 37000" (and the WMT14 En-Fr models use 32000 word-pieces), so a few
-percent difference from `reference.params` is expected; experiments/tables.py reports it.
+percent difference from `reference.params` is expected; experiments/published_configs.py reports it.
 
 Training (section 5): Adam b1 0.9, b2 0.98, eps 1e-9, lr = d^-0.5 * min(step^-0.5,
 step * 4000^-1.5) ("rsqrt" schedule with 4000 warmup steps; its peak is `lr`), batches of

@@ -34,7 +34,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from experiments import timing  # noqa: E402
-from jaxformer.ops import blocked  # noqa: E402
+from jaxformer.ops import blocked_attention  # noqa: E402
 from jaxformer.ops.attention import dot_product_attention  # noqa: E402
 
 MIB = 2**20
@@ -44,7 +44,7 @@ TARGET_T, TARGET_RATIO = 8192, 10.0
 def attention_fn(impl, causal, block_k, head_dim):
   if impl == "blocked" and block_k is not None:
     scale = 1.0 / math.sqrt(head_dim)
-    return lambda q, k, v: blocked.blocked_attention(q, k, v, causal=causal, scale=scale,
+    return lambda q, k, v: blocked_attention.blocked_attention(q, k, v, causal=causal, scale=scale,
                                                    block_k=block_k)
   return lambda q, k, v: dot_product_attention(q, k, v, causal=causal, impl=impl)
 
@@ -76,13 +76,13 @@ def main():
   p.add_argument("--causal", action="store_true")
   p.add_argument("--time", action="store_true", help="also run and time fwd+bwd")
   p.add_argument("--block_k", type=int, default=None,
-                 help=f"blocked key block size (default: blocked.DEFAULT_BLOCK_K="
-                      f"{blocked.DEFAULT_BLOCK_K} via dot_product_attention)")
+                 help=f"blocked key block size (default: blocked_attention.DEFAULT_BLOCK_K="
+                      f"{blocked_attention.DEFAULT_BLOCK_K} via dot_product_attention)")
   args = p.parse_args()
 
   print(f"backend={jax.default_backend()} jax={jax.__version__} B=1 H={args.heads} "
         f"D={args.head_dim} float32 causal={args.causal} "
-        f"block_k={args.block_k or blocked.DEFAULT_BLOCK_K}\n")
+        f"block_k={args.block_k or blocked_attention.DEFAULT_BLOCK_K}\n")
   rows = {}
   for t in args.lengths:
     res = {}

@@ -4,7 +4,7 @@ Why: `impl="pallas"` only earns its place if it is faster than our plain-JAX `bl
 close to the vendor kernels. On a GPU this times, in bfloat16, forward and forward+backward of
 
   xla        dot_product_attention(impl="xla")      (materialised [B, H, T, T] logits)
-  blocked    dot_product_attention(impl="blocked")  (plain-JAX online softmax, ops.blocked)
+  blocked    dot_product_attention(impl="blocked")  (plain JAX, ops.blocked_attention)
   pallas     dot_product_attention(impl="pallas")   (our kernel, ops.pallas)
   cudnn      jax.nn.dot_product_attention(implementation="cudnn")
   jax-pallas jax.experimental.pallas.ops.gpu.attention.mha (JAX's bundled Triton kernel)

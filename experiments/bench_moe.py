@@ -22,7 +22,7 @@ import jax.numpy as jnp  # noqa: E402
 from experiments.timing import median_seconds  # noqa: E402
 from jaxformer.layers.mlp import Mlp  # noqa: E402
 from jaxformer.layers.moe import MoE  # noqa: E402
-from jaxformer.layers.settings import MoESettings  # noqa: E402
+from jaxformer.layers.block_settings import MoESettings  # noqa: E402
 
 
 def step_time(module: nn.Module, x, repeats: int) -> float:

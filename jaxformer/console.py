@@ -26,7 +26,7 @@ import traceback
 import warnings
 from typing import TextIO
 
-from jaxformer import paths, run_files
+from jaxformer import paths, workdir_layout
 
 # Where our own and JAX's records come from (others' are third-party at the default verbosity).
 _OWN_PATHS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d)
@@ -173,7 +173,8 @@ class _LazyFile:
 def log_path(workdir: str, process_index: int) -> str:
   """`<workdir>/logs/process_<i>.log` (for a remote workdir: in its local mirror, as a log is
   appended line by line, which object stores cannot do)."""
-  return os.path.join(paths.local_mirror(os.path.join(workdir, run_files.LOGS), run_files.LOGS),
+  logs = workdir_layout.LOGS
+  return os.path.join(paths.local_mirror(os.path.join(workdir, logs), logs),
                       f"process_{process_index}.log")
 
 

@@ -2,7 +2,7 @@
 
 from jaxformer.layers import TransformerBlock
 from jaxformer.layers.moe import MoE
-from jaxformer.layers.settings import BlockSettings, MoESettings
+from jaxformer.layers.block_settings import BlockSettings, MoESettings
 
 _WIRING = ("causal", "cross_attention", "positions", "rope_theta", "decode", "dtype",
            "param_dtype")

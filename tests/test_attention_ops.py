@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxformer.ops import attention as attn_ops
-from jaxformer.ops import blocked
+from jaxformer.ops import blocked_attention
 from jaxformer.ops.attention import dot_product_attention, dot_product_attention_weights
 from tests import attention_reference as ref
 
@@ -59,7 +59,7 @@ def _grads(impl, kw):
 @pytest.mark.parametrize("impl", ["xla", "blocked"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_matches_float64_reference(name, impl, monkeypatch):
-  monkeypatch.setattr(blocked, "DEFAULT_BLOCK_K", 8)   # several key blocks + a ragged last one
+  monkeypatch.setattr(blocked_attention, "DEFAULT_BLOCK_K", 8)   # several key blocks + a ragged last one
   shape_kw, kw = CASES[name]
   if "bias" in kw and kw["bias"].shape[1] != 1 and shape_kw.get("h", 12) != kw["bias"].shape[1]:
     pytest.skip("bias heads")
@@ -75,7 +75,7 @@ def test_matches_float64_reference(name, impl, monkeypatch):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_blocked_equals_xla(name, monkeypatch):
-  monkeypatch.setattr(blocked, "DEFAULT_BLOCK_K", 16)
+  monkeypatch.setattr(blocked_attention, "DEFAULT_BLOCK_K", 16)
   shape_kw, kw = CASES[name]
   q, k, v, d_out = make_inputs(**shape_kw, seed=3)
   bias = kw.get("bias")
@@ -88,7 +88,7 @@ def test_blocked_equals_xla(name, monkeypatch):
 @pytest.mark.parametrize("block_k", [1, 5, 16, 64])
 def test_blocked_any_block_size(block_k):
   q, k, v, _ = make_inputs(b=1, tq=19, tk=23, h=4, hkv=2, d=8)
-  got = blocked.blocked_attention(q, k, v, causal=True, window=(5, None), scale=0.25,
+  got = blocked_attention.blocked_attention(q, k, v, causal=True, window=(5, None), scale=0.25,
                                 block_k=block_k)
   want, _ = ref.attention(q, k, v, causal=True, window=(5, None), scale=0.25)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)

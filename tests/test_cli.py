@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from jaxformer import cli, run_files
+from jaxformer import cli, workdir_layout
 from jaxformer.state import checkpoint
 from jaxformer.train import metrics, workdir as workdir_lib
 from tests.runs import config_flags, tiny_run_config
@@ -396,7 +396,7 @@ def test_workdir_lock_refuses_a_second_run_and_survives_a_killed_owner(tmp_path)
   holder.send_signal(signal.SIGKILL)
   holder.wait()
   with workdir_lib.Lock(str(tmp_path)):      # the dead owner's lock is gone with it
-    assert f"pid {os.getpid()}" in open(tmp_path / run_files.LOCK).read()
+    assert f"pid {os.getpid()}" in open(tmp_path / workdir_layout.LOCK).read()
 
 
 def test_a_second_training_on_a_locked_workdir_touches_nothing(tmp_path):
@@ -404,7 +404,7 @@ def test_a_second_training_on_a_locked_workdir_touches_nothing(tmp_path):
   run.mkdir()
   with workdir_lib.Lock(str(run)):
     _assert_user_error(_train(run), "is in use by another training")
-  assert os.listdir(run) == [run_files.LOCK]
+  assert os.listdir(run) == [workdir_layout.LOCK]
 
 
 def test_fresh_clears_every_artifact(tmp_path):

@@ -344,7 +344,7 @@ def test_bad_configs_name_the_field():
 
 
 def test_tables_script_formats_rows():
-  spec = importlib.util.spec_from_file_location("tables", ROOT / "experiments" / "tables.py")
+  spec = importlib.util.spec_from_file_location("published_configs", ROOT / "experiments" / "published_configs.py")
   tables = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(tables)
   text = tables.table([

@@ -205,7 +205,7 @@ def test_bad_config_fails_naming_the_field(field, value, match):
 
 def test_attention_scale_keeps_initial_logits_and_refuses_mup():
   """scale 1 with q's init / sqrt(d): q.k starts as 1/sqrt(d)-scaled logits would."""
-  from jaxformer.layers.settings import BlockSettings
+  from jaxformer.layers.block_settings import BlockSettings
   with pytest.raises(ValueError, match="model.attention_scale=1.0 is set, but"):
     BlockSettings(num_heads=2, mlp_dim=8, attention_scale=1.0, parametrization="mup",
                   mup_base_width=8)

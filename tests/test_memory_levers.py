@@ -18,7 +18,7 @@ from ml_collections import ConfigDict
 
 from configs import llama
 from jaxformer import models, run_settings
-from jaxformer.layers.settings import ACTIVATION_NAMES, OFFLOADED_REMAT_POLICIES, REMAT_POLICIES
+from jaxformer.layers.block_settings import ACTIVATION_NAMES, OFFLOADED_REMAT_POLICIES, REMAT_POLICIES
 from jaxformer.parallel import offload
 from jaxformer.state import optim
 from tests.runs import tiny_run_config

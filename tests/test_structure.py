@@ -15,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "jaxformer"
 # Lowest first. A unit is a sub-package or a top-level module of jaxformer; it may import units
 # of lower layers only (units of one layer do not import each other).
 LAYERS = (
-    ("run_files", "run_settings", "paths", "jsonfile", "optional",    # no jaxformer imports
+    ("workdir_layout", "run_settings", "paths", "jsonfile", "extras",    # no jaxformer imports
      "tpu_flags", "accelerators"),            # accelerators: chip and GPU peak figures
     ("console",),                             # what reaches the terminal
     ("compilation",),                         # the compilation cache and compiler options
@@ -124,7 +124,7 @@ def test_the_rule_catches_every_spelling(source):
 
 def test_the_rule_allows_own_package_and_lower_layers():
   ok = ("from jaxformer.inference import decode\nfrom . import text\n"
-        "from jaxformer.state import checkpoint\nfrom jaxformer import models, run_files\n"
+        "from jaxformer.state import checkpoint\nfrom jaxformer import models, workdir_layout\n"
         "import jaxformer")
   assert layering_violations(ok, "jaxformer.inference.restore") == []
   # a unit that no layer names is refused, so a new package gets a place in LAYERS

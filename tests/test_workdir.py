@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jaxformer import run_files
+from jaxformer import workdir_layout
 from jaxformer.state import checkpoint
 from jaxformer.train import data_record, loop, workdir as workdir_lib
 from jaxformer.train.metrics import read
@@ -24,32 +24,32 @@ def _listing(directory) -> dict:
   for root, dirs, files in os.walk(directory):
     for name in dirs + files:
       path = os.path.join(root, name)
-      if name == run_files.LOCK:        # holds the last owner's pid and time
+      if name == workdir_layout.LOCK:        # holds the last owner's pid and time
         continue
       out[path] = None if os.path.isdir(path) else open(path, "rb").read()
   return out
 
 
 def _metrics(workdir, steps):
-  with open(os.path.join(workdir, run_files.METRICS), "w") as f:
+  with open(os.path.join(workdir, workdir_layout.METRICS), "w") as f:
     f.writelines(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in steps)
 
 
 @pytest.mark.parametrize("name, make, problem", [
-    (run_files.CHECKPOINTS, "file", "is a file, where a run keeps a directory"),
-    (run_files.BEST, "file", "is a file"),
-    (run_files.LOGS, "file", "is a file"),
-    (run_files.METRICS, "dir", "is a directory, where a run keeps a file"),
-    (run_files.CONFIG, "dir", "is a directory"),
-    (run_files.LOCK, "dir", "is a directory"),
-    (run_files.DATA, "link", "is a link to"),
+    (workdir_layout.CHECKPOINTS, "file", "is a file, where a run keeps a directory"),
+    (workdir_layout.BEST, "file", "is a file"),
+    (workdir_layout.LOGS, "file", "is a file"),
+    (workdir_layout.METRICS, "dir", "is a directory, where a run keeps a file"),
+    (workdir_layout.CONFIG, "dir", "is a directory"),
+    (workdir_layout.LOCK, "dir", "is a directory"),
+    (workdir_layout.DATA, "link", "is a link to"),
     ("events.out.tfevents.1.host", "dir", "is a directory"),
 ])
 def test_a_member_of_the_wrong_kind_is_named_with_its_fix(tmp_path, name, make, problem):
   path = tmp_path / name
   {"file": lambda: path.write_text("x"), "dir": path.mkdir,
    "link": lambda: path.symlink_to(tmp_path / "gone")}[make]()
-  cleared = name not in (run_files.LOGS, run_files.LOCK)
+  cleared = name not in (workdir_layout.LOGS, workdir_layout.LOCK)
   message = user_error(lambda: workdir_lib.check_members(str(tmp_path)), name, problem,
                        "move it away or delete it")
   assert ("--fresh" in message) == cleared
@@ -68,12 +68,12 @@ def test_checkpoints_as_a_file_is_refused_before_any_work(tmp_path):
   """In-process: refused before the data, the lock or Orbax; and Orbax is never handed it."""
   workdir = tmp_path / "run"
   workdir.mkdir()
-  (workdir / run_files.CHECKPOINTS).write_text("not a directory")
+  (workdir / workdir_layout.CHECKPOINTS).write_text("not a directory")
   _metrics(workdir, [4, 8, 24])
   before = _listing(workdir)
   user_error(lambda: loop.train(tiny_run_config(), str(workdir)), "checkpoints is a file")
   assert _listing(workdir) == before
-  user_error(lambda: checkpoint.Checkpoints(workdir / run_files.CHECKPOINTS),
+  user_error(lambda: checkpoint.Checkpoints(workdir / workdir_layout.CHECKPOINTS),
              "is a file, not a directory of checkpoints")
 
 
@@ -82,7 +82,7 @@ def test_cli_checkpoints_as_a_file_is_one_line_and_exit_2(tmp_path):
   never exited, after overwriting metrics.jsonl."""
   workdir = tmp_path / "run"
   workdir.mkdir()
-  (workdir / run_files.CHECKPOINTS).write_text("x")
+  (workdir / workdir_layout.CHECKPOINTS).write_text("x")
   _metrics(workdir, [4, 8, 24])
   before = _listing(workdir)
   out = subprocess.run([sys.executable, "-m", "jaxformer.train",
@@ -103,18 +103,18 @@ def test_a_start_from_step_0_never_overwrites_a_saved_runs_results(tmp_path):
   _metrics(w, [4, 8, 12])
   message = user_error(check, "metrics.jsonl up to step 12", "checkpoints/ is missing",
                        "would overwrite them", "rerun with --fresh")
-  (tmp_path / run_files.CHECKPOINTS / "8.orbax-checkpoint-tmp-3").mkdir(parents=True)
+  (tmp_path / workdir_layout.CHECKPOINTS / "8.orbax-checkpoint-tmp-3").mkdir(parents=True)
   check()                                                 # its first save was interrupted
-  (tmp_path / run_files.CHECKPOINTS / "8.orbax-checkpoint-tmp-3").rename(
-      tmp_path / run_files.CHECKPOINTS / "8.unreadable")
+  (tmp_path / workdir_layout.CHECKPOINTS / "8.orbax-checkpoint-tmp-3").rename(
+      tmp_path / workdir_layout.CHECKPOINTS / "8.unreadable")
   user_error(check, "unreadable (8.unreadable)")
-  os.remove(tmp_path / run_files.METRICS)
-  (tmp_path / run_files.BEST / "16").mkdir(parents=True)
+  os.remove(tmp_path / workdir_layout.METRICS)
+  (tmp_path / workdir_layout.BEST / "16").mkdir(parents=True)
   user_error(check, "best/ at steps [16]")
-  (tmp_path / run_files.CHECKPOINTS / "16").mkdir()
+  (tmp_path / workdir_layout.CHECKPOINTS / "16").mkdir()
   check()                                                 # a resume: restore decides
-  os.rmdir(tmp_path / run_files.CHECKPOINTS / "16")
-  os.rmdir(tmp_path / run_files.BEST / "16")
+  os.rmdir(tmp_path / workdir_layout.CHECKPOINTS / "16")
+  os.rmdir(tmp_path / workdir_layout.BEST / "16")
   _metrics(w, [4])                          # a finished 4-step run: its last save was waited for
   user_error(lambda: workdir_lib.check_nothing_overwritten(w, 4, 4), "up to step 4")
   # through train: refused before anything is read or written
@@ -129,13 +129,13 @@ def test_a_run_whose_every_checkpoint_is_unreadable_is_not_restarted_over_its_re
   """Found only when Orbax fails to restore them: refused after they are moved aside."""
   cfg = tiny_run_config()
   w = tmp_path / "run"
-  (w / run_files.CHECKPOINTS / "24").mkdir(parents=True)
-  (w / run_files.CHECKPOINTS / "24" / "garbage").write_text("x")
-  (w / run_files.CONFIG).write_text(cfg.to_json())
+  (w / workdir_layout.CHECKPOINTS / "24").mkdir(parents=True)
+  (w / workdir_layout.CHECKPOINTS / "24" / "garbage").write_text("x")
+  (w / workdir_layout.CONFIG).write_text(cfg.to_json())
   _metrics(w, [4, 8, 12, 16, 20, 24])
-  metrics_before = (w / run_files.METRICS).read_text()
+  metrics_before = (w / workdir_layout.METRICS).read_text()
   user_error(lambda: loop.train(cfg, str(w)), "unreadable (24.unreadable)", "--fresh")
-  assert (w / run_files.METRICS).read_text() == metrics_before
+  assert (w / workdir_layout.METRICS).read_text() == metrics_before
 
 
 def test_data_record_refuses_a_changed_source_with_the_ways_out(tmp_path):
@@ -152,7 +152,7 @@ def test_data_record_refuses_a_changed_source_with_the_ways_out(tmp_path):
                        "--data_changed_ok")
   accepted = data_record.check(w, cfg, new, taken=8, data_changed_ok=True)
   assert accepted["fingerprint"] == new and accepted["earlier"][0]["until_step"] == 8
-  (tmp_path / run_files.BRANCH).write_text("{}")      # a branch: only the ways that work
+  (tmp_path / workdir_layout.BRANCH).write_text("{}")      # a branch: only the ways that work
   message = user_error(lambda: data_record.check(w, cfg, new, taken=8, data_changed_ok=False),
                        "--data_changed_ok")
   assert "--fresh" not in message and "new --workdir" not in message
@@ -213,9 +213,9 @@ def test_a_resume_on_a_changed_source_is_refused_unless_meant(tmp_path):
   cfg.data.update(source=str(source), data_dir=str(tmp_path / "cache"))
   w = str(tmp_path / "run")
   loop.train(cfg, w, stop_after=2)                     # stopped before the first log
-  assert not os.path.exists(os.path.join(w, run_files.METRICS))
+  assert not os.path.exists(os.path.join(w, workdir_layout.METRICS))
   assert workdir_lib.checkpoint_steps(w) == [2]
-  recorded = json.load(open(os.path.join(w, run_files.DATA)))
+  recorded = json.load(open(os.path.join(w, workdir_layout.DATA)))
   assert recorded["fingerprint"]["kind"] == "text" and recorded["since_step"] == 0
   source.write_text(text.replace("ROMEO", "JULIET"))
   before = _listing(w)
@@ -223,8 +223,8 @@ def test_a_resume_on_a_changed_source_is_refused_unless_meant(tmp_path):
              "after step 2", "--data_changed_ok")
   assert _listing(w) == before
   loop.train(cfg, w, data_changed_ok=True, stop_after=2)
-  assert [r["step"] for r in read(os.path.join(w, run_files.METRICS))] == [4]
-  record = json.load(open(os.path.join(w, run_files.DATA)))
+  assert [r["step"] for r in read(os.path.join(w, workdir_layout.METRICS))] == [4]
+  record = json.load(open(os.path.join(w, workdir_layout.DATA)))
   assert record["earlier"][0]["fingerprint"] == recorded["fingerprint"]
   assert record["since_step"] == 2 and record["fingerprint"] != recorded["fingerprint"]
 
@@ -235,11 +235,11 @@ def test_a_resume_on_a_changed_source_is_refused_unless_meant(tmp_path):
 def _fake_trunk(path, config, steps=(8,)):
   """A trunk as branch() sees it: config.json and kept checkpoint directories."""
   os.makedirs(path)
-  with open(os.path.join(path, run_files.CONFIG), "w") as f:
+  with open(os.path.join(path, workdir_layout.CONFIG), "w") as f:
     f.write(config.to_json())
   for step in steps:
-    os.makedirs(os.path.join(path, run_files.CHECKPOINTS, str(step), "state"))
-    open(os.path.join(path, run_files.CHECKPOINTS, str(step), "state", "x"), "w").close()
+    os.makedirs(os.path.join(path, workdir_layout.CHECKPOINTS, str(step), "state"))
+    open(os.path.join(path, workdir_layout.CHECKPOINTS, str(step), "state", "x"), "w").close()
 
 
 def _constant(**train):
@@ -268,7 +268,7 @@ def test_branch_refusals_name_the_fault_and_leave_nothing(tmp_path):
   # a workdir holding another run: refused; the --fresh it suggests works
   other = tmp_path / "other"
   other.mkdir()
-  (other / run_files.CONFIG).write_text("{}")
+  (other / workdir_layout.CONFIG).write_text("{}")
   _metrics(other, [4])
   user_error(lambda: workdir_lib.branch(trunk, 8, str(other), config=_constant(steps=12)),
              "not a branch of", "add --fresh")
@@ -290,5 +290,5 @@ def test_a_branch_refused_after_its_copy_is_discarded_and_the_fix_works(tmp_path
   assert not os.path.exists(dst)
   workdir_lib.train_branch(_constant(steps=12), dst, trunk, 4)
   assert workdir_lib.checkpoint_steps(dst)[-1] == 12
-  assert json.load(open(os.path.join(dst, run_files.DATA))) == json.load(
-      open(os.path.join(trunk, run_files.DATA)))
+  assert json.load(open(os.path.join(dst, workdir_layout.DATA))) == json.load(
+      open(os.path.join(trunk, workdir_layout.DATA)))

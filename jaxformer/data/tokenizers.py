@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Protocol
 import numpy as np
 
 from jaxformer import console, paths
-from jaxformer.optional import require
+from jaxformer.extras import require
 
 TOKENIZER_FILE = "tokenizer.json"
 SPM_MODEL_FILE = "tokenizer.spm.model"

@@ -22,7 +22,7 @@ from jaxformer import models
 from jaxformer.data.images.captions import BOS as BOS_ID, EOS as EOS_ID, PAD as PAD_ID
 from jaxformer.inference import beam
 from jaxformer.models import captioner
-from jaxformer.optional import require
+from jaxformer.extras import require
 
 
 def _config_key(model_config) -> tuple[str, dict]:

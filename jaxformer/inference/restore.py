@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 from ml_collections import ConfigDict
 
-from jaxformer import paths, run_files, run_settings
+from jaxformer import paths, workdir_layout, run_settings
 from jaxformer.data import tokenizers
 from jaxformer.state import checkpoint, train_state
 
@@ -25,10 +25,11 @@ def load_run(workdir: str, *, which: str = "latest"):
     raise ValueError(f"--checkpoint={which!r} must be 'latest' or 'best'")
   saved = train_state.read_config(workdir)
   if saved is None:
-    raise ValueError(f"--workdir={workdir!r} holds no training run (no {run_files.CONFIG})")
+    raise ValueError(f"--workdir={workdir!r} holds no training run (no {workdir_layout.CONFIG})")
   config = ConfigDict(saved)
   settings = run_settings.parse(config)          # the typed sections, as training read them
-  directory = os.path.join(workdir, run_files.BEST if which == "best" else run_files.CHECKPOINTS)
+  directory = os.path.join(workdir, workdir_layout.BEST if which == "best"
+                           else workdir_layout.CHECKPOINTS)
   found = paths.path(directory, "--workdir")
   if not found.is_dir() or not any(found.iterdir()):        # read-only: create nothing
     raise ValueError(f"--workdir={workdir!r} has no {which} checkpoint yet ({directory} is "

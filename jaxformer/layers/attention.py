@@ -202,7 +202,7 @@ class MultiHeadAttention(nn.Module):
       kv = dense((2, hkv, d), ("embed", "qkv", "kv_heads", "kv"), name="kv",
                  **kw)(context if cross else x if kv_inputs is None else kv_inputs)
       k, v = kv[:, :, 0], kv[:, :, 1]
-    # names for the remat policies that keep them (layers/settings.py ACTIVATION_NAMES)
+    # names for the remat policies that keep them (layers/block_settings.py ACTIVATION_NAMES)
     q = checkpoint_name(nn.with_logical_constraint(q, ("batch", "length", "heads", "kv")),
                         "query_proj")
     k = checkpoint_name(nn.with_logical_constraint(k, ("batch", "length", "kv_heads", "kv")),

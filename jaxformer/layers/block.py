@@ -12,10 +12,10 @@ from jaxformer.layers.attention import MultiHeadAttention
 from jaxformer.layers.mlp import FFNS
 from jaxformer.layers.moe import MoE
 from jaxformer.layers.norms import make_norm
-from jaxformer.layers.settings import BlockSettings
+from jaxformer.layers.block_settings import BlockSettings
 
 class TransformerBlock(nn.Module):
-  """One Transformer layer on [B, T, E], configured by `settings` (layers/settings.py).
+  """One Transformer layer on [B, T, E], configured by `settings` (layers/block_settings.py).
 
   pre_norm=True (GPT-2, Llama, ViT):  x += drop(attn(norm(x))); x += drop(ffn(norm(x)))
   pre_norm=False (Vaswani, BERT):     x = norm(x + drop(attn(x))); x = norm(x + drop(ffn(x)))

@@ -45,7 +45,7 @@ class Mlp(nn.Module):
     act = activation_fn(self.activation)
     kw = dict(use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
               kernel_init=self.kernel_init)
-    # "mlp_in" / "mlp_out": names for the remat policies that keep them (layers/settings.py)
+    # "mlp_in" / "mlp_out": names for the remat policies that keep them (layers/block_settings.py)
     wi = lambda name: checkpoint_name(dense(self.hidden_dim, ("embed", "mlp"), name=name,
                                             **kw)(x), "mlp_in")
     if self.gated:

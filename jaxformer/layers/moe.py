@@ -63,7 +63,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxformer.layers.dense import default_kernel_init, dense
 from jaxformer.layers.mlp import activation_fn
-from jaxformer.layers.settings import MoESettings
+from jaxformer.layers.block_settings import MoESettings
 from jaxformer.ops.pallas import target_platform
 
 MOE_COLLECTION = "intermediates"
@@ -391,7 +391,7 @@ def _expert_axis_size() -> int:
 
 
 class MoE(nn.Module):
-  """Top-k mixture of experts (`settings`, see layers/settings.py) of width `hidden_dim` on
+  """Top-k mixture of experts (`settings`, see layers/block_settings.py) of width `hidden_dim` on
   [..., T, d] (see the module docstring)."""
   settings: MoESettings
   hidden_dim: int

@@ -1,7 +1,7 @@
 """Full models, the family registry and `build(config.model)` -> a linen Module.
 
 Config keys are the family module's dataclass fields plus, for Transformer families, the
-shared block settings (`jaxformer.layers.settings`), so a config key means exactly one
+shared block settings (`jaxformer.layers.block_settings`), so a config key means exactly one
 setting. Each family's facts (task, example inputs, embeddings/heads, block defaults, HF
 converter) live in its `FAMILY` entry (`family.Family`), registered here; `build` validates
 before anything compiles.
@@ -9,7 +9,7 @@ before anything compiles.
 
 from __future__ import annotations
 
-from jaxformer.layers.settings import BlockSettings, MoESettings
+from jaxformer.layers.block_settings import BlockSettings, MoESettings
 from jaxformer.models import (bart, bert, captioner, deberta, electra, gpt, rnn_seq2seq,
                               roberta, seq2seq, t5, vit)
 from jaxformer.models.bart import Bart

@@ -32,7 +32,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxformer.layers import Embed, LayerNorm, LearnedPositionEmbedding
-from jaxformer.layers.settings import BlockSettings
+from jaxformer.layers.block_settings import BlockSettings
 from jaxformer.models import seq2seq
 from jaxformer.models.family import Family, token_inputs
 from jaxformer.models.stack import BlockStack

@@ -24,7 +24,7 @@ from jaxformer.layers import Embed, LayerNorm, LearnedPositionEmbedding
 from jaxformer.layers.dense import dense
 from jaxformer.layers.mlp import activation_fn
 from jaxformer.layers.parametrization import output_multiplier, scale_output
-from jaxformer.layers.settings import BlockSettings
+from jaxformer.layers.block_settings import BlockSettings
 from jaxformer.models.family import Family, token_inputs
 from jaxformer.models.stack import BlockStack
 from jaxformer.ops.cross_entropy import Readout

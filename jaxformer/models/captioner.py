@@ -28,7 +28,7 @@ from jaxformer.layers import Embed, LearnedPositionEmbedding, PatchEmbed
 from jaxformer.layers import make_norm
 from jaxformer.layers.attention import WEIGHTS_COLLECTION
 from jaxformer.layers.dense import dense
-from jaxformer.layers.settings import BlockSettings
+from jaxformer.layers.block_settings import BlockSettings
 from jaxformer.models.family import Family, head_dim, image_inputs, token_inputs
 from jaxformer.models.rnn_seq2seq import DecoderStep
 from jaxformer.models.stack import BlockStack

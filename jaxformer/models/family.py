@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxformer.layers import settings as settings_lib
+from jaxformer.layers import block_settings as settings_lib
 
 # The tasks the data pipeline and `train.tasks` implement (a test checks both agree).
 TASKS = ("lm", "mlm", "mlm_nsp", "classification", "seq2seq", "bart_denoising",
@@ -53,7 +53,7 @@ class Family:
 
   - name: the `model.family` config value.
   - module: the linen Module class. Its dataclass fields are config keys; a field named
-    `block` (a `BlockSettings`) makes every shared block key (`layers/settings.py`) a config
+    `block` (a `BlockSettings`) makes every shared block key (`layers/block_settings.py`) a config
     key as well, with `block_defaults` over the settings' own defaults.
   - task: one of TASKS.
   - example_inputs: (config dict with defaults, batch, length) -> abstract positional inputs

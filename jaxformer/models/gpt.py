@@ -1,7 +1,7 @@
 """Decoder-only language models: GPT-2/GPT-3 and Llama/Mistral/Mixtral by configuration.
 
 One code path; the families differ only in settings: positions ("learned" for GPT, "rope" for
-Llama), and in `block` (layers/settings.py): norm ("layernorm" / "rmsnorm"), ffn ("mlp" + gelu
+Llama), and in `block` (layers/block_settings.py): norm ("layernorm" / "rmsnorm"), ffn ("mlp" + gelu
 / "swiglu"), biases, GQA (num_kv_heads), sliding window, and a mixture of experts
 (`block.moe`, Mixtral) whose aux-loss weights the train step reads from there. The output
 head is tied to the token embedding or not.
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jaxformer.layers import Embed, LearnedPositionEmbedding, make_norm
 from jaxformer.layers.dense import dense
 from jaxformer.layers.parametrization import output_multiplier, scale_output
-from jaxformer.layers.settings import BlockSettings
+from jaxformer.layers.block_settings import BlockSettings
 from jaxformer.models.family import Family, head_dim, token_inputs
 from jaxformer.models.stack import BlockStack
 from jaxformer.ops import positions as pos_ops

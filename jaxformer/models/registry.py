@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax.numpy as jnp
 
-from jaxformer.layers import settings as settings_lib
+from jaxformer.layers import block_settings as settings_lib
 from jaxformer.models.family import Family, module_fields
 
 _FAMILIES: dict[str, Family] = {}

@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxformer.layers import Embed, make_norm
-from jaxformer.layers.settings import BlockSettings
+from jaxformer.layers.block_settings import BlockSettings
 from jaxformer.models.family import Family, head_dim, token_inputs
 from jaxformer.models.stack import BlockStack
 from jaxformer.ops import positions as pos_ops

@@ -23,7 +23,7 @@ from jax.ad_checkpoint import checkpoint_name
 from flax.core import FrozenDict
 
 from jaxformer.layers import TransformerBlock
-from jaxformer.layers.settings import REMAT_POLICIES, BlockSettings
+from jaxformer.layers.block_settings import REMAT_POLICIES, BlockSettings
 
 
 

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 
 from jaxformer.layers import Embed, make_norm
 from jaxformer.layers.dense import dense
-from jaxformer.layers.settings import BlockSettings
+from jaxformer.layers.block_settings import BlockSettings
 from jaxformer.models import seq2seq
 from jaxformer.models.family import Family, token_inputs
 from jaxformer.models.stack import BlockStack

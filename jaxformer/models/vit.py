@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jaxformer.layers import LearnedPositionEmbedding, PatchEmbed, make_norm
 from jaxformer.layers.dense import dense
 from jaxformer.layers.parametrization import scale_output
-from jaxformer.layers.settings import BlockSettings
+from jaxformer.layers.block_settings import BlockSettings
 from jaxformer.models.family import Family, image_inputs
 from jaxformer.models.stack import BlockStack
 

@@ -2,7 +2,8 @@
 
 Implementations (`impl=`):
   "xla"     the straightforward reference: materialises [B, H, Tq, Tk] float32 logits.
-  "blocked" pure-JAX online-softmax attention over key blocks (`ops.blocked`), O(T) memory.
+  "blocked" pure-JAX online-softmax attention over key blocks (`ops.blocked_attention`), O(T)
+            memory.
   "pallas"  our Pallas flash-attention kernel (`ops.pallas`): skips key blocks outside the
             causal/window band; interpreted on CPU, Triton on GPU, Mosaic on TPU.
   "splash"  JAX's splash attention TPU kernel (`ops.pallas.splash`): causal/window block
@@ -27,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.ops import blocked, masks, pallas
+from jaxformer.ops import blocked_attention, masks, pallas
 from jaxformer.ops.pallas import splash
 
 IMPLS = ("xla", "blocked", "pallas", "splash", "cudnn", "auto")
@@ -81,7 +82,7 @@ def dot_product_attention(q, k, v, *, bias=None, mask=None, causal: bool = False
   if impl == "xla":
     return attend(_weights(q, k, a), v).astype(q.dtype)
   if impl == "blocked":
-    return blocked.blocked_attention(q, k, v, bias=a["bias"], mask=a["mask"],
+    return blocked_attention.blocked_attention(q, k, v, bias=a["bias"], mask=a["mask"],
                                    q_segment_ids=a["q_seg"], kv_segment_ids=a["kv_seg"],
                                    causal=causal, window=a["window"], scale=a["scale"],
                                    **({} if block_k is None else dict(block_k=block_k)))

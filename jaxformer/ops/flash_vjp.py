@@ -1,5 +1,5 @@
-"""The custom VJP that both blocked attention paths (`ops.blocked` in plain JAX, the Pallas
-kernel) share: the forward keeps only the output and the row logsumexp, and the backward
+"""The custom VJP that both blocked attention paths (`ops.blocked_attention` in plain JAX, the
+Pallas kernel) share: the forward keeps only the output and the row logsumexp, and the backward
 recomputes the probabilities block by block from them, so neither path stores the [Tq, Tk]
 attention matrix for the gradient."""
 

@@ -5,7 +5,7 @@ in the host's pinned memory (JAX memory kinds) instead of the accelerator's.
 step's argument and result shardings carry that memory kind, and the step moves the moments
 to the device for the update only (`to_device`), after the backward pass has freed the
 activations, so the step's peak holds them no longer alongside the activations. The
-`offload_*` remat policies (layers/settings.py) keep named activations on the host between the
+`offload_*` remat policies (layers/block_settings.py) keep named activations on the host between the
 forward and the backward pass. Both compute what the run without them computes, bit for bit:
 only where the bytes wait changes.
 

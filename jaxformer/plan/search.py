@@ -33,7 +33,7 @@ import jax
 
 from jaxformer import accelerators, cli, models, parallel, run_settings
 from jaxformer.data.batch_spec import train_batch_spec
-from jaxformer.layers.settings import REMAT_POLICIES
+from jaxformer.layers.block_settings import REMAT_POLICIES
 from jaxformer.parallel.sharding import per_device_bytes
 from jaxformer.plan import estimate, topology as topology_lib
 from jaxformer.state import train_state as state_lib
@@ -197,7 +197,7 @@ class Margin:
 
 
 # The compiler keeps some residuals in float32 and copies: its temporaries came out ~1.2x the
-# policies' `saved` figures (layers/settings.py) for GPT-2 small (31.5 GiB compiled vs 27 GiB
+# policies' `saved` figures (layers/block_settings.py) for GPT-2 small (31.5 GiB compiled vs 27 GiB
 # estimated, v5e, 16 rows/chip). A search starts from this margin and learns each policy's
 # from what its compiles needed.
 _ACTIVATION_MARGIN = 1.3

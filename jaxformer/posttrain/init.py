@@ -32,7 +32,7 @@ import flax.linen as nn
 import jax
 from ml_collections import ConfigDict
 
-from jaxformer import jsonfile, paths, run_files
+from jaxformer import jsonfile, paths, workdir_layout
 from jaxformer.convert import hf
 from jaxformer.data import tokenizers
 from jaxformer.state import checkpoint, train_state
@@ -132,7 +132,7 @@ def source_config(init_from: str, run_workdir: str | None = None) -> ConfigDict:
     fix = ("train it first (a post-training run started from it resumes without it: pass "
            "that run's --workdir)")
   raise ValueError(f"posttrain.init_from={init_from!r} holds no training run (no "
-                   f"{run_files.CONFIG}), {fix}")
+                   f"{workdir_layout.CONFIG}), {fix}")
 
 
 def require_source(config) -> None:
@@ -166,7 +166,7 @@ def command_line_workdir() -> str | None:
 def recorded_source(run_workdir: str, init_from: str) -> dict | None:
   """The source config recorded in `run_workdir` when its run started from `init_from`
   (None: no record there, or one of another source)."""
-  path = paths.path(run_workdir) / run_files.POSTTRAIN_SOURCE
+  path = paths.path(run_workdir) / workdir_layout.POSTTRAIN_SOURCE
   if not path.exists():
     return None
   record = jsonfile.read_json(str(path), fix="it is written when a post-training run starts: "
@@ -180,7 +180,7 @@ def recorded_source(run_workdir: str, init_from: str) -> dict | None:
 def record_source(workdir: str, init_from: str, source: ConfigDict | dict) -> None:
   """Write the record `recorded_source` reads (process 0, at the run's first start)."""
   config = json.loads(ConfigDict(source).to_json())     # as config.json would hold it
-  paths.write_text(paths.path(workdir) / run_files.POSTTRAIN_SOURCE,
+  paths.write_text(paths.path(workdir) / workdir_layout.POSTTRAIN_SOURCE,
                    json.dumps({"init_from": init_from, "config": config}, indent=2))
 
 
@@ -188,7 +188,7 @@ def run_tokenizer(config, workdir: str):
   """The tokenizer of the run in `workdir`: its own saved copy once it has started (its
   config.json is written), so a resume never reads the source; else the source's."""
   own = paths.path(workdir)
-  if (own / run_files.CONFIG).exists() and (own / tokenizers.TOKENIZER_FILE).exists():
+  if (own / workdir_layout.CONFIG).exists() and (own / tokenizers.TOKENIZER_FILE).exists():
     return tokenizers.load_tokenizer(workdir)
   return source_tokenizer(config)
 
@@ -215,7 +215,7 @@ def init_state(config, plan, state, abstract_boxed, run_workdir: str):
   saved = train_state.read_config(workdir)
   if saved is None:
     raise ValueError(f"posttrain.init_from={workdir!r} holds no training run (no "
-                     f"{run_files.CONFIG}): a run starting from it needs it; train it first")
+                     f"{workdir_layout.CONFIG}): a run starting from it needs it; train it first")
   src = ConfigDict(saved)
   _, _, src_init = train_state.train_state_fns(src)
   src_abstract = jax.eval_shape(src_init)
@@ -224,7 +224,7 @@ def init_state(config, plan, state, abstract_boxed, run_workdir: str):
   if ours != theirs:
     raise ValueError(f"posttrain.init_from={workdir!r}: its params do not have this run's "
                      "shapes; use the source's model section (configs/sft.py:WORKDIR copies it)")
-  directory = paths.path(workdir) / run_files.CHECKPOINTS
+  directory = paths.path(workdir) / workdir_layout.CHECKPOINTS
   ckpts = checkpoint.Checkpoints(str(directory), read_only=True)
   try:
     restored = ckpts.restore_latest(plan.restore_target(src_abstract))

@@ -13,14 +13,14 @@ import jax.numpy as jnp
 
 from jaxformer import models
 from jaxformer.layers import parametrization
-from jaxformer import paths, run_files, run_settings
+from jaxformer import paths, workdir_layout, run_settings
 from jaxformer.jsonfile import read_json
 from jaxformer.state import optim
 
 
 def read_config(workdir: str) -> dict | None:
   """The config a run saved in `workdir` as JSON data (None if there is none yet)."""
-  path = paths.path(workdir) / run_files.CONFIG         # an unusable scheme names --workdir
+  path = paths.path(workdir) / workdir_layout.CONFIG         # an unusable scheme names --workdir
   if not path.exists():
     return None
   return read_json(path, fix="it is written by training: restore it or retrain in a new "

@@ -18,7 +18,7 @@ def run_branched(specs: Mapping[str, Any], workdir: str, *, parallel: int = 1
   checkpoint (`links`: (branch index, trunk index, step)). Resumable like any sweep: a rerun
   skips finished runs and branches again only what is missing. A branch whose trunk never
   reached its step trains from scratch instead, to the same result at a higher cost."""
-  from jaxformer import paths, run_files          # not at import: `jaxformer.sweep` loads the
+  from jaxformer import paths, workdir_layout          # not at import: `jaxformer.sweep` loads the
   from jaxformer.train import workdir as workdir_lib   # standard library only
   trunk_dir, branch_dir = os.path.join(workdir, "trunks"), os.path.join(workdir, "branches")
   trunk_rows = runner.run(specs["trunks"], trunk_dir, parallel=parallel)
@@ -28,6 +28,6 @@ def run_branched(specs: Mapping[str, Any], workdir: str, *, parallel: int = 1
   branches = spec.expand(specs["branches"], validate=False)
   for b, t, step in specs["links"]:
     source = os.path.join(trunk_dir, trunks[t].name)
-    if paths.path(os.path.join(source, run_files.CHECKPOINTS, str(step))).is_dir():
+    if paths.path(os.path.join(source, workdir_layout.CHECKPOINTS, str(step))).is_dir():
       workdir_lib.branch(source, step, os.path.join(branch_dir, branches[b].name))
   return trunk_rows, runner.run(specs["branches"], branch_dir, parallel=parallel)

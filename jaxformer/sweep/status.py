@@ -8,12 +8,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jaxformer import paths, run_files
+from jaxformer import paths, workdir_layout
 
 
 def read_metrics(point_dir: str) -> list[dict]:
   from jaxformer.train import metrics       # light: no JAX
-  path = os.path.join(point_dir, run_files.METRICS)
+  path = os.path.join(point_dir, workdir_layout.METRICS)
   return metrics.read(path) if paths.path(path).exists() else []
 
 

@@ -15,7 +15,7 @@ import re
 import jax
 import numpy as np
 
-from jaxformer import paths, run_files
+from jaxformer import paths, workdir_layout
 from jaxformer.data.batching import VALID
 from jaxformer.layers.attention import WEIGHTS_COLLECTION
 from jaxformer.train import plots
@@ -61,8 +61,8 @@ def write_attention_map(snapshot_fn, params, batch, *, step: int, workdir: str,
   """Plot the chosen layer to <workdir>/attention/step_<step>.png; returns (png path,
   per-head entropies in nats)."""
   name, w = pick_layer(jax.device_get(snapshot_fn(params, batch)))
-  paths.path(os.path.join(workdir, run_files.ATTENTION)).mkdir(parents=True, exist_ok=True)
-  path = os.path.join(workdir, run_files.ATTENTION, f"step_{step:06d}.png")
+  paths.path(os.path.join(workdir, workdir_layout.ATTENTION)).mkdir(parents=True, exist_ok=True)
+  path = os.path.join(workdir, workdir_layout.ATTENTION, f"step_{step:06d}.png")
   if tokens is not None and len(tokens) != w.shape[-1]:
     tokens = None
   plots.plot_attention(w, tokens, path, title=f"step {step}: {name}")

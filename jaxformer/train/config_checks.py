@@ -14,7 +14,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jaxformer import models, paths, run_files, run_settings
+from jaxformer import models, paths, workdir_layout, run_settings
 from jaxformer.state import optim, train_state
 from jaxformer.train import profiling, tasks
 
@@ -178,7 +178,7 @@ def _check_kept_checkpoints_stay(saved: dict, config, holds: str, branch: bool):
 
 def steps_taken(workdir: str) -> int:
   """The newest checkpoint's step in `workdir` (0 with none): the steps a resume continues."""
-  directory = paths.path(os.path.join(workdir, run_files.CHECKPOINTS))
+  directory = paths.path(os.path.join(workdir, workdir_layout.CHECKPOINTS))
   if not directory.exists():
     return 0
   return max((int(p.name) for p in directory.iterdir() if p.name.isdigit()), default=0)

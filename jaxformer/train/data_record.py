@@ -26,7 +26,7 @@ import hashlib
 import json
 import os
 
-from jaxformer import paths, run_files
+from jaxformer import paths, workdir_layout
 
 _SAMPLE_BYTES = 1 << 16
 # data.source kinds whose argument is a local directory of files
@@ -111,7 +111,7 @@ def fingerprint(config, pipeline) -> dict | None:
 
 
 def read(workdir: str) -> dict | None:
-  path = paths.path(workdir) / run_files.DATA
+  path = paths.path(workdir) / workdir_layout.DATA
   if not path.exists():
     return None
   try:
@@ -149,7 +149,7 @@ def check(workdir: str, config, current: dict | None, *, taken: int,
   if data_changed_ok:
     earlier = saved.pop("earlier", [])
     return {**record, "earlier": [*earlier, {**saved, "until_step": taken}]}
-  branch = (paths.path(workdir) / run_files.BRANCH).exists()
+  branch = (paths.path(workdir) / workdir_layout.BRANCH).exists()
   ways = ("restore that data, or pass --data_changed_ok to train the branch on the new data "
           "on purpose" if branch else
           "restore that data, or use a new --workdir, or --fresh to discard the run, or pass "
@@ -160,4 +160,4 @@ def check(workdir: str, config, current: dict | None, *, taken: int,
 
 
 def write(workdir: str, record: dict) -> None:
-  paths.write_text(os.path.join(workdir, run_files.DATA), json.dumps(record, indent=1) + "\n")
+  paths.write_text(os.path.join(workdir, workdir_layout.DATA), json.dumps(record, indent=1) + "\n")

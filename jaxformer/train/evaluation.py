@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxformer import inference, paths, run_files
+from jaxformer import inference, paths, workdir_layout
 from jaxformer.parallel import watchdog
 from jaxformer.train import attention_maps, tasks
 from jaxformer.train.setup import Run, Steps, Writers
@@ -112,5 +112,5 @@ def write_sample(run: Run, params, step: int):
           "itself is complete", flush=True)
     return
   if run.is_main:
-    paths.append_text(os.path.join(run.workdir, run_files.SAMPLES), f"--- step {step}\n{text}\n")
+    paths.append_text(os.path.join(run.workdir, workdir_layout.SAMPLES), f"--- step {step}\n{text}\n")
   print(f"\n--- sample after {step} steps ---\n{text}\n", flush=True)

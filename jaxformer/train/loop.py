@@ -19,7 +19,7 @@ import os
 
 import jax
 
-from jaxformer import console, paths, run_files
+from jaxformer import console, paths, workdir_layout
 from jaxformer.parallel import StopRequest, watchdog
 from jaxformer.train import config_checks, evaluation, plots, program, setup
 from jaxformer.train import workdir as workdir_lib
@@ -89,7 +89,7 @@ def _run(config, settings, workdir: str, *, fresh: bool, stop_after: int | None,
   watchdog.beat("closing (the last checkpoint's write)", run.settings.train.steps)
   shutdown.close()           # checkpoints written, writers closed, before plots and samples
   if run.is_main and _records(run.metrics.path):      # none: stopped before the first log
-    plots.plot_curves(run.metrics.path, os.path.join(workdir, run_files.CURVES))
+    plots.plot_curves(run.metrics.path, os.path.join(workdir, workdir_layout.CURVES))
   if not preempted:
     watchdog.beat("the final sample", run.settings.train.steps, compiling=True)
     evaluator.final_sample(state["params"])

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import jax
 
-from jaxformer import paths, run_files
+from jaxformer import paths, workdir_layout
 
 FIELD = "train.profile_steps"
 
@@ -61,8 +61,8 @@ class StepProfiler:
 
   def __init__(self, workdir: str | os.PathLike, steps: Sequence[int] | str | None):
     self.steps = parse_profile_steps(steps)
-    self.target = os.path.join(os.fspath(workdir), run_files.PROFILE)
-    self.trace_dir = paths.local_mirror(self.target, run_files.PROFILE)   # jax traces locally
+    self.target = os.path.join(os.fspath(workdir), workdir_layout.PROFILE)
+    self.trace_dir = paths.local_mirror(self.target, workdir_layout.PROFILE)   # jax traces locally
     self.active = False
     self._done = False
 

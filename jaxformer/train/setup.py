@@ -19,7 +19,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxformer import accelerators, models, parallel, paths, run_files, run_settings
+from jaxformer import accelerators, models, parallel, paths, workdir_layout, run_settings
 from jaxformer.data.pipeline import make_pipeline
 from jaxformer.parallel import offload
 from jaxformer.state import checkpoint, optim
@@ -123,15 +123,15 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
     _write_config(config, workdir)
     if data is not None:
       data_record.write(workdir, data)
-  ckpts = checkpoint.Checkpoints(os.path.join(workdir, run_files.CHECKPOINTS),
+  ckpts = checkpoint.Checkpoints(os.path.join(workdir, workdir_layout.CHECKPOINTS),
                                  keep=t.keep_checkpoints, keep_every=t.keep_checkpoint_every,
                                  keep_steps=t.checkpoint_steps)
   shutdown.callback(ckpts.close)
-  best = checkpoint.BestCheckpoints(os.path.join(workdir, run_files.BEST),
+  best = checkpoint.BestCheckpoints(os.path.join(workdir, workdir_layout.BEST),
                                     metric=t.best_metric, keep=t.keep_best) if t.keep_best else None
   if best is not None:
     shutdown.callback(best.close)
-  metrics = MetricsWriter(os.path.join(workdir, run_files.METRICS))
+  metrics = MetricsWriter(os.path.join(workdir, workdir_layout.METRICS))
   had_checkpoints = bool(workdir_lib.checkpoint_steps(workdir)) if is_main else False
   restored = ckpts.restore_latest(plan.restore_target(abstract))   # from any mesh
   if restored is None and not fresh:    # every checkpoint there was unreadable (moved aside)?
@@ -171,7 +171,7 @@ def _make_pipeline(config, settings, layout: str, **kw):
 
 def _write_config(config, workdir: str):
   """config.json, atomically: other processes may be reading it."""
-  paths.write_text(os.path.join(workdir, run_files.CONFIG), config.to_json(indent=2))
+  paths.write_text(os.path.join(workdir, workdir_layout.CONFIG), config.to_json(indent=2))
 
 
 @dataclasses.dataclass
@@ -223,7 +223,7 @@ def compile_together(run: Run, steps: Steps) -> None:
 
 def memory_levers(config, settings: run_settings.RunSettings) -> list[str]:
   """The config fields (`field=value`) that keep data in host memory."""
-  from jaxformer.layers.settings import OFFLOADED_REMAT_POLICIES
+  from jaxformer.layers.block_settings import OFFLOADED_REMAT_POLICIES
   fields = ["optim.offload_state=True"] if settings.optim.offload_state else []
   policy = models.with_defaults(config.model).get("remat_policy")
   if policy in OFFLOADED_REMAT_POLICIES:

@@ -1,7 +1,7 @@
 """The run directory: checked before any work, owned by one training at a time, cleared by
 --fresh.
 
-Checked before any work (`check_members`): every member a run writes (`run_files`) is of the
+Checked before any work (`check_members`): every member a run writes (`workdir_layout`) is of the
 kind it writes (a file where a directory belongs, a link to nothing or an unreadable member
 is refused in one line naming it and the fix), and a run that would start from step 0 over
 the results of an earlier one whose checkpoints are gone is refused unless --fresh
@@ -26,7 +26,7 @@ import socket
 import tempfile
 import time
 
-from jaxformer import paths, run_files
+from jaxformer import paths, workdir_layout
 from jaxformer.data import tokenizers
 
 # flock has no test: `holder` takes a free lock for a moment, so `Lock` retries that long.
@@ -34,23 +34,23 @@ _PROBE_GRACE_S = 0.5
 _TOKENIZER_FILES = (tokenizers.TOKENIZER_FILE, tokenizers.SPM_MODEL_FILE,
                     tokenizers.HF_MODEL_FILE)
 # What a training run writes (all of it goes on --fresh; the lock file stays).
-RUN_FILES = (run_files.CHECKPOINTS, run_files.BEST, run_files.METRICS, run_files.SAMPLES,
-             run_files.CURVES, run_files.ATTENTION, run_files.PROFILE, run_files.CONFIG,
-             run_files.BRANCH, run_files.DATA, run_files.POSTTRAIN_SOURCE,
+RUN_FILES = (workdir_layout.CHECKPOINTS, workdir_layout.BEST, workdir_layout.METRICS, workdir_layout.SAMPLES,
+             workdir_layout.CURVES, workdir_layout.ATTENTION, workdir_layout.PROFILE, workdir_layout.CONFIG,
+             workdir_layout.BRANCH, workdir_layout.DATA, workdir_layout.POSTTRAIN_SOURCE,
              *_TOKENIZER_FILES)
 # Members written in place (the others are created, or replaced by a rename).
-_APPENDED = (run_files.METRICS, run_files.SAMPLES, run_files.LOCK)
+_APPENDED = (workdir_layout.METRICS, workdir_layout.SAMPLES, workdir_layout.LOCK)
 # Orbax writes a checkpoint into `<step>.orbax-checkpoint-tmp-<n>` and renames it when done.
 _ORBAX_TMP = ".orbax-checkpoint-tmp"
 
 
 def _is_member(name: str) -> bool:
-  return (name in RUN_FILES or name in (run_files.LOGS, run_files.LOCK)
-          or name.startswith(run_files.TENSORBOARD_PREFIX))
+  return (name in RUN_FILES or name in (workdir_layout.LOGS, workdir_layout.LOCK)
+          or name.startswith(workdir_layout.TENSORBOARD_PREFIX))
 
 
 def _cleared_by_fresh(name: str) -> bool:
-  return (name in RUN_FILES or name.startswith(run_files.TENSORBOARD_PREFIX)
+  return (name in RUN_FILES or name.startswith(workdir_layout.TENSORBOARD_PREFIX)
           or name.endswith(".tmp"))
 
 
@@ -73,7 +73,7 @@ def _member_problem(path, want_dir: bool) -> str | None:
 
 
 def check_members(workdir: str, *, fresh: bool = False) -> None:
-  """Every member of `workdir` a run writes is of the kind it writes (`run_files.DIRECTORIES`
+  """Every member of `workdir` a run writes is of the kind it writes (`workdir_layout.DIRECTORIES`
   are directories, the rest plain files), readable and writable: a ValueError naming the first
   that is not, and the fix, before anything is read, written or compiled. With `fresh`, the
   members --fresh removes (whatever their kind) are not checked. Writes nothing."""
@@ -84,7 +84,7 @@ def check_members(workdir: str, *, fresh: bool = False) -> None:
     name = path.name
     if not _is_member(name) or (fresh and _cleared_by_fresh(name)):
       continue
-    want_dir = name in run_files.DIRECTORIES
+    want_dir = name in workdir_layout.DIRECTORIES
     problem = _member_problem(path, want_dir)
     if problem is None:
       continue
@@ -99,7 +99,7 @@ def check_members(workdir: str, *, fresh: bool = False) -> None:
                      f"{fix}")
 
 
-def checkpoint_steps(workdir: str, which: str = run_files.CHECKPOINTS) -> list[int]:
+def checkpoint_steps(workdir: str, which: str = workdir_layout.CHECKPOINTS) -> list[int]:
   """The steps of the finished checkpoints under `workdir/which` (directories named by their
   step), sorted; [] if there are none."""
   directory = paths.path(workdir) / which
@@ -117,7 +117,7 @@ def check_nothing_overwritten(workdir: str, first_checkpoint: int, last_step: in
   temporary directory is there). What a run stopped before its first checkpoint was complete
   leaves (killed, or a full disk) is no loss: the restart writes it again, identically."""
   p = paths.path(workdir)
-  directory = p / run_files.CHECKPOINTS
+  directory = p / workdir_layout.CHECKPOINTS
   if checkpoint_steps(workdir):
     return
   names = [q.name for q in directory.iterdir()] if directory.is_dir() else []
@@ -127,19 +127,19 @@ def check_nothing_overwritten(workdir: str, first_checkpoint: int, last_step: in
   def saved(step: int) -> bool:
     return step > first_checkpoint or step >= last_step
   reached = []
-  if (p / run_files.METRICS).is_file():
+  if (p / workdir_layout.METRICS).is_file():
     from jaxformer.train import metrics    # not at import: the sweep driver imports this module
-    steps = [r["step"] for r in metrics.read(str(p / run_files.METRICS))]
+    steps = [r["step"] for r in metrics.read(str(p / workdir_layout.METRICS))]
     if steps and saved(max(steps)):
-      reached.append(f"{run_files.METRICS} up to step {max(steps)}")
-  best = checkpoint_steps(workdir, run_files.BEST)
+      reached.append(f"{workdir_layout.METRICS} up to step {max(steps)}")
+  best = checkpoint_steps(workdir, workdir_layout.BEST)
   if best and saved(best[-1]):
-    reached.append(f"{run_files.BEST}/ at steps {best}")
+    reached.append(f"{workdir_layout.BEST}/ at steps {best}")
   if not reached:
     return
   unreadable = sorted(n for n in names if ".unreadable" in n)
   why = (f"its checkpoints are unreadable ({', '.join(unreadable)})" if unreadable else
-         f"{run_files.CHECKPOINTS}/ is " + ("empty" if directory.is_dir() else "missing"))
+         f"{workdir_layout.CHECKPOINTS}/ is " + ("empty" if directory.is_dir() else "missing"))
   raise ValueError(f"--workdir={workdir!r} holds a run that was saved ({' and '.join(reached)}) "
                    f"but no checkpoint to resume it from ({why}); starting again from step 0 "
                    "would overwrite them: rerun with --fresh to discard them, or use a new "
@@ -183,8 +183,8 @@ def lock_path(workdir: str) -> str:
   if paths.is_remote(workdir):
     directory = paths.local_mirror(workdir, "lock")
     os.makedirs(directory, exist_ok=True)
-    return os.path.join(directory, run_files.LOCK)
-  return os.path.join(workdir, run_files.LOCK)
+    return os.path.join(directory, workdir_layout.LOCK)
+  return os.path.join(workdir, workdir_layout.LOCK)
 
 
 class Lock:
@@ -260,7 +260,7 @@ def remove_rejected_attempt(workdir: str) -> list[str]:
   attempt whose config was rejected after the data was read, and must not be reused by the
   corrected run (it may describe other data). Removed; returns the names."""
   p = paths.path(workdir)
-  if (p / run_files.CONFIG).exists():
+  if (p / workdir_layout.CONFIG).exists():
     return []
   names = [n for n in _TOKENIZER_FILES if (p / n).exists()]
   for name in names:
@@ -312,8 +312,8 @@ def branch(trunk: str, step: int, workdir: str, *, config=None, fresh: bool = Fa
   """
   src, dst = paths.path(trunk), paths.path(workdir)
   where = f"--branch_from={trunk}@{step}"
-  if not (src / run_files.CONFIG).is_file():
-    raise ValueError(f"{where}: no such run: {trunk} (it holds no {run_files.CONFIG}); give the "
+  if not (src / workdir_layout.CONFIG).is_file():
+    raise ValueError(f"{where}: no such run: {trunk} (it holds no {workdir_layout.CONFIG}); give the "
                      "--workdir of the trunk's training")
   kept = checkpoint_steps(trunk)
   if step not in kept:
@@ -321,9 +321,9 @@ def branch(trunk: str, step: int, workdir: str, *, config=None, fresh: bool = Fa
                      f"{kept or 'none'}); branch from a kept step, or keep this one with "
                      f"--config.train.checkpoint_steps=({step},) when training the trunk")
   try:
-    trunk_config = json.loads((src / run_files.CONFIG).read_text())
+    trunk_config = json.loads((src / workdir_layout.CONFIG).read_text())
   except ValueError as e:
-    raise ValueError(f"{where}: {src / run_files.CONFIG} is not JSON ({e}); restore it, or "
+    raise ValueError(f"{where}: {src / workdir_layout.CONFIG} is not JSON ({e}); restore it, or "
                      "branch from another run") from None
   trunk_config.setdefault("train", {})["checkpoint_steps"] = []
   if config is not None:
@@ -333,18 +333,18 @@ def branch(trunk: str, step: int, workdir: str, *, config=None, fresh: bool = Fa
     config_checks.check_continues(config, trunk_config, step, where=where, branch=True)
   marker = {"trunk": paths.absolute(trunk), "step": int(step)}
   check_members(workdir, fresh=fresh)
-  if not fresh and (dst / run_files.CONFIG).exists():
-    if (dst / run_files.BRANCH).is_file():
-      if json.loads((dst / run_files.BRANCH).read_text()) == marker:
+  if not fresh and (dst / workdir_layout.CONFIG).exists():
+    if (dst / workdir_layout.BRANCH).is_file():
+      if json.loads((dst / workdir_layout.BRANCH).read_text()) == marker:
         return False
     raise ValueError(f"--workdir={workdir} already holds a run that is not a branch of "
                      f"{trunk} at step {step}; branch into a new --workdir, or add --fresh to "
                      "discard that run")
-  results = [n for n in (run_files.CHECKPOINTS, run_files.BEST, run_files.METRICS)
+  results = [n for n in (workdir_layout.CHECKPOINTS, workdir_layout.BEST, workdir_layout.METRICS)
              if (dst / n).exists()]
-  if not fresh and results and not (dst / run_files.BRANCH).exists():
+  if not fresh and results and not (dst / workdir_layout.BRANCH).exists():
     raise ValueError(f"--workdir={workdir} holds a run's {', '.join(results)} (without its "
-                     f"{run_files.CONFIG}); branch into a new --workdir, or add --fresh to "
+                     f"{workdir_layout.CONFIG}); branch into a new --workdir, or add --fresh to "
                      "discard them")
   check_usable(workdir)
   with Lock(workdir):
@@ -354,16 +354,16 @@ def branch(trunk: str, step: int, workdir: str, *, config=None, fresh: bool = Fa
     if fresh:
       print(f"{workdir}: --fresh, removed the previous run's {', '.join(removed) or 'nothing'}",
             flush=True)
-    paths.write_text(str(dst / run_files.BRANCH), json.dumps(marker) + "\n")
-    _copy_tree(src / run_files.CHECKPOINTS / str(step), dst / run_files.CHECKPOINTS / str(step))
-    for name in (*_TOKENIZER_FILES, run_files.DATA):
+    paths.write_text(str(dst / workdir_layout.BRANCH), json.dumps(marker) + "\n")
+    _copy_tree(src / workdir_layout.CHECKPOINTS / str(step), dst / workdir_layout.CHECKPOINTS / str(step))
+    for name in (*_TOKENIZER_FILES, workdir_layout.DATA):
       if (src / name).exists():
         (src / name).copy(dst / name)
-    if (src / run_files.METRICS).exists():
-      lines = [line for line in (src / run_files.METRICS).read_text().splitlines()
+    if (src / workdir_layout.METRICS).exists():
+      lines = [line for line in (src / workdir_layout.METRICS).read_text().splitlines()
                if line.strip() and json.loads(line).get("step", 0) <= step]
-      paths.write_text(str(dst / run_files.METRICS), "".join(l + "\n" for l in lines))
-    paths.write_text(str(dst / run_files.CONFIG), json.dumps(trunk_config, indent=2))  # last
+      paths.write_text(str(dst / workdir_layout.METRICS), "".join(l + "\n" for l in lines))
+    paths.write_text(str(dst / workdir_layout.CONFIG), json.dumps(trunk_config, indent=2))  # last
   return True
 
 
@@ -396,12 +396,12 @@ def is_unstarted_branch(workdir: str) -> bool:
   copy `branch` made (its checkpoint, and metrics up to that step)."""
   p = paths.path(workdir)
   try:
-    step = json.loads((p / run_files.BRANCH).read_text())["step"]
-    if checkpoint_steps(workdir) != [step] or checkpoint_steps(workdir, run_files.BEST):
+    step = json.loads((p / workdir_layout.BRANCH).read_text())["step"]
+    if checkpoint_steps(workdir) != [step] or checkpoint_steps(workdir, workdir_layout.BEST):
       return False
-    if (p / run_files.METRICS).is_file():
+    if (p / workdir_layout.METRICS).is_file():
       from jaxformer.train import metrics
-      if any(r["step"] > step for r in metrics.read(str(p / run_files.METRICS))):
+      if any(r["step"] > step for r in metrics.read(str(p / workdir_layout.METRICS))):
         return False
   except (OSError, ValueError, KeyError, TypeError):
     return False
@@ -414,8 +414,8 @@ def discard_branch(workdir: str, *, created_dir: bool) -> None:
   with Lock(workdir):
     clear(workdir)
   if created_dir and not paths.is_remote(workdir):
-    lock = os.path.join(workdir, run_files.LOCK)
-    if set(os.listdir(workdir)) <= {run_files.LOCK}:
+    lock = os.path.join(workdir, workdir_layout.LOCK)
+    if set(os.listdir(workdir)) <= {workdir_layout.LOCK}:
       if os.path.exists(lock):
         os.unlink(lock)
       os.rmdir(workdir)

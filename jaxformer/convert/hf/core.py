@@ -43,7 +43,7 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from jaxformer import models, paths, run_files
+from jaxformer import models, paths, workdir_layout
 from jaxformer.models import counting
 from jaxformer.convert.hf.io import (checkpoint_files, read_config, read_tensors,
                                      require_safetensors, write)
@@ -346,7 +346,7 @@ def _normalise_names(tensors: dict, conv: ModuleType, kind: str) -> dict:
 
 # What marks a jaxformer training workdir: its config.json is the run's, which an HF
 # config.json must never replace.
-_RUN_MARKERS = (run_files.CHECKPOINTS, run_files.BEST, run_files.METRICS)
+_RUN_MARKERS = (workdir_layout.CHECKPOINTS, workdir_layout.BEST, workdir_layout.METRICS)
 
 
 def _training_run_files(out_dir: str) -> list[str]:
@@ -354,7 +354,7 @@ def _training_run_files(out_dir: str) -> list[str]:
   directory = paths.path(out_dir, "out_dir")
   found = [n + "/" * (directory / n).is_dir() for n in _RUN_MARKERS if (directory / n).exists()]
   try:
-    config = json.loads((directory / run_files.CONFIG).read_bytes())
+    config = json.loads((directory / workdir_layout.CONFIG).read_bytes())
   except (OSError, ValueError):         # absent or not JSON: not a training config
     config = None
   if isinstance(config, dict) and {"model", "train"} <= set(config):

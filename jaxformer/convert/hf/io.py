@@ -16,7 +16,7 @@ import numpy as np
 
 from jaxformer import paths
 from jaxformer.jsonfile import read_json
-from jaxformer.optional import require
+from jaxformer.extras import require
 
 SAFE, SAFE_INDEX = "model.safetensors", "model.safetensors.index.json"
 BIN, BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"

@@ -53,7 +53,7 @@ def _bad_gzip(path, error: Exception) -> str:
 
 
 def parquet_file(f, path):
-  from jaxformer.optional import require
+  from jaxformer.extras import require
   pq = require("pyarrow.parquet", extra="corpora", needed_for=f"reading {path}")
   return pq.ParquetFile(f)
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxformer.data.images.cache import prepare_cached
 from jaxformer.data.images.source import ImageSource
-from jaxformer.optional import require
+from jaxformer.extras import require
 
 DIGITS_TEST_SIZE = 360           # digits: 1,437 train / 360 test, stratified by class
 DIGITS_SPLIT_SEED = 0

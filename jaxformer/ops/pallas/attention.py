@@ -1,8 +1,9 @@
 """Flash attention as Pallas kernels (forward + backward), our `impl="pallas"`.
 
-Why a kernel when `ops.blocked` exists: the plain-JAX blocked path computes every key block for
-every query, and XLA keeps its tiles in HBM. Here one program owns a tile of queries, keeps its
-running max / sum / accumulator on chip, and walks only the key blocks its band can see:
+Why a kernel when `ops.blocked_attention` exists: the plain-JAX blocked path computes every key
+block for every query, and XLA keeps its tiles in HBM. Here one program owns a tile of queries,
+keeps its running max / sum / accumulator on chip, and walks only the key blocks its band can
+see:
 
   forward   grid (batch, q_head, q_block); online softmax over key blocks; writes out and the
             per-row log-sum-exp (LSE).
