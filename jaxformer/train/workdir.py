@@ -33,10 +33,11 @@ from jaxformer.data import tokenizers
 _PROBE_GRACE_S = 0.5
 _TOKENIZER_FILES = (tokenizers.TOKENIZER_FILE, tokenizers.SPM_MODEL_FILE,
                     tokenizers.HF_MODEL_FILE)
-# What a training run writes (all of it goes on --fresh; the lock file stays).
+# What a training run writes (all of it goes on --fresh; the lock file stays, and so does W&B's
+# own `wandb/`: offline runs not synced yet are never deleted).
 RUN_FILES = (run_files.CHECKPOINTS, run_files.BEST, run_files.METRICS, run_files.SAMPLES,
              run_files.CURVES, run_files.ATTENTION, run_files.PROFILE, run_files.CONFIG,
-             run_files.BRANCH, run_files.DATA, run_files.POSTTRAIN_SOURCE,
+             run_files.BRANCH, run_files.DATA, run_files.POSTTRAIN_SOURCE, run_files.TRACKERS,
              *_TOKENIZER_FILES)
 # Members written in place (the others are created, or replaced by a rename).
 _APPENDED = (run_files.METRICS, run_files.SAMPLES, run_files.LOCK)
