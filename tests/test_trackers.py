@@ -1,7 +1,7 @@
 """Experiment trackers (jaxformer/train/trackers.py), for real and offline: a tiny run logs to
 W&B in offline mode and to a local MLflow store, read back with W&B's own record format and
 `MlflowClient`; its resume continues the same tracker runs; a missing extra is one line
-before anything is written."""
+before anything is written; a sweep's points are grouped by the sweep's name."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from jaxformer import cli, run_settings
+from jaxformer import sweep as sweep_lib
 from jaxformer.train import loop, trackers
 from jaxformer.train.metrics import read
 from tests.runs import on_one_device, tiny_run_config
@@ -172,3 +173,15 @@ def test_bad_tracker_names_are_refused(value):
     run_settings.parse_section("train", dict(steps=1, batch_size=1, trackers=value))
   assert run_settings.defaults("train")["trackers"] == ("tensorboard", "jsonl")
 
+
+def test_sweep_points_that_report_to_a_tracker_are_grouped_by_the_sweep_name(tmp_path):
+  base = "configs/shakespeare_char.py:tiny"
+  def command(**overrides):
+    (point,) = sweep_lib.expand(dict(base=base, product={"optim.lr": [1e-3]},
+                                     overrides=overrides))
+    return point.command(base, str(tmp_path / "lr_sweep"))
+  assert "--config.train.tracker_group=lr_sweep" in command(
+      **{"train.trackers": ("jsonl", "mlflow")})
+  assert not any("tracker_group" in a for a in command())              # nothing to group
+  named = command(**{"train.trackers": ("wandb",), "train.tracker_group": "mine"})
+  assert [a for a in named if "tracker_group" in a] == ["--config.train.tracker_group=mine"]
