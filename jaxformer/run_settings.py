@@ -58,6 +58,14 @@ def _steps(v) -> bool:
           and list(v) == sorted(set(v)))
 
 
+TRACKERS = ("tensorboard", "jsonl", "wandb", "mlflow")    # train.trackers (train/trackers.py)
+
+
+def _trackers(v) -> bool:
+  return (isinstance(v, (tuple, list)) and all(isinstance(n, str) and n in TRACKERS for n in v)
+          and len(set(v)) == len(v))
+
+
 def _typed(kind: type, default: Any, *, optional: bool = False):
   return _field(default, check=lambda v: isinstance(v, kind), want=f"a {kind.__name__}",
                 optional=optional)
@@ -111,6 +119,15 @@ class TrainSettings:
   sample_tokens: int = _int(0, 0)              # LMs: tokens sampled at the end (0: none)
   sample_prompt: str = _typed(str, "\n")
   sample_every: int = _int(0, 0, note=" (0: only at the end)")   # and at evals every N steps
+  # where the run reports (jaxformer/train/trackers.py): its metrics, plots and, to W&B and
+  # MLflow, its hyperparameters; metrics.jsonl is written whether "jsonl" is named or not
+  trackers: tuple = _field(("tensorboard", "jsonl"), check=_trackers,
+                           want="a tuple of distinct names from " + ", ".join(
+                               repr(n) for n in TRACKERS) + ", e.g. ('tensorboard', 'wandb')")
+  # the W&B project and MLflow experiment (None: $WANDB_PROJECT / $MLFLOW_EXPERIMENT_NAME, else
+  # "jaxformer"), and the group of the run (a sweep's points: the sweep's name)
+  tracker_project: str | None = _typed(str, None, optional=True)
+  tracker_group: str | None = _typed(str, None, optional=True)
 
 
 @dataclasses.dataclass(frozen=True)

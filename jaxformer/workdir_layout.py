@@ -12,6 +12,7 @@ ATTENTION = "attention"                # attention-map heatmaps, one PNG per eva
 PROFILE = "profile"                    # jax.profiler traces
 BRANCH = "branched_from.json"          # a cooldown branch: the run and step it started from
 DATA = "data.json"                     # the fingerprint of the data the run trains on
+TRACKERS = "trackers.json"             # the W&B / MLflow run ids a resume continues
 POSTTRAIN_SOURCE = "posttrain_source.json"   # SFT/DPO: the source run's config, for resumes
 LOGS = "logs"                          # process i > 0: its console output
 LOCK = ".lock"                         # the advisory lock of the training that owns it

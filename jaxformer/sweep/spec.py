@@ -14,6 +14,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jaxformer import paths, run_settings
 from jaxformer.sweep import config as config_lib
 
 _SWEEP_KEYS = ("base", "product", "zip", "name", "overrides")
@@ -49,9 +50,22 @@ class Point:
             for key, value in self.overrides.items()]
 
   def command(self, base: str, workdir: str) -> list[str]:
-    """The train command of this point, writing to `workdir/<name>`."""
+    """The train command of this point, writing to `workdir/<name>`; a point that reports to
+    W&B or MLflow is put in the group of the sweep's name (`sweep_name`) unless its config
+    names a `train.tracker_group`."""
+    group = []
+    train = (run_settings.parse_section("train", self.config.train)
+             if self.config is not None else None)
+    if train is not None and {"wandb", "mlflow"} & set(train.trackers) and not train.tracker_group:
+      group = [f"--config.train.tracker_group={sweep_name(workdir)}"]
     return [sys.executable, "-m", "jaxformer.train", f"--config={config_lib.resolve_base(base)}",
-            f"--workdir={os.path.join(workdir, self.name)}", *self.flags()]
+            f"--workdir={os.path.join(workdir, self.name)}", *group, *self.flags()]
+
+
+def sweep_name(workdir: str) -> str:
+  """A sweep's name: the last component of its --workdir (where its points and summary are;
+  rerunning the sweep there resumes it)."""
+  return os.path.basename(os.path.normpath(paths.absolute(workdir))) or workdir
 
 
 def as_sweep(spec: Sweep | Mapping[str, Any]) -> Sweep:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from jaxformer import models, paths, workdir_layout, run_settings
 from jaxformer.state import optim, train_state
-from jaxformer.train import profiling, tasks
+from jaxformer.train import profiling, tasks, trackers
 
 
 def validate(config) -> run_settings.RunSettings:
@@ -52,6 +52,7 @@ def validate(config) -> run_settings.RunSettings:
     logging.warning("optim.warmup_steps=%d is not shorter than train.steps=%d: the learning "
                     "rate never reaches optim.lr=%g (lower --config.optim.warmup_steps if that "
                     "is not meant)", o.warmup_steps, t.steps, o.lr)
+  trackers.check_installed(t.trackers)    # the extra of W&B / MLflow
   models.build(config.model)              # every model field is checked here
   return settings
 
@@ -117,7 +118,8 @@ RESUMABLE_CHANGES = {
     "train": ("steps", "eval_every", "log_every", "checkpoint_every", "eval_batch_size",
               "keep_checkpoints", "keep_checkpoint_every", "checkpoint_steps", "keep_best", "best_metric",
               "max_skipped_steps", "stall_timeout", "profile_steps", "attention_maps", "sample_tokens",
-              "sample_prompt", "sample_every", "loss_chunk"),
+              "sample_prompt", "sample_every", "loss_chunk", "trackers", "tracker_project",
+              "tracker_group"),
     "data": ("eval_batches", "data_dir"),
     "optim": ("decay_steps",         # compared through the schedule it gives
               "offload_state"),      # where the moments wait between steps, not what

@@ -75,7 +75,7 @@ class Evaluator:
             self.snapshot_fn, params, self.steps.example, step=done, workdir=run.workdir,
             tokens=self.labels)
         record["attention_entropy"] = float(np.mean(entropy))
-        self.writers.tb.image("attention", paths.path(png).read_bytes(), done)
+        self.writers.image("attention", paths.path(png).read_bytes(), done)
       bar.log(f"step {done:>6d}  " + "  ".join(
           f"{k} {v:.4f}" for k, v in record.items() if k != "step"))
       self.writers.write(record)
@@ -112,5 +112,6 @@ def write_sample(run: Run, params, step: int):
           "itself is complete", flush=True)
     return
   if run.is_main:
-    paths.append_text(os.path.join(run.workdir, workdir_layout.SAMPLES), f"--- step {step}\n{text}\n")
+    paths.append_text(os.path.join(run.workdir, workdir_layout.SAMPLES),
+                      f"--- step {step}\n{text}\n")
   print(f"\n--- sample after {step} steps ---\n{text}\n", flush=True)

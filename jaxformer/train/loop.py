@@ -69,8 +69,8 @@ def _train(config, settings, workdir: str, *, fresh: bool, stop_after: int | Non
 
 def _run(config, settings, workdir: str, *, fresh: bool, stop_after: int | None,
          data_changed_ok: bool, shutdown: contextlib.ExitStack) -> dict:
-  """Set up (or find the run finished), step, shut down; then the curves plot and the
-  end-of-training sample, which never hold a checkpoint or a writer open."""
+  """Set up (or find the run finished), step, plot the curves (to the trackers too), shut
+  down; then the end-of-training sample, which never holds a checkpoint or a writer open."""
   run = setup.open_run(config, settings, workdir, fresh=fresh, data_changed_ok=data_changed_ok,
                        shutdown=shutdown)
   if run.start >= settings.train.steps:
@@ -86,10 +86,13 @@ def _run(config, settings, workdir: str, *, fresh: bool, stop_after: int | None,
   except jax.errors.JaxRuntimeError as e:    # a collective whose peer process is gone
     watchdog.peer_lost(e)                    # several processes: one line, exit
     raise
+  records = _records(run.metrics.path) if run.is_main else []   # none: stopped before a log
+  if records:                # the curves, also to the trackers (open until the shutdown)
+    curves = os.path.join(workdir, workdir_layout.CURVES)
+    plots.plot_curves(run.metrics.path, curves)
+    writers.image("curves", paths.path(curves).read_bytes(), records[-1]["step"])
   watchdog.beat("closing (the last checkpoint's write)", run.settings.train.steps)
-  shutdown.close()           # checkpoints written, writers closed, before plots and samples
-  if run.is_main and _records(run.metrics.path):      # none: stopped before the first log
-    plots.plot_curves(run.metrics.path, os.path.join(workdir, workdir_layout.CURVES))
+  shutdown.close()           # checkpoints written, writers closed, before the sample
   if not preempted:
     watchdog.beat("the final sample", run.settings.train.steps, compiling=True)
     evaluator.final_sample(state["params"])

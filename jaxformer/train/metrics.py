@@ -37,17 +37,19 @@ class MetricsWriter:
   def __init__(self, path: str | os.PathLike):
     self.path = path
 
-  def truncate_after(self, step: int) -> None:
+  def truncate_after(self, step: int) -> int:
     """Drop records past `step` (written after the checkpoint we resume from), and a torn
-    last line (what a kill or a full disk mid-write leaves), atomically."""
+    last line (what a kill or a full disk mid-write leaves), atomically; returns the last
+    step the file held before (0: none), what the trackers of the run were sent."""
     if not paths.path(self.path).exists():
-      return
+      return 0
     lines = _lines(self.path)
     records = _parse(lines, self.path)
     keep = [line for line, record in zip(lines, records)
             if record is not None and record["step"] <= step]
     paths.write_text(self.path, "".join(line if line.endswith("\n") else line + "\n"
                                         for line in keep))
+    return max((r["step"] for r in records if r is not None), default=0)
 
   def write(self, record: dict) -> None:
     paths.append_text(self.path, json.dumps({k: _strict(v) for k, v in record.items()},

@@ -3,8 +3,9 @@
 `open_run` checks the workdir against the config, builds the sharding plan, the data pipeline
 and the train state (resumed from the latest checkpoint, or initialized) and opens the
 checkpoint managers; `make_steps` jits the train and eval steps; `open_writers` opens the
-progress bar, TensorBoard and the profiler. Whatever they open goes on the run's ExitStack as
-soon as it is open, so the shutdown (`loop._train`) closes exactly what was opened.
+progress bar, the trackers (metrics.jsonl, TensorBoard, W&B, MLflow) and the profiler.
+Whatever they open goes on the run's ExitStack as soon as it is open, so the shutdown
+(`loop._train`) closes exactly what was opened.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from jaxformer.parallel import offload
 from jaxformer.state import checkpoint, optim
 from jaxformer.state import train_state as state_lib
 from jaxformer.train import config_checks, data_record, profiling, progress, tasks
+from jaxformer.train import trackers as trackers_lib
 from jaxformer.train import step as step_lib
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import MetricsWriter
-from jaxformer.train.tensorboard import SummaryWriter
 
 
 @dataclasses.dataclass
@@ -50,6 +51,7 @@ class Run:
   ckpts: checkpoint.Checkpoints
   best: checkpoint.BestCheckpoints | None
   metrics: MetricsWriter
+  logged_through: int = 0        # the last step metrics.jsonl held before the resume cut it
 
 
 def save_points(workdir: str, settings: run_settings.RunSettings) -> tuple[int, int]:
@@ -132,6 +134,7 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
   if best is not None:
     shutdown.callback(best.close)
   metrics = MetricsWriter(os.path.join(workdir, workdir_layout.METRICS))
+  logged_through = 0
   had_checkpoints = bool(workdir_lib.checkpoint_steps(workdir)) if is_main else False
   restored = ckpts.restore_latest(plan.restore_target(abstract))   # from any mesh
   if restored is None and not fresh:    # every checkpoint there was unreadable (moved aside)?
@@ -150,11 +153,11 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
   if is_main:
     print(f"{workdir}: " + (f"resumed from step {start}" if start else "starting fresh"),
           flush=True)
-    metrics.truncate_after(start)
+    logged_through = metrics.truncate_after(start)
   if best is not None:
     best.forget_after(start)            # saved after the checkpoint we resume from: redone
   return Run(config, settings, workdir, is_main, task, plan, pipeline, module, tx, state_shardings, state,
-             start, ckpts, best, metrics)
+             start, ckpts, best, metrics, logged_through)
 
 
 def _make_pipeline(config, settings, layout: str, **kw):
@@ -271,23 +274,27 @@ def jit_train_step(settings: run_settings.RunSettings, plan: parallel.ShardingPl
 
 @dataclasses.dataclass
 class Writers:
-  """Where a run reports: the progress bar, metrics.jsonl and TensorBoard, the profiler."""
+  """Where a run reports: the progress bar, the trackers (metrics.jsonl, TensorBoard, W&B,
+  MLflow: `trackers`), the profiler."""
   bar: progress.Progress
   metrics: MetricsWriter
-  tb: SummaryWriter | None       # None on the processes that write no files (not process 0)
+  trackers: trackers_lib.Trackers   # none on the processes that write no files (not process 0)
   profiler: profiling.StepProfiler
   units_per_step: int            # tokens or images, over all processes
 
   def write(self, record: dict) -> None:
-    """A metrics record to metrics.jsonl and TensorBoard (on process 0)."""
-    if self.tb is not None:
-      self.metrics.write(record)
-      self.tb.scalars(_scalars(record), record["step"])
+    """A metrics record to metrics.jsonl and the other trackers (on process 0)."""
+    self.trackers.log_metrics(record)
+
+  def image(self, name: str, png: bytes, step: int) -> None:
+    """A plot (PNG bytes) to the trackers that take images (on process 0)."""
+    self.trackers.log_image(step, name, png)
 
 
 def open_writers(run: Run, steps: Steps, shutdown: contextlib.ExitStack) -> Writers:
-  """The progress bar (throughput, MFU), TensorBoard (process 0; a resume purges the steps it
-  rewrites) and the profiler, each registered for shutdown as it opens."""
+  """The progress bar (throughput, MFU), the trackers (process 0; TensorBoard purges the steps
+  a resume rewrites, W&B and MLflow continue their runs) and the profiler, each registered for
+  shutdown as it opens (the trackers see the exception that ends the run)."""
   t = run.settings.train
   units_per_step = run.task.units_per_batch(steps.first) * jax.process_count()
   peak = accelerators.peak_flops_per_device(dtype=models.with_defaults(run.config.model)["dtype"])
@@ -297,23 +304,14 @@ def open_writers(run: Run, steps: Steps, shutdown: contextlib.ExitStack) -> Writ
                                             jax.process_count()),
       peak_flops=peak * jax.device_count() if peak else None)
   shutdown.callback(bar.close)
-  tb = None
+  trackers = trackers_lib.Trackers()
   if run.is_main:
-    tb = SummaryWriter(run.workdir, purge_step=run.start + 1 if run.start else None)
-    shutdown.callback(tb.close)
+    trackers = trackers_lib.open_trackers(
+        t.trackers, run.workdir, metrics=run.metrics, start=run.start,
+        logged_through=run.logged_through, project=t.tracker_project, group=t.tracker_group,
+        hparams=lambda: trackers_lib.run_hparams(run.config, mesh_shape=run.plan.mesh.shape,
+                                                 params=run.state["params"]))
+    shutdown.push(trackers.exit)
   profiler = profiling.StepProfiler(run.workdir, t.profile_steps)
   shutdown.callback(profiler.close)
-  return Writers(bar, run.metrics, tb, profiler, units_per_step)
-
-
-def _scalars(record: dict) -> dict:
-  """TensorBoard scalars of a metrics record; a list (per-expert load) becomes tag/i."""
-  out = {}
-  for key, value in record.items():
-    if key == "step":
-      continue
-    if isinstance(value, list):
-      out.update({f"{key}/{i}": v for i, v in enumerate(value)})
-    else:
-      out[key] = value
-  return out
+  return Writers(bar, run.metrics, trackers, profiler, units_per_step)

@@ -33,10 +33,11 @@ from jaxformer.data import tokenizers
 _PROBE_GRACE_S = 0.5
 _TOKENIZER_FILES = (tokenizers.TOKENIZER_FILE, tokenizers.SPM_MODEL_FILE,
                     tokenizers.HF_MODEL_FILE)
-# What a training run writes (all of it goes on --fresh; the lock file stays).
-RUN_FILES = (workdir_layout.CHECKPOINTS, workdir_layout.BEST, workdir_layout.METRICS, workdir_layout.SAMPLES,
-             workdir_layout.CURVES, workdir_layout.ATTENTION, workdir_layout.PROFILE, workdir_layout.CONFIG,
-             workdir_layout.BRANCH, workdir_layout.DATA, workdir_layout.POSTTRAIN_SOURCE,
+# What a training run writes (all of it goes on --fresh; the lock file stays, and so does W&B's
+# own `wandb/`: offline runs not synced yet are never deleted).
+_L = workdir_layout
+RUN_FILES = (_L.CHECKPOINTS, _L.BEST, _L.METRICS, _L.SAMPLES, _L.CURVES, _L.ATTENTION,
+             _L.PROFILE, _L.CONFIG, _L.BRANCH, _L.DATA, _L.POSTTRAIN_SOURCE, _L.TRACKERS,
              *_TOKENIZER_FILES)
 # Members written in place (the others are created, or replaced by a rename).
 _APPENDED = (workdir_layout.METRICS, workdir_layout.SAMPLES, workdir_layout.LOCK)
@@ -313,7 +314,8 @@ def branch(trunk: str, step: int, workdir: str, *, config=None, fresh: bool = Fa
   src, dst = paths.path(trunk), paths.path(workdir)
   where = f"--branch_from={trunk}@{step}"
   if not (src / workdir_layout.CONFIG).is_file():
-    raise ValueError(f"{where}: no such run: {trunk} (it holds no {workdir_layout.CONFIG}); give the "
+    raise ValueError(f"{where}: no such run: {trunk} (it holds no "
+                     f"{workdir_layout.CONFIG}); give the "
                      "--workdir of the trunk's training")
   kept = checkpoint_steps(trunk)
   if step not in kept:
@@ -355,7 +357,8 @@ def branch(trunk: str, step: int, workdir: str, *, config=None, fresh: bool = Fa
       print(f"{workdir}: --fresh, removed the previous run's {', '.join(removed) or 'nothing'}",
             flush=True)
     paths.write_text(str(dst / workdir_layout.BRANCH), json.dumps(marker) + "\n")
-    _copy_tree(src / workdir_layout.CHECKPOINTS / str(step), dst / workdir_layout.CHECKPOINTS / str(step))
+    ckpts = workdir_layout.CHECKPOINTS
+    _copy_tree(src / ckpts / str(step), dst / ckpts / str(step))
     for name in (*_TOKENIZER_FILES, workdir_layout.DATA):
       if (src / name).exists():
         (src / name).copy(dst / name)
