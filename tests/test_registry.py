@@ -197,7 +197,7 @@ def test_a_new_family_through_the_registry_alone_counts_and_trains(toy_family):
     ("example_inputs", "example_inputs is missing"),
     ("embeddings", "embeddings=None must be a tuple"),
     ("heads", "heads=None must be a tuple"),
-    ("task", "task=None must be one of"),
+    ("task", "task=None must be the name of a registered task"),
     ("module", "module=None must be a flax.linen.Module subclass"),
 ])
 def test_an_incomplete_entry_is_refused_naming_what_is_missing(missing, match):

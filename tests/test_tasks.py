@@ -206,6 +206,15 @@ def test_a_task_added_through_the_registry_alone_trains(prefix_lm, lm_setup, tmp
   assert np.isfinite(records[-1]["eval_loss"])
 
 
+def test_a_family_naming_an_unregistered_task_is_refused():
+  models.register(dataclasses.replace(models.get("decoder"), name="orphan", task="no_such"))
+  try:
+    with pytest.raises(ValueError, match="model family 'orphan' names task 'no_such'"):
+      tasks.task_for({"family": "orphan"})
+  finally:
+    models.unregister("orphan")
+
+
 def test_best_checkpoints_keep_the_best_and_forget_redone_steps(tmp_path):
   params = {"w": np.zeros(3, np.float32)}
   best = checkpoint.BestCheckpoints(tmp_path / "best", metric="eval_loss", keep=2)

@@ -6,13 +6,14 @@ A `Task` states, in one object,
 - its loss: `loss(ctx, batch) -> LossSums`, sums over one (micro-)batch that the train step
   (`train/step.py`: accumulation, the skip of non-finite steps, the update; nothing
   task-specific) divides by `weight(batch)` of the whole batch;
-- its evaluation: `eval_sums(module, params, batch, *extra)` per eval batch (sums, so a
+- its evaluation: `eval_sums(module, params, batch, extra)` per eval batch (sums, so a
   padded last batch or uneven batches give the exact split-level value), added up over the
   split by the loop, and `finalize(totals)` -> the `eval_*` metrics;
 - optional extra state: `extra_state` names a train-state entry besides the params that its
   loss and eval read and training never updates (DPO's frozen reference); the step and the
-  eval step pass it as `ctx.extra` / the eval step's last argument;
-- what throughput and MFU count: `unit`, `units_per_batch`, `token_lengths`, `flops_scale`;
+  eval step pass it as `ctx.extra` / `eval_sums`' `extra`;
+- what throughput and MFU count: `unit`, `units_per_batch`, `rows`, `token_lengths`,
+  `flops_scale`;
 - what evaluation and inference can do with it: `text` (ids of a text tokenizer: eval
   perplexity, labelled attention maps), `samples` (a language model: text is sampled at evals
   and at the end), `step_accuracy` (each logged step records its accuracy).
