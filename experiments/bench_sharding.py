@@ -35,9 +35,9 @@ import numpy as np  # noqa: E402
 from ml_collections import ConfigDict  # noqa: E402
 
 from configs import gpt2  # noqa: E402
-from jaxformer import accelerators, scaling  # noqa: E402
+from jaxformer import accelerators, scaling, tasks  # noqa: E402
 from jaxformer.parallel import ShardingPlan, per_device_bytes  # noqa: E402
-from jaxformer.train import state as state_lib, step as step_lib, tasks  # noqa: E402
+from jaxformer.train import state as state_lib, step as step_lib  # noqa: E402
 
 MESHES = [(8, 1, 1), (4, 2, 1), (2, 4, 1), (1, 8, 1)]
 CPU_MODEL = dict(family="decoder", vocab_size=256, d_model=128, num_layers=4, num_heads=8,

@@ -27,10 +27,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
 
 from configs import bottleneck  # noqa: E402
-from jaxformer import models  # noqa: E402
+from jaxformer import models, tasks  # noqa: E402
 from jaxformer.data.synthetic import SyntheticTask, pad_example  # noqa: E402
 from jaxformer.inference import load_run  # noqa: E402
-from jaxformer.train import loop, tasks  # noqa: E402
+from jaxformer.train import loop  # noqa: E402
 
 MODELS = tuple(bottleneck.MODELS)
 TASKS = ("copy", "reverse")
@@ -80,15 +80,9 @@ def length_batch(config, length: int, num_examples: int) -> dict[str, np.ndarray
 
 
 def make_length_eval(config):
-  """jitted (params, batch) -> eval sums of teacher-forced predictions (`tasks.eval_sums`)."""
+  """jitted (params, batch) -> eval sums of teacher-forced predictions (`Task.eval_sums`)."""
   module, task = models.build(config.model), tasks.task_for(config.model)
-
-  def sums(params, batch):
-    args, kwargs = task.model_args(batch)
-    logits = module.apply({"params": params}, *args, **kwargs, deterministic=True)
-    return tasks.eval_sums(task, logits, batch)
-
-  return jax.jit(sums)
+  return jax.jit(lambda params, batch: task.eval_sums(module, params, batch))
 
 
 def evaluate_by_length(config, params, lengths, num_examples: int) -> dict[int, dict]:
@@ -100,7 +94,7 @@ def evaluate_by_length(config, params, lengths, num_examples: int) -> dict[int, 
   out = {}
   for length in lengths:
     totals = jax.device_get(eval_fn(params, length_batch(config, length, num_examples)))
-    metrics = tasks.finalize_eval(task, totals)
+    metrics = task.finalize(totals)
     out[int(length)] = {"token_accuracy": metrics["eval_accuracy"],
                         "sequence_accuracy": metrics["eval_sequence_accuracy"],
                         "loss": metrics["eval_loss"]}

@@ -49,12 +49,11 @@ import numpy as np
 import optax
 
 from configs import shakespeare_char
-from jaxformer import run_settings
-from jaxformer.data.pipeline import make_pipeline
+from jaxformer import run_settings, tasks
 from jaxformer.state import optim as optim_lib
 from jaxformer.state import train_state as state_lib
 from jaxformer.train import step as step_lib
-from jaxformer.train import tasks, train
+from jaxformer.train import train
 from jaxformer.train.metrics import read
 
 WINDOW = 50            # steps per timing window
@@ -279,8 +278,8 @@ def main():
                       choices=("jaxformer", "step", "plain", "torch", "nanogpt"))
   args = parser.parse_args()
   cfg = config(args.steps)
-  pipeline = make_pipeline(cfg, run_settings.parse(cfg), "lm",
-                           workdir=tempfile.mkdtemp(prefix="nanogpt_data_"))
+  pipeline = tasks.get("lm").make_pipeline(cfg, run_settings.parse(cfg),
+                                           workdir=tempfile.mkdtemp(prefix="nanogpt_data_"))
   want = set(args.only or ("jaxformer", "step", "plain", "torch", "nanogpt"))
   plain_name = f"plain JAX ({args.embed})"
   runners = {"step": ("jaxformer step alone", lambda: jaxformer_step(cfg, pipeline)),

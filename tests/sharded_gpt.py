@@ -15,7 +15,8 @@ import numpy as np
 from configs import shakespeare_char
 from jaxformer.parallel import ShardingPlan
 from jaxformer.state import train_state as state_lib
-from jaxformer.train import step as step_lib, tasks
+from jaxformer import tasks
+from jaxformer.train import step as step_lib
 from tests.arrays import LAMBDA, adam_tol, assert_trained_close, sum_tol
 
 SEQ_LEN, GLOBAL_BATCH = 16, 8

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxformer.data import batching
-from jaxformer.data.batch_spec import train_batch_spec
+from jaxformer import tasks
 from jaxformer.data.images import captions
 from jaxformer.data.images.captions import BOS, EOS, PAD
 from jaxformer.data.images.pipeline import open_source
@@ -201,7 +201,7 @@ def test_train_batches_match_the_batch_spec(cache):
   assert p.info == {"vocab_size": 16, "image_size": 30, "caption_length": 17}
   config = ml_collections.ConfigDict({"data": _config()})
   settings = types.SimpleNamespace(train=types.SimpleNamespace(batch_size=8))
-  spec = train_batch_spec(config, settings, "captioning", {})
+  spec = tasks.get("captioning").batch_spec(config, settings, {})
   for step in (0, 3):
     batch = p.train_batch(step)
     assert {k: (v.shape, v.dtype) for k, v in batch.items()} == spec

@@ -17,10 +17,9 @@ import pytest
 from configs import bart as bart_configs
 from jaxformer import models, scaling
 from jaxformer.data import denoising
-from jaxformer.data.batch_spec import train_batch_spec
-from jaxformer.data.pipeline import make_pipeline
 from jaxformer.models.stack import stack_layers
-from jaxformer.train import config_checks, tasks
+from jaxformer import tasks
+from jaxformer.train import config_checks
 
 TOL = 1e-4
 VOCAB = 100
@@ -106,7 +105,7 @@ def pipeline(tmp_path_factory):
   cfg.data.seq_len = 48
   settings = config_checks.validate(cfg)
   task = tasks.task_for(cfg.model)
-  pipe = make_pipeline(cfg, settings, task.name,
+  pipe = task.make_pipeline(cfg, settings,
                        workdir=str(tmp_path_factory.mktemp("bart_run")))
   return cfg, settings, task, pipe
 
@@ -116,7 +115,7 @@ def test_denoising_batches_are_corrupted_text_in_original_out(pipeline):
   assert task.name == "bart_denoising" and pipe.info == {"vocab_size": 68}
   assert (pipe.mask_id, pipe.start_id, pipe.pad_id) == (65, 66, 67)
   batch = pipe.train_batch(3)
-  spec = train_batch_spec(cfg, settings, task.name, models.with_defaults(cfg.model))
+  spec = task.batch_spec(cfg, settings, models.with_defaults(cfg.model))
   assert spec == {k: (tuple(v.shape), np.asarray(v).dtype) for k, v in batch.items()}
   src, mask, tgt_in, tgt_out = batch["src"], batch["src_mask"], batch["tgt_in"], batch["tgt_out"]
   np.testing.assert_array_equal(tgt_in[:, 0], 66)

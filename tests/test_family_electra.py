@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 from configs import electra as electra_configs
-from jaxformer import models, scaling
+from jaxformer import models, scaling, tasks
 from jaxformer.models.electra import role_config, split_pretraining
 from jaxformer.train import step as step_lib
-from jaxformer.train import tasks
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -174,17 +173,22 @@ def test_pretrain_samples_with_the_key_and_labels_replacements(pretraining):
   assert one["mlm_logits"].shape == (4, T, VOCAB) and one["rtd_logits"].shape == (4, T)
 
 
+def _sums(s: tasks.LossSums):
+  """A task's LossSums as the train step's (total, (nll, correct, metrics))."""
+  return s.weighted, (s.nll, s.correct, s.metrics)
+
+
 def test_rtd_objective_is_mlm_plus_lambda_detection_and_trains_both(pretraining):
   """The step's loss is MLM mean + λ x BCE mean (float64 NumPy from the same forward pass,
   the same sample) and its accuracy the detection accuracy; the generator and the
   discriminator both get gradients."""
   module, params, pretrain = pretraining
   task = tasks.task_for(PRETRAIN)
-  assert task.name == "rtd" and task.batch_layout == "mlm"
+  assert task.name == "rtd" and task.kind == "mlm"        # the mlm batches
   b = _batch()
   rng = jax.random.key(5)
   value_and_grad = jax.jit(jax.value_and_grad(
-      lambda p: task.objective.train_sums(module, p, b, rng), has_aux=True))
+      lambda p: _sums(task.loss(tasks.LossContext(module, p, rng), b)), has_aux=True))
   (total, (nll, correct, metrics)), grads = value_and_grad(params)
   out = pretrain(params, b, jax.random.fold_in(rng, 1))
   logits = np.asarray(out["mlm_logits"], np.float64)
@@ -211,7 +215,7 @@ def test_eval_reports_detection_accuracy_and_its_baseline(pretraining):
   step = jax.jit(step_lib.make_eval_step(module, task))
   b = _batch(1)
   totals = jax.tree.map(jnp.add, step(params, b), step(params, _batch(2)))
-  record = tasks.finalize_eval(task, jax.device_get(totals))
+  record = task.finalize(jax.device_get(totals))
   assert set(record) >= {"eval_loss", "eval_accuracy", "eval_disc_baseline", "eval_disc_loss",
                          "eval_mlm_loss", "eval_mlm_accuracy", "eval_replaced_recall",
                          "eval_replaced_precision", "eval_disc_prior_loss"}

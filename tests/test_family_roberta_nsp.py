@@ -18,7 +18,8 @@ from configs import bert_nsp_shakespeare, common
 from jaxformer import models, scaling
 from jaxformer.data.text import make_text_pipeline
 from jaxformer.state import train_state
-from jaxformer.train import config_checks, loop, tasks
+from jaxformer import tasks
+from jaxformer.train import config_checks, loop
 from jaxformer.train import step as step_lib
 from jaxformer.train.metrics import read
 from tests.runs import on_one_device
@@ -324,14 +325,12 @@ def test_sentence_pairs_layout_labels_masks_and_determinism(tmp_path):
 
 def test_batch_spec_matches_the_nsp_pipelines_first_batch(tmp_path):
   """What `plan` compiles without data is the layout the pipeline gives."""
-  from jaxformer.data.batch_spec import train_batch_spec
-  from jaxformer.data.pipeline import make_pipeline
   cfg = _nsp_config()
   cfg.train.batch_size = 4
   settings = config_checks.validate(cfg)
   task = tasks.task_for(cfg.model)
-  batch = make_pipeline(cfg, settings, task.name, workdir=str(tmp_path / "run")).train_batch(0)
-  spec = train_batch_spec(cfg, settings, task.name, models.with_defaults(cfg.model))
+  batch = task.make_pipeline(cfg, settings, workdir=str(tmp_path / "run")).train_batch(0)
+  spec = task.batch_spec(cfg, settings, models.with_defaults(cfg.model))
   assert spec == {k: (tuple(v.shape), np.asarray(v).dtype) for k, v in batch.items()}
 
 
@@ -367,17 +366,17 @@ def test_mlm_nsp_loss_is_the_mlm_mean_plus_the_nsp_mean_and_accumulates_exactly(
   _, nsp = tasks.cross_entropy(out["nsp"], batch["nsp_labels"])
   mlm_mean = float(jnp.sum(mlm * batch["weights"]) / batch["weights"].sum())
   _, m1 = jax.jit(step_lib.make_train_step(module, tx, task))(state, batch, jax.random.key(0))
-  np.testing.assert_allclose(float(m1["train_objective"]), mlm_mean + float(nsp.mean()),
+  np.testing.assert_allclose(float(m1["total_loss"]), mlm_mean + float(nsp.mean()),
                              rtol=1e-5)
   np.testing.assert_allclose(float(m1["loss"]), mlm_mean, rtol=1e-5)
   np.testing.assert_allclose(float(m1["nsp_loss"]), float(nsp.mean()), rtol=1e-5)
   _, m2 = jax.jit(step_lib.make_train_step(module, tx, task, grad_accum=2))(
       state, batch, jax.random.key(0))
-  np.testing.assert_allclose(float(m2["train_objective"]), float(m1["train_objective"]),
+  np.testing.assert_allclose(float(m2["total_loss"]), float(m1["total_loss"]),
                              rtol=1e-5)
   np.testing.assert_allclose(float(m2["grad_norm"]), float(m1["grad_norm"]), rtol=1e-4)
-  sums = tasks.eval_sums(task, out, dict(batch, valid=np.array([1, 1, 1, 0], np.float32)))
-  metrics = tasks.finalize_eval(task, jax.device_get(sums))
+  sums = task.logit_sums(out, dict(batch, valid=np.array([1, 1, 1, 0], np.float32)))
+  metrics = task.finalize(jax.device_get(sums))
   np.testing.assert_allclose(metrics["eval_nsp_loss"], float(nsp[:3].mean()), rtol=1e-5)
   right = (np.argmax(np.asarray(out["nsp"]), -1) == batch["nsp_labels"])[:3].mean()
   assert metrics["eval_nsp_accuracy"] == pytest.approx(right)

@@ -274,22 +274,21 @@ def test_corrupt_on_the_papers_example():
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory):
-  from jaxformer import run_settings
-  from jaxformer.data.pipeline import make_pipeline
+  from jaxformer import run_settings, tasks
   cfg = t5_configs.get_config("tiny")
   cfg.data.seq_len = 64
   cfg.train.update(batch_size=4, eval_batch_size=4)
   settings = run_settings.parse(cfg)
-  return cfg, settings, make_pipeline(cfg, settings, "span_corruption",
-                                      workdir=str(tmp_path_factory.mktemp("run")))
+  return cfg, settings, tasks.get("span_corruption").make_pipeline(
+      cfg, settings, workdir=str(tmp_path_factory.mktemp("run")))
 
 
 def test_pipeline_batches_match_the_layout_and_are_a_function_of_step(pipeline):
-  from jaxformer.data.batch_spec import train_batch_spec
+  from jaxformer import tasks
   cfg, settings, p = pipeline
   assert p.info["vocab_size"] == 65 + 2 + t5_configs.CPU_SENTINELS == cfg.model.vocab_size
   batch = p.train_batch(3)
-  spec = train_batch_spec(cfg, settings, "span_corruption", models.with_defaults(cfg.model))
+  spec = tasks.get("span_corruption").batch_spec(cfg, settings, models.with_defaults(cfg.model))
   assert {k: (v.shape, v.dtype) for k, v in batch.items()} == spec
   np.testing.assert_array_equal(p.train_batch(3)["src"], batch["src"])
   assert not np.array_equal(p.train_batch(4)["src"], batch["src"])
@@ -304,12 +303,12 @@ def test_pipeline_batches_match_the_layout_and_are_a_function_of_step(pipeline):
 
 
 def test_too_few_sentinels_is_refused(tmp_path):
-  from jaxformer import run_settings
-  from jaxformer.data.pipeline import make_pipeline
+  from jaxformer import run_settings, tasks
   cfg = t5_configs.get_config("tiny")
   cfg.data.num_sentinels = 3
   with pytest.raises(ValueError, match="data.num_sentinels=3 is fewer than the 6 noise spans"):
-    make_pipeline(cfg, run_settings.parse(cfg), "span_corruption", workdir=str(tmp_path))
+    tasks.get("span_corruption").make_pipeline(cfg, run_settings.parse(cfg),
+                                               workdir=str(tmp_path))
 
 
 # ----------------------------------------------------------------------------- training

@@ -13,7 +13,8 @@ import pytest
 
 from jaxformer.parallel import ShardingPlan
 from jaxformer.state import train_state as state_lib
-from jaxformer.train import config_checks, setup, step as step_lib, tasks
+from jaxformer import tasks
+from jaxformer.train import config_checks, setup, step as step_lib
 from tests.sharded_gpt import tiny_gpt_config
 from tests.user_errors import user_error
 
@@ -88,7 +89,7 @@ def _params(cfg):
 
 def _assert_same(got, want):
   (gm, gg), (wm, wg) = got, want
-  for k in ("loss", "train_objective", "accuracy", "grad_norm", "moe_load_balance_loss",
+  for k in ("loss", "total_loss", "accuracy", "grad_norm", "moe_load_balance_loss",
             "moe_z_loss", "moe_expert_load"):
     if k in wm:
       np.testing.assert_allclose(gm[k], wm[k], rtol=2e-5, atol=1e-7, err_msg=k)
@@ -129,7 +130,7 @@ def test_reduce_once_is_the_per_microbatch_and_the_one_device_gradient(mesh):
 
 def test_grad_reduce_policy():
   kw = dict(grad_accum=2, batch_size=16, batch_axes={"data": 4}, param_axes={"model"},
-            expert_parallel=False, own_objective=False)
+            expert_parallel=False, row_sums=True)
   axes = step_lib.grad_reduce_axes
   assert axes("auto", **kw) == axes("once", **kw) == ("data",)
   assert axes("per_microbatch", **kw) == ()
@@ -140,7 +141,7 @@ def test_grad_reduce_policy():
   assert axes("auto", **{**kw, "grad_accum": 1}) == ()
   assert axes("once", **{**kw, "batch_axes": {"data": 1}}) == ()
   for bad, field in ((dict(expert_parallel=True), "mesh.expert"),
-                     (dict(own_objective=True), "objective"),
+                     (dict(row_sums=False), "not a sum over rows"),
                      (dict(batch_size=12), "train.batch_size=12")):
     assert axes("auto", **{**kw, **bad}) == ()
     user_error(lambda: axes("once", **{**kw, **bad}), "optim.grad_reduce='once'", field)

@@ -127,9 +127,9 @@ def test_bfloat16_state_is_optax_with_its_state_rounded_to_bfloat16():
 def _steps(cfg, n: int):
   """`n` train steps of `cfg` on one CPU device, as the trainer jits them: (state, metrics)."""
   from jaxformer import parallel
-  from jaxformer.data.batch_spec import train_batch_spec
   from jaxformer.state import train_state as state_lib
-  from jaxformer.train import config_checks, setup, tasks
+  from jaxformer import tasks
+  from jaxformer.train import config_checks, setup
   settings = config_checks.validate(cfg)
   plan = parallel.ShardingPlan.from_config(settings.mesh, jax.devices()[:1])
   module, tx, init_boxed = state_lib.train_state_fns(cfg)
@@ -137,7 +137,7 @@ def _steps(cfg, n: int):
   shardings = setup.offloaded(cfg, settings, plan, plan.state_shardings(abstract))
   state = jax.device_put(plan.init_state(init_boxed)[0], shardings)
   task = tasks.task_for_run(cfg)
-  spec = train_batch_spec(cfg, settings, task.batch_layout, models.with_defaults(cfg.model))
+  spec = task.batch_spec(cfg, settings, models.with_defaults(cfg.model))
   batch = {k: jax.random.randint(jax.random.key(i), shape, 0, 60).astype(dtype)
            for i, (k, (shape, dtype)) in enumerate(sorted(spec.items()))}
   step = setup.jit_train_step(settings, plan, module, tx, task, shardings,

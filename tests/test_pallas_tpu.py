@@ -23,7 +23,8 @@ from jaxformer.ops.attention import dot_product_attention
 from jaxformer.ops.pallas import attention as pallas_ops
 from jaxformer.parallel import ShardingPlan
 from jaxformer.state import train_state as state_lib
-from jaxformer.train import step as step_lib, tasks
+from jaxformer import tasks
+from jaxformer.train import step as step_lib
 from tests import sharded_gpt
 
 if importlib.util.find_spec("libtpu") is None:

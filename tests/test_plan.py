@@ -11,9 +11,8 @@ import pytest
 
 from configs import bert_mlm_shakespeare, seq2seq_synthetic, shakespeare_char, vit_tiny
 from jaxformer import models
-from jaxformer.data.batch_spec import train_batch_spec
-from jaxformer.data.pipeline import make_pipeline
-from jaxformer.train import config_checks, tasks
+from jaxformer import tasks
+from jaxformer.train import config_checks
 
 
 def _docs_dir(tmp_path):
@@ -45,9 +44,9 @@ def test_batch_spec_matches_the_pipelines_first_batch(name, tmp_path):
   cfg.train.batch_size = 4
   settings = config_checks.validate(cfg)
   task = tasks.task_for(cfg.model)
-  pipeline = make_pipeline(cfg, settings, task.name, workdir=str(tmp_path / "run"))
+  pipeline = task.make_pipeline(cfg, settings, workdir=str(tmp_path / "run"))
   batch = pipeline.train_batch(0)
-  spec = train_batch_spec(cfg, settings, task.name, models.with_defaults(cfg.model))
+  spec = task.batch_spec(cfg, settings, models.with_defaults(cfg.model))
   got = {k: (tuple(v.shape), np.asarray(v).dtype) for k, v in batch.items()}
   assert spec == got
 

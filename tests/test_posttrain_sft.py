@@ -14,8 +14,7 @@ import pytest
 from ml_collections import ConfigDict
 
 from configs import sft as sft_config
-from jaxformer import models, run_settings
-from jaxformer.data import batch_spec
+from jaxformer import models, run_settings, tasks
 from jaxformer.data.tokenizers import CharTokenizer
 from jaxformer.posttrain import data as pdata
 from jaxformer.train import loop
@@ -125,7 +124,7 @@ def test_sft_examples_with_no_response_token_are_dropped_and_all_of_them_refused
 
 
 def test_batch_specs_match_the_pipelines_first_batch(tmp_path):
-  """What `jaxformer.plan` compiles for: data/batch_spec.py's sft and dpo layouts."""
+  """What `jaxformer.plan` compiles for: the sft and dpo tasks' layouts."""
   sft_path, dpo_path = tmp_path / "sft.jsonl", tmp_path / "dpo.jsonl"
   sft_path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
   dpo_path.write_text("".join(json.dumps({"prompt": f"say {c}:", "chosen": c, "rejected": "z"})
@@ -140,7 +139,7 @@ def test_batch_specs_match_the_pipelines_first_batch(tmp_path):
            "data": run_settings.parse_section("data", cfg.data.to_dict(), strict=False)})
     batch = cls(cfg.data, TOK, seed=0, global_batch_size=4, eval_batch_size=4).train_batch(0)
     got = {k: (tuple(v.shape), np.asarray(v).dtype) for k, v in batch.items()}
-    assert batch_spec.train_batch_spec(cfg, settings, task, {}) == got, task
+    assert tasks.get(task).batch_spec(cfg, settings, {}) == got, task
 
 
 def test_cli_post_training_mistakes_are_one_line(tmp_path, source_run):

@@ -13,11 +13,9 @@ import pytest
 from ml_collections import ConfigDict
 
 from configs import common
-from jaxformer import models, scaling
+from jaxformer import models, scaling, tasks
 from jaxformer.state import train_state
-from jaxformer.models.family import TASKS
 from jaxformer.train import step as step_lib
-from jaxformer.train import tasks
 
 SMALL = {
     "decoder": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=16,
@@ -68,7 +66,7 @@ def batch_for(task: str, rng: np.random.Generator, cfg: dict) -> dict:
     return {"src": tokens(), "tgt_in": tokens(), "tgt_out": tokens(),
             "src_mask": np.ones((b, t), np.int32)}
   batch = {"inputs": tokens(), "targets": tokens()}
-  if task in ("mlm", "mlm_nsp"):
+  if task in ("mlm", "mlm_nsp", "rtd"):           # rtd: ELECTRA on the mlm batches
     batch["weights"] = (rng.random((b, t)) < 0.5).astype(np.float32)
   if task == "mlm_nsp":
     batch["nsp_labels"] = rng.integers(0, 2, (b,)).astype(np.int32)
@@ -85,7 +83,7 @@ def one_step(config: ConfigDict) -> dict:
   module, tx, init_boxed = train_state.train_state_fns(config)
   state = nn.unbox(init_boxed())
   task = tasks.task_for(config.model)
-  batch = batch_for(task.batch_layout, np.random.default_rng(0), config.model.to_dict())
+  batch = batch_for(task.name, np.random.default_rng(0), config.model.to_dict())
   fn = jax.jit(step_lib.make_train_step(module, tx, task))
   new_state, metrics = fn(state, batch, jax.random.key(1))
   assert bool(metrics["finite"]) and np.isfinite(float(metrics["loss"]))
@@ -97,8 +95,10 @@ def one_step(config: ConfigDict) -> dict:
 
 def test_every_registered_family_is_tested_here():
   assert set(models.names()) == set(SMALL)
-  # sft and dpo are chosen by a config's posttrain section (tasks.task_for_run), not a family
-  assert set(tasks.TASKS) == set(TASKS) | {"sft", "dpo"}
+  # every registered task is some family's (mlm_nsp: bert with model.nsp=True), or chosen by
+  # a config's posttrain section (sft, dpo: tasks.task_for_run)
+  trained = {tasks.task_for(dict(SMALL[f], family=f)).name for f in SMALL}
+  assert trained | {"sft", "dpo"} == set(tasks.names())
 
 
 # Families whose training through `loop.train` (the same train-state builder, task and train
@@ -197,7 +197,7 @@ def test_a_new_family_through_the_registry_alone_counts_and_trains(toy_family):
     ("example_inputs", "example_inputs is missing"),
     ("embeddings", "embeddings=None must be a tuple"),
     ("heads", "heads=None must be a tuple"),
-    ("task", "task=None must be one of"),
+    ("task", "task=None must be the name of a registered task"),
     ("module", "module=None must be a flax.linen.Module subclass"),
 ])
 def test_an_incomplete_entry_is_refused_naming_what_is_missing(missing, match):

@@ -27,7 +27,8 @@ LAYERS = (
     ("data",),                                # sources, tokenizers, pipelines
     ("state",),                               # train-state layout, optimizer, checkpoints
     ("inference", "scaling", "convert"),      # restore + decode; studies; Hugging Face
-    ("posttrain",),                           # SFT / DPO data, objectives, initialization
+    ("posttrain",),                           # SFT / DPO data, DPO's loss, initialization
+    ("tasks",),                               # one module per task + the task registry
     ("train",),                               # the training loop (samples through inference)
     ("sample", "sweep", "plan"),              # entry points over train and inference; plan:
                                               # compile-only devices, HLO analysis, estimate,

@@ -1,4 +1,8 @@
-"""Task losses and eval sums, gradient accumulation, best-checkpoint retention."""
+"""Task losses and eval sums, a new task added through the registry alone, gradient
+accumulation, best-checkpoint retention."""
+
+import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -8,9 +12,12 @@ import pytest
 
 from jaxformer import models
 from jaxformer.state import checkpoint
-from jaxformer.train import tasks
+from jaxformer import tasks
+from jaxformer.tasks.lm import NextToken
+from jaxformer.train.metrics import read
 from jaxformer.train.step import make_eval_step, make_train_step
 from tests.arrays import EPS32, adam_tol, sum_tol
+from tests.runs import on_one_device, tiny_run_config
 
 TINY_LM = dict(family="decoder", vocab_size=11, d_model=16, num_layers=1, num_heads=2,
                mlp_dim=32, max_len=16, dropout_rate=0.0)
@@ -33,12 +40,12 @@ def test_eval_sums_weight_tokens_and_drop_padded_rows():
   weights = (rng.random((3, 5)) < 0.6).astype(np.float32)
   valid = np.array([1, 1, 0], np.float32)          # the last row is padding
   batch = {"targets": labels, "weights": weights, "valid": valid}
-  sums = tasks.eval_sums(tasks.TASKS["lm"], jnp.asarray(logits), batch)
+  sums = tasks.get("lm").logit_sums(jnp.asarray(logits), batch)
   w = weights * valid[:, None]
   np.testing.assert_allclose(sums["nll"], (_nll64(logits, labels) * w).sum(), rtol=1e-5)
   np.testing.assert_allclose(sums["correct"], ((logits.argmax(-1) == labels) * w).sum())
   assert float(sums["count"]) == w.sum()
-  out = tasks.finalize_eval(tasks.TASKS["lm"], jax.device_get(sums))
+  out = tasks.get("lm").finalize(jax.device_get(sums))
   np.testing.assert_allclose(out["eval_perplexity"], np.exp(out["eval_loss"]), rtol=1e-6)
 
 
@@ -51,9 +58,8 @@ def test_seq2seq_sequence_accuracy_counts_whole_rows():
       logits[r, t, k] = 5.0
   batch = {"tgt_out": labels, "weights": np.array([[1, 1, 0]] * 3, np.float32),
            "valid": np.array([1, 1, 0], np.float32)}
-  out = tasks.finalize_eval(tasks.TASKS["seq2seq"],
-                            jax.device_get(tasks.eval_sums(tasks.TASKS["seq2seq"],
-                                                           jnp.asarray(logits), batch)))
+  task = tasks.get("seq2seq")
+  out = task.finalize(jax.device_get(task.logit_sums(jnp.asarray(logits), batch)))
   assert out["eval_sequence_accuracy"] == 0.5 and out["eval_accuracy"] == 0.75
 
 
@@ -83,7 +89,7 @@ def lm_setup():
 def test_grad_accumulation_equals_full_batch_gradient(lm_setup):
   module, params, batch = lm_setup
   tx = optax.sgd(1.0)
-  task = tasks.TASKS["lm"]
+  task = tasks.get("lm")
   state = lambda: {"step": jnp.zeros((), jnp.int32), "params": params,
                    "opt_state": tx.init(params), "skipped": jnp.zeros((), jnp.int32)}
   (full, m1), (accumulated, m4) = (
@@ -110,7 +116,7 @@ def test_a_non_finite_step_leaves_params_and_optimizer_untouched(lm_setup):
   # eps well above float noise: the key bias has an exactly-zero true gradient, and Adam
   # would blow its rounding-level gradient up to +-lr either way
   tx = optax.adamw(1e-2, eps=1e-3)
-  step = jax.jit(make_train_step(module, tx, tasks.TASKS["lm"]), donate_argnums=(0,))
+  step = jax.jit(make_train_step(module, tx, tasks.get("lm")), donate_argnums=(0,))
   state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
            "skipped": jnp.zeros((), jnp.int32)}
   copy = lambda tree: jax.tree.map(lambda x: np.array(x, copy=True), tree)
@@ -137,6 +143,76 @@ def test_a_non_finite_step_leaves_params_and_optimizer_untouched(lm_setup):
     jax.tree.map(np.testing.assert_array_equal, copy(state["opt_state"]), good["opt_state"])
   state, m = step(state, batch, jax.random.key(0))
   assert bool(m["finite"]) and int(state["skipped"]) == 0
+
+
+# --- a new task through the registry alone (docs/design/tasks.md shows it as a module) ------
+
+@dataclasses.dataclass(frozen=True)
+class PrefixLM(NextToken):      # the lm task's pipeline and batch layout
+  """Next-token prediction scored on the second half of each row only: the first half is
+  context (a prefix) the loss and the eval leave out."""
+
+  def weights(self, batch):     # what the loss, the step's divisor and the eval count
+    w = super().weights(batch)
+    return w * (jnp.arange(w.shape[-1]) >= w.shape[-1] // 2)
+
+  def loss(self, ctx, batch):   # logged as `scored_share` in every train record
+    sums = super().loss(ctx, batch)
+    return sums._replace(metrics={**sums.metrics,
+                                  "scored_share": jnp.mean(self.weights(batch))})
+
+
+PREFIX_LM = PrefixLM("prefix_lm", inputs=("inputs",),
+                     optional=(("segment_ids", "segment_ids"), ("positions", "positions")),
+                     counted="inputs", context=("inputs",), text=True)
+
+
+@pytest.fixture
+def prefix_lm():
+  """The task, and a decoder family that names it (registered for the test only)."""
+  tasks.register(PREFIX_LM)
+  models.register(dataclasses.replace(models.get("decoder"), name="prefix_decoder",
+                                      task="prefix_lm"))
+  yield PREFIX_LM
+  models.unregister("prefix_decoder")
+  tasks.unregister("prefix_lm")
+
+
+def test_a_task_added_through_the_registry_alone_trains(prefix_lm, lm_setup, tmp_path,
+                                                        monkeypatch):
+  """No trainer code knows `prefix_lm`: the step's loss is the mean nll over the second
+  halves only, and the loop trains it and logs its own metric."""
+  module, params, batch = lm_setup
+  assert tasks.task_for({"family": "prefix_decoder"}) is prefix_lm
+  tx = optax.sgd(1.0)
+  state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+           "skipped": jnp.zeros((), jnp.int32)}
+  _, m = jax.jit(make_train_step(module, tx, prefix_lm))(state, batch, jax.random.key(0))
+  w = batch["weights"] * (np.arange(9) >= 4)
+  nll = _nll64(module.apply({"params": params}, batch["inputs"]), batch["targets"])
+  np.testing.assert_allclose(m["loss"], (nll * w).sum() / w.sum(), rtol=sum_tol(CHAIN))
+  np.testing.assert_allclose(m["scored_share"], w.mean(), rtol=1e-6)
+
+  from jaxformer.train import loop
+  on_one_device(monkeypatch)
+  cfg = tiny_run_config(steps=6, log_every=3, eval_every=6, checkpoint_every=6,
+                        eval_batches=1)
+  cfg.model.family = "prefix_decoder"
+  loop.train(cfg, str(tmp_path))
+  records = read(os.path.join(tmp_path, "metrics.jsonl"))
+  steps = [r for r in records if "scored_share" in r]
+  assert [r["step"] for r in steps] == [3, 6]
+  assert all(r["scored_share"] == 0.5 and np.isfinite(r["loss"]) for r in steps)
+  assert np.isfinite(records[-1]["eval_loss"])
+
+
+def test_a_family_naming_an_unregistered_task_is_refused():
+  models.register(dataclasses.replace(models.get("decoder"), name="orphan", task="no_such"))
+  try:
+    with pytest.raises(ValueError, match="model family 'orphan' names task 'no_such'"):
+      tasks.task_for({"family": "orphan"})
+  finally:
+    models.unregister("orphan")
 
 
 def test_best_checkpoints_keep_the_best_and_forget_redone_steps(tmp_path):

@@ -342,7 +342,7 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path):
 
 @pytest.mark.parametrize("smoothing, z", [(0.0, 0.0), (0.1, 0.0), (0.0, 1e-3), (0.2, 1e-2)])
 def test_cross_entropy_matches_float64_reference(smoothing, z):
-  from jaxformer.train.tasks import cross_entropy
+  from jaxformer.tasks import cross_entropy
   rng = np.random.default_rng(0)
   logits = (rng.normal(size=(3, 7, 13)) * 3).astype(np.float32)
   targets = rng.integers(0, 13, size=(3, 7))

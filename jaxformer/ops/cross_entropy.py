@@ -7,8 +7,8 @@ float32.
 (`Readout`: the unembedding kernel [d, V], or the tied embedding [V, d] read in place with no
 transpose copy, an optional bias [V] and output multiplier), `labels` [B, T] int. The result
 is per position, float32 [B, T]: the objective with label smoothing and z-loss exactly as
-`train.tasks.cross_entropy` defines them, the nll, and 1.0 where the label is the logits'
-argmax (first maximum, as jnp.argmax).
+`tasks.cross_entropy.cross_entropy` defines them, the nll, and 1.0 where the label is the
+logits' argmax (first maximum, as jnp.argmax).
 
 How: the sequence is cut into tiles of `chunk` positions (T padded to a multiple; padded
 positions get no gradient) and a `lax.scan` over the tiles computes each tile's logits

@@ -31,13 +31,12 @@ from typing import Any, Iterable
 
 import jax
 
-from jaxformer import accelerators, cli, models, parallel, run_settings
-from jaxformer.data.batch_spec import train_batch_spec
+from jaxformer import accelerators, cli, models, parallel, run_settings, tasks
 from jaxformer.layers.block_settings import REMAT_POLICIES
 from jaxformer.parallel.sharding import per_device_bytes
 from jaxformer.plan import estimate, topology as topology_lib
 from jaxformer.state import train_state as state_lib
-from jaxformer.train import config_checks, progress, tasks
+from jaxformer.train import config_checks, progress
 from jaxformer.train.program import build_program, compile_program
 
 DIMENSIONS = ("mesh", "fsdp", "remat", "accum", "attention", "scan", "optimizer", "replica")
@@ -225,8 +224,8 @@ def _rough_seconds(cfg, settings, plan, chip, param_bytes: int) -> float:
   bytes FSDP, data and tensor parallelism move. Only orders compiles; never reported."""
   model = models.with_defaults(cfg.model)
   task = tasks.task_for_run(cfg)
-  batch = {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in train_batch_spec(
-      cfg, settings, task.batch_layout, model).items()}
+  batch = {k: jax.ShapeDtypeStruct(s, d)
+           for k, (s, d) in task.batch_spec(cfg, settings, model).items()}
   flops = progress.flops_per_step(cfg.model, task, batch, 1) / plan.mesh.devices.size
   flops *= REMAT_POLICIES[model.get("remat_policy", "none")].recompute
   shape = plan.mesh.shape

@@ -2,8 +2,9 @@
 prompt/response data and direct preference optimization (DPO) on preference pairs.
 
 Both reuse the training loop: SFT is the decoder's `lm` objective on packed prompt/response
-rows whose weights are 1 on response tokens only (`data.py`); DPO is a `Task.objective`
-(`dpo.py`) on rows of (chosen, rejected) completions. A run starts from the params of a
+rows whose weights are 1 on response tokens only (`data.py`); DPO's loss (`dpo.py`) is
+trained on rows of (chosen, rejected) completions. Each is a task (`jaxformer/tasks/sft.py`,
+`dpo.py`) that `posttrain.method` picks. A run starts from the params of a
 trained workdir (`posttrain.init_from`, `init.py`) and uses that run's tokenizer.
 See docs-wip/posttrain.md for the state of this work.
 """

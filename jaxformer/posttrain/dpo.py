@@ -13,14 +13,14 @@ rejected reward) and an estimate of the KL from the reference, the mean of (pi -
 chosen and rejected responses (a sample-based estimate of KL(pi || ref) only where the
 responses are drawn from pi; on offline preference data it is the usual log-ratio monitor).
 Everything is computed in the dtype of the inputs (float32 in training; float64 in tests).
+How training uses them (the batches, the frozen reference, the step's sums and eval
+metrics) is the dpo task, `jaxformer/tasks/dpo.py`.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-
-from jaxformer.data.batching import VALID
 
 
 def sequence_logps(logits, targets, weights):
@@ -56,61 +56,3 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, *, beta: 
       "logps_rejected": jax.lax.stop_gradient(policy_rejected),
   }
   return loss, metrics
-
-
-def _forward_logps(module, params, batch, *, deterministic: bool, rngs=None):
-  """([B] chosen, [B] rejected) summed response log-probs: one forward over both halves."""
-  inputs = jnp.concatenate([batch["chosen_inputs"], batch["rejected_inputs"]])
-  targets = jnp.concatenate([batch["chosen_targets"], batch["rejected_targets"]])
-  weights = jnp.concatenate([batch["chosen_weights"], batch["rejected_weights"]])
-  logits = module.apply({"params": params}, inputs, deterministic=deterministic, rngs=rngs)
-  logps = sequence_logps(logits, targets, weights)
-  n = batch["chosen_inputs"].shape[0]
-  return logps[:n], logps[n:]
-
-
-def _rows(batch):
-  rows = batch["pairs"].astype(jnp.float32)
-  return rows * batch[VALID] if VALID in batch else rows
-
-
-class DirectPreference:
-  """The `objective` of task 'dpo' (`train.tasks.Task.objective`): the policy's params are
-  trained, the reference's (`frozen_key` of the train state, a copy of the SFT params made at
-  initialization) only give log-probabilities, computed on the fly under stop_gradient in the
-  same step. Its sums are over pairs: the step divides them by the number of pairs."""
-  frozen_key = "reference"
-
-  def __init__(self, beta: float = 0.1, label_smoothing: float = 0.0):
-    self.beta, self.label_smoothing = float(beta), float(label_smoothing)
-
-  def _sums(self, policy, reference, rows):
-    loss, m = dpo_loss(*policy, *reference, beta=self.beta,
-                       label_smoothing=self.label_smoothing)
-    sums = {k: jnp.sum(v * rows) for k, v in m.items()}
-    return jnp.sum(loss * rows), sums
-
-  def train_sums(self, module, params, batch, rng, *, frozen):
-    policy = _forward_logps(module, params, batch, deterministic=False, rngs={"dropout": rng})
-    reference = _forward_logps(module, jax.lax.stop_gradient(frozen), batch, deterministic=True)
-    reference = jax.tree.map(jax.lax.stop_gradient, reference)
-    rows = _rows(batch)
-    total, sums = self._sums(policy, reference, rows)
-    count = jnp.maximum(jnp.sum(rows), 1e-9)
-    metrics = {f"dpo_{k}": v / count for k, v in sums.items() if k != "rewards_accuracy"}
-    return total, (total, sums["rewards_accuracy"], metrics)
-
-  def eval_sums(self, module, params, batch, *, frozen) -> dict:
-    policy = _forward_logps(module, params, batch, deterministic=True)
-    reference = _forward_logps(module, frozen, batch, deterministic=True)
-    rows = _rows(batch)
-    total, sums = self._sums(policy, reference, rows)
-    return {"loss": total, "count": jnp.sum(rows), **sums}
-
-  def finalize(self, totals: dict) -> dict:
-    t = {k: float(v) for k, v in totals.items()}
-    n = max(t["count"], 1e-9)
-    out = {"eval_loss": t["loss"] / n, "eval_accuracy": t["rewards_accuracy"] / n}
-    out.update({f"eval_{k}": t[k] / n for k in t if k not in ("loss", "count",
-                                                               "rewards_accuracy")})
-    return out

@@ -14,9 +14,9 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jaxformer import models, paths, workdir_layout, run_settings
+from jaxformer import models, paths, workdir_layout, run_settings, tasks
 from jaxformer.state import optim, train_state
-from jaxformer.train import profiling, tasks, trackers
+from jaxformer.train import profiling, trackers
 
 
 def validate(config) -> run_settings.RunSettings:

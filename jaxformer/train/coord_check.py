@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from jaxformer import compilation, models
+from jaxformer import compilation, models, tasks
 from jaxformer.scaling import mup
 from jaxformer.state import train_state as state_lib
-from jaxformer.train import step as step_lib, tasks
+from jaxformer.train import step as step_lib
 
 
 def coordinate_check(config: Any, widths: Sequence[int], *, steps: int = 4,

@@ -13,13 +13,13 @@ from jax.experimental import multihost_utils
 
 from jaxformer import inference, paths, workdir_layout
 from jaxformer.parallel import watchdog
-from jaxformer.train import attention_maps, tasks
+from jaxformer.train import attention_maps
 from jaxformer.train.setup import Run, Steps, Writers
 
 
-def evaluate(eval_step, params, pipeline, task, plan, frozen=None, *, step: int = 0) -> dict:
-  """Split-level eval metrics from per-batch sums (padded rows carry zero weight); `frozen`:
-  the state entry the task's objective also reads (`Task.frozen_key`).
+def evaluate(eval_step, params, pipeline, task, plan, extra=None, *, step: int = 0) -> dict:
+  """Split-level eval metrics from per-batch sums (padded rows carry zero weight); `extra`:
+  the train-state entry the task also reads (`Task.extra_state`), passed to the eval step.
 
   Each batch's sums are fetched to the host before the next batch is dispatched, and summed
   there (in their own dtype: the same numbers as an on-device sum). Why: dispatching every
@@ -31,10 +31,10 @@ def evaluate(eval_step, params, pipeline, task, plan, frozen=None, *, step: int 
   totals = None
   for i, batch in enumerate(pipeline.eval_batches()):
     watchdog.beat("evaluation", step, compiling=i == 0)
-    extra = () if task.frozen_key is None else (frozen,)
-    sums = jax.device_get(eval_step(params, plan.global_batch(batch), *extra))
+    args = () if task.extra_state is None else (extra,)
+    sums = jax.device_get(eval_step(params, plan.global_batch(batch), *args))
     totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
-  return tasks.finalize_eval(task, totals)
+  return task.finalize(totals)
 
 
 def token_labels(pipeline, ids) -> list[str] | None:
@@ -64,12 +64,14 @@ class Evaluator:
     self.samples = run.task.samples and t.sample_tokens
     self.sample_every = t.sample_every      # 0: one sample at the end of training
 
-  def __call__(self, done: int, params, frozen=None) -> dict:
-    """The eval record of step `done` (`frozen`: see `evaluate`)."""
+  def __call__(self, done: int, state) -> dict:
+    """The eval record of step `done` from the train state `state`."""
     run, bar = self.run, self.writers.bar
+    params = state["params"]
+    extra = state[run.task.extra_state] if run.task.extra_state is not None else None
     with bar.paused():
       record = {"step": done, **evaluate(self.steps.eval_step, params, run.pipeline, run.task,
-                                         run.plan, frozen, step=done)}
+                                         run.plan, extra, step=done)}
       if self.show_attention:
         png, entropy = attention_maps.write_attention_map(
             self.snapshot_fn, params, self.steps.example, step=done, workdir=run.workdir,

@@ -22,6 +22,7 @@ import jax
 from jaxformer import console, paths, workdir_layout
 from jaxformer.parallel import StopRequest, watchdog
 from jaxformer.train import config_checks, evaluation, plots, program, setup
+from jaxformer.train import step as step_lib
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import read
 
@@ -121,7 +122,7 @@ def _step_loop(run: setup.Run, steps: setup.Steps, writers: setup.Writers,
       if done % t.log_every == 0 or done == t.steps:
         _log(run, steps, writers, done, m)
       if done % t.eval_every == 0 or done == t.steps:
-        last_eval = evaluator(done, state["params"], state.get(run.task.frozen_key or ""))
+        last_eval = evaluator(done, state)
       preempted = stop.reached(done) or (stop_after is not None and
                                          done - run.start >= stop_after)
       if (done % t.checkpoint_every == 0 or done == t.steps or preempted
@@ -159,12 +160,14 @@ def _check_finite(run: setup.Run, done: int, m: dict):
 
 
 def _log(run: setup.Run, steps: setup.Steps, writers: setup.Writers, done: int, m: dict):
-  """The train record of step `done`: to the progress bar, metrics.jsonl and TensorBoard."""
+  """The train record of step `done`: to the progress bar, metrics.jsonl and TensorBoard.
+  Besides the step's own metrics (`step.STEP_METRICS`), every metric the task and the model
+  returned, under its own name (a list where it is not a scalar: MoE's per-expert load)."""
   record = {"step": done, "loss": float(m["loss"]), "lr": float(steps.schedule(done - 1)),
             "grad_norm": float(m["grad_norm"]), "skipped": int(m["skipped"])}
   if run.task.step_accuracy:
     record["accuracy"] = float(m["accuracy"])
-  for key in (k for k in m if k.startswith(("moe_", "nsp_", "dpo_"))):
+  for key in (k for k in m if k not in step_lib.STEP_METRICS):
     value = jax.device_get(m[key])
     record[key] = value.tolist() if value.ndim else float(value)
   writers.bar.update(done, record)

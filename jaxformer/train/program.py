@@ -28,12 +28,11 @@ from typing import Any, Sequence
 
 import jax
 
-from jaxformer import accelerators, models, parallel, run_settings
-from jaxformer.data.batch_spec import train_batch_spec
+from jaxformer import accelerators, models, parallel, run_settings, tasks
 from jaxformer.parallel import offload
 from jaxformer.parallel.sharding import per_device_bytes
 from jaxformer.state import train_state as state_lib
-from jaxformer.train import config_checks, setup, tasks
+from jaxformer.train import config_checks, setup
 
 
 @dataclasses.dataclass
@@ -65,8 +64,7 @@ def build_program(config, devices: Sequence[Any], settings=None) -> Program:
   state_shardings = setup.offloaded(config, settings, plan, plan.state_shardings(abstract))
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        plan.restore_target(abstract), state_shardings)   # host memory kinds
-  spec = train_batch_spec(config, settings, task.batch_layout,
-                          models.with_defaults(config.model))
+  spec = task.batch_spec(config, settings, models.with_defaults(config.model))
   batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=plan.batch_sharding(len(shape)))
            for k, (shape, dtype) in spec.items()}
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=plan.replicated)

@@ -41,7 +41,7 @@ def flops_per_step(model_config, task, batch: dict, process_count: int) -> int:
   `tokens_per_example`."""
   from jaxformer import models
   from jaxformer.models import counting
-  rows = batch[task.labels].shape[0] * process_count
+  rows = task.rows(batch) * process_count
   lengths = task.token_lengths(batch)
   if lengths is None:
     cfg = models.with_defaults(model_config)

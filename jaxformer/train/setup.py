@@ -20,12 +20,11 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxformer import accelerators, models, parallel, paths, workdir_layout, run_settings
-from jaxformer.data.pipeline import make_pipeline
+from jaxformer import accelerators, models, parallel, paths, workdir_layout, run_settings, tasks
 from jaxformer.parallel import offload
 from jaxformer.state import checkpoint, optim
 from jaxformer.state import train_state as state_lib
-from jaxformer.train import config_checks, data_record, profiling, progress, tasks
+from jaxformer.train import config_checks, data_record, profiling, progress
 from jaxformer.train import trackers as trackers_lib
 from jaxformer.train import step as step_lib
 from jaxformer.train import workdir as workdir_lib
@@ -106,9 +105,9 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
   if t.eval_batch_size:
     plan.check_batch_size(t.eval_batch_size, "train.eval_batch_size")
   pipeline = parallel.process_zero_first(     # dataset and tokenizer made once, by process 0
-      lambda: _make_pipeline(config, settings, task.batch_layout, workdir=workdir,
-                             process_index=jax.process_index(),
-                             process_count=jax.process_count()),
+      lambda: task.make_pipeline(config, settings, workdir=workdir,
+                                 process_index=jax.process_index(),
+                                 process_count=jax.process_count()),
       "preparing the data")
   config_checks.check_model_matches_data(config, pipeline.info)
 
@@ -160,18 +159,6 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
              start, ckpts, best, metrics, logged_through)
 
 
-def _make_pipeline(config, settings, layout: str, **kw):
-  """The data pipeline of the batch layout: post-training's (posttrain/data.py, which reads
-  the source run's tokenizer) or `data.pipeline.make_pipeline`'s."""
-  if layout in ("sft", "dpo"):
-    from jaxformer.posttrain import data as posttrain_data
-    t = settings.train
-    return posttrain_data.make_pipeline(
-        config, layout, seed=t.seed, global_batch_size=t.batch_size,
-        eval_batch_size=t.eval_batch_size or t.batch_size, **kw)
-  return make_pipeline(config, settings, layout, **kw)
-
-
 def _write_config(config, workdir: str):
   """config.json, atomically: other processes may be reading it."""
   paths.write_text(os.path.join(workdir, workdir_layout.CONFIG), config.to_json(indent=2))
@@ -198,10 +185,10 @@ def make_steps(run: Run) -> Steps:
   batch_shardings = lambda batch: {k: plan.batch_sharding(np.ndim(v)) for k, v in batch.items()}
   train_step = jit_train_step(run.settings, plan, run.module, run.tx, run.task,
                               run.state_shardings, batch_shardings(first))
-  frozen = run.task.frozen_key
+  extra = run.task.extra_state
   eval_step = plan.jit(step_lib.make_eval_step(run.module, run.task),
                        in_shardings=(run.state_shardings["params"], batch_shardings(example))
-                       + ((run.state_shardings[frozen],) if frozen else ()),
+                       + ((run.state_shardings[extra],) if extra else ()),
                        out_shardings=plan.replicated, name="eval_step")
   dropout_key = plan.replicate(jax.random.split(jax.random.key(t.seed))[1])
   # jitted: the logs call it on the host, where eager dispatch compiled ~10 tiny ops (~0.5 s)
@@ -217,10 +204,10 @@ def compile_together(run: Run, steps: Steps) -> None:
   calls reuse these executables."""
   if jax.process_count() == 1:
     return
-  plan, frozen = run.plan, run.task.frozen_key
+  plan, extra = run.plan, run.task.extra_state
   steps.train_step.lower(run.state, plan.global_batch(steps.first), steps.dropout_key).compile()
   steps.eval_step.lower(run.state["params"], plan.global_batch(steps.example),
-                        *((run.state[frozen],) if frozen else ())).compile()
+                        *((run.state[extra],) if extra else ())).compile()
   parallel.barrier("compiled the steps")
 
 
@@ -260,7 +247,7 @@ def jit_train_step(settings: run_settings.RunSettings, plan: parallel.ShardingPl
       batch_axes={a: sizes[a] for a in plan.batch_mesh_axes},
       param_axes=plan.sharded_over(state_shardings["params"]),
       expert_parallel=sizes["expert"] > 1,
-      own_objective=task.objective is not None or task.frozen_key is not None)
+      row_sums=task.row_sums)
   return plan.jit(step_lib.make_train_step(
       module, tx, task, label_smoothing=t.label_smoothing, z_loss=t.z_loss,
       grad_accum=o.grad_accum, batch_shards=plan.batch_shards,

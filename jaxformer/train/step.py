@@ -1,9 +1,16 @@
 """The train and eval step functions (pure; the loop jits them with their shardings).
 
-Loss is float32 whatever the compute dtype: the weighted mean of per-prediction cross-entropy
-over the whole global batch. With `grad_accum > 1` the batch is split into that many
-micro-batches scanned in sequence and their gradients summed, so one optimizer step sees
-exactly the gradient of the full batch with a fraction of the activation memory.
+The step knows no task: the task (`jaxformer.tasks`) gives its loss as sums over a
+(micro-)batch (`Task.loss` -> `LossSums`) and the step divides them by the whole batch's
+weight (`Task.weight`), so the loss is float32 whatever the compute dtype and, for the token
+tasks, the weighted mean of per-prediction cross-entropy over the whole global batch. What
+the step adds itself: auxiliary losses the model sows while the task's loss runs it (MoE's
+load balancing and router z-loss, `layers.moe.collect_moe`), accumulation, the skip of
+non-finite steps and the update; every metric the task returns is passed on.
+
+With `grad_accum > 1` the batch is split into that many micro-batches scanned in sequence
+and their gradients summed, so one optimizer step sees exactly the gradient of the full
+batch with a fraction of the activation memory.
 
 Where the gradient is reduced (`optim.grad_reduce`, resolved by `grad_reduce_axes`):
 scanning micro-batches of a batch sharded over devices, XLA all-reduces (data parallel) or
@@ -14,21 +21,22 @@ of some of the batch mesh axes (`map_axes`, a leading part of them) and the grad
 gradients come out with a leading axis laid on those mesh axes, unreduced, accumulate there,
 and are summed once after the loop: one all-reduce / reduce-scatter over `map_axes` per step
 (over the other batch axes, e.g. FSDP's 'data' under hybrid sharding, XLA still reduces per
-micro-batch). Sums over rows are unchanged by the split; the MoE token statistics and BERT's
-NSP mean, which are not sums over rows, are averaged / summed over the mapped axis before
-the loss uses them (`layers.moe.batch_shard_axis`), so the objective is that of the whole
-micro-batch.
+micro-batch). Sums over rows are unchanged by the split; the MoE token statistics and a
+task's means over rows (BERT's next-sentence loss), which are not sums over rows, are
+averaged / summed over the mapped axis before the loss uses them
+(`layers.moe.batch_shard_axis`, `LossContext.over_blocks`), so the loss is that of the whole
+micro-batch; a task whose loss is no sum over rows at all (`Task.row_sums=False`) is not
+split.
 
-The token loss of a model with a vocabulary head is the chunked loss (`ops.cross_entropy`):
-the model returns its final hidden states and readout (`return_hidden=True`) and the loss
-computes the logits a tile of `loss_chunk` positions at a time, never holding the float32
-[batch, length, vocab] logits (`loss_mode` says which path a step takes).
+The token loss of a model with a vocabulary head is the chunked loss (`ops.cross_entropy`,
+`tasks.cross_entropy.head_sums`): the model returns its final hidden states and readout
+(`return_hidden=True`) and the loss computes the logits a tile of `loss_chunk` positions at
+a time, never holding the float32 [batch, length, vocab] logits (`loss_mode` says which path
+a step takes).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import math
 
 import flax.linen as nn
@@ -38,28 +46,35 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from jaxformer.layers.moe import MOE_COLLECTION, batch_shard_axis, collect_moe
-from jaxformer.ops.cross_entropy import DEFAULT_CHUNK, chunked_cross_entropy
+from jaxformer.ops.cross_entropy import DEFAULT_CHUNK
 from jaxformer.parallel.rules import mesh_axes_tuple, without_mesh_axes
-from jaxformer.train.tasks import Task, cross_entropy, eval_sums, nsp_sums
+from jaxformer.tasks import LossContext, Task
+from jaxformer.tasks.cross_entropy import returns_hidden
 
 # `loss_chunk=None` (auto) takes the chunked loss from this vocabulary size up: below it the
 # float32 logits are small (a character-level model's 65 classes) and the dense loss, whose
 # backward reuses the stored logits instead of recomputing them, is the cheaper one.
 AUTO_MIN_VOCAB = 1024
+# The metrics the step itself returns (the loop logs the rest, a task's and the model's, as
+# they are): `loss` (weighted nll mean), `total_loss` (what the gradient is of: label
+# smoothing, z-loss and auxiliary losses included), `accuracy`, `grad_norm`, `finite`,
+# `skipped`.
+STEP_METRICS = ("loss", "total_loss", "accuracy", "grad_norm", "finite", "skipped")
 
 
 def loss_mode(module, task: Task, loss_chunk: int | None = None) -> int:
   """Positions per tile of the chunked loss the train step uses, or 0 for the dense loss.
   loss_chunk: 0 = dense, N > 0 = tiles of N positions, None = auto (DEFAULT_CHUNK for a
-  vocabulary of AUTO_MIN_VOCAB or more). Dense whatever it says: a task with its own
-  objective (ELECTRA's replaced-token detection, DPO) and a model whose __call__ has no
-  `return_hidden` (ViT's classifier, the captioner, the RNN seq2seq)."""
+  vocabulary of AUTO_MIN_VOCAB or more). Dense whatever it says: a task whose loss is not the
+  cross-entropy of the model's head (`Task.head_loss=False`: ELECTRA's replaced-token
+  detection, DPO) and a model whose __call__ has no `return_hidden` (ViT's classifier, the
+  captioner, the RNN seq2seq)."""
   if loss_chunk is not None and not (isinstance(loss_chunk, int) and loss_chunk >= 0):
     raise ValueError(f"train.loss_chunk={loss_chunk!r} must be an int >= 0 (0: the dense "
                      "loss) or None (auto)")
-  if loss_chunk == 0 or task.objective is not None:
+  if loss_chunk == 0 or not task.head_loss:
     return 0
-  if "return_hidden" not in inspect.signature(type(module).__call__).parameters:
+  if not returns_hidden(module):
     return 0
   if loss_chunk is None:
     return DEFAULT_CHUNK if getattr(module, "vocab_size", 0) >= AUTO_MIN_VOCAB else 0
@@ -72,11 +87,12 @@ _SHARDS = "batch_shards"        # the vmap axis name of the reduce-once path
 
 def grad_reduce_axes(requested: str, *, grad_accum: int, batch_size: int,
                      batch_axes: dict[str, int], param_axes: set[str], expert_parallel: bool,
-                     own_objective: bool) -> tuple[str, ...]:
+                     row_sums: bool = True) -> tuple[str, ...]:
   """The batch mesh axes whose micro-batch gradients accumulate unreduced and are reduced
   once per step (see the module docstring) for `optim.grad_reduce=requested`; () = reduce
   per micro-batch. `batch_axes`: the batch's mesh axes (in order) and sizes; `param_axes`:
-  the mesh axes some parameter is sharded over. ValueError where "once" cannot apply.
+  the mesh axes some parameter is sharded over; `row_sums`: the task's loss is a sum over
+  rows (`Task.row_sums`). ValueError where "once" cannot apply.
 
   "auto" maps the leading batch axes no parameter is sharded over: there the accumulator
   [blocks, ...] holds one gradient per device in the parameters' own sharding, as the per-
@@ -94,8 +110,8 @@ def grad_reduce_axes(requested: str, *, grad_accum: int, batch_size: int,
   why_not = None
   if expert_parallel:
     why_not = "expert parallelism (mesh.expert > 1) routes each device's rows itself"
-  elif own_objective:
-    why_not = "this task's objective is not a sum over rows"
+  elif not row_sums:
+    why_not = "this task's loss is not a sum over rows"
   elif batch_size % (grad_accum * shards):
     why_not = (f"train.batch_size={batch_size} does not split into optim.grad_accum="
                f"{grad_accum} micro-batches of whole blocks of the {shards} batch shards; "
@@ -145,19 +161,6 @@ def _without(entry, axes):
   return None if not left else left[0] if len(left) == 1 else left
 
 
-def gathered_head(readout):
-  """The readout with its kernel constrained to be whole along its embed axis (split only
-  over `vocab`): under FSDP the head is all-gathered once, before the chunked loss's tile
-  loop, and its gradient reduced once after it. Without it XLA gathered the kernel and
-  reduced dW in every tile (v5e:2x2 plan, 1-layer d=512 V=32000 FSDP: all-gather 38 -> 257
-  MiB, reduce-scatter 62.5 -> 250 MiB per chip; with it, the dense loss's 38 and 62.5). Cost:
-  the whole float32 kernel (and on some plans an all-reduced float32 dW) is live at once;
-  docs/design/memory.md (the chunked loss) has the figures. A no-op outside a mesh's
-  logical-axis rules."""
-  axes = ("vocab", None) if readout.vocab_major else (None, "vocab")
-  return dataclasses.replace(readout, kernel=nn.with_logical_constraint(readout.kernel, axes))
-
-
 def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
                     z_loss: float = 0.0, grad_accum: int = 1, batch_shards: int = 1,
                     shard_axes: tuple = (), map_axes: tuple = (), map_shards: int = 1,
@@ -171,16 +174,16 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
   (micro-batches keep each device's rows on it). `map_axes` (leading `shard_axes`, their
   sizes multiplying to `map_shards`): accumulate the gradients unreduced over them and
   reduce once per step (module docstring); they come from `grad_reduce_axes`, which decides
-  and refuses what cannot reduce once (e.g. a task whose objective is not a sum over rows:
-  it is not checked again here); `param_specs`: the
+  and refuses what cannot reduce once (e.g. a task whose loss is not a sum over rows: it
+  is not checked again here); `param_specs`: the
   parameters' PartitionSpecs, which the accumulator keeps (None: the compiler chooses).
   With dropout the masks then come from a key per block (as good, not the same numbers).
 
-  Mixture-of-experts models add their weighted auxiliary losses (load balancing, router
-  z-loss; weights on the model config) to the objective and report `moe_*` metrics; BERT
-  with next-sentence prediction (task 'mlm_nsp') adds the NSP cross-entropy's mean over rows
-  (so the objective is HF BertForPreTraining's MLM mean + NSP mean) and reports `nsp_loss`,
-  `nsp_accuracy`.
+  The loss is the task's (`Task.loss`; its `LossSums.aux`, a mean over the micro-batch,
+  enters scaled like the auxiliary losses). Mixture-of-experts models add the weighted
+  auxiliary losses (load balancing, router z-loss; weights on the model config) they sow in
+  the task's forward pass and report `moe_*` metrics. The metrics are STEP_METRICS and the
+  task's and model's own.
 
   loss_chunk: the chunked loss's tile (positions), 0 for the dense loss, None auto
   (`loss_mode`).
@@ -190,52 +193,30 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
   """
   moe = getattr(getattr(module, "block", None), "moe", None)     # MoESettings or None
   chunk = loss_mode(module, task, loss_chunk)
-  hidden = {"return_hidden": True} if chunk else {}
 
-  def weighted_sums(params, batch, rng, aux_scale, frozen, mapped=False):
-    """(sum of objective * w [+ aux * aux_scale], (sum nll * w, sum correct * w, moe));
+  def weighted_sums(params, batch, rng, aux_scale, extra, mapped=False):
+    """(sum of loss * w + aux * aux_scale, (sum nll * w, sum correct * w, metrics));
     `mapped`: one block's rows under the reduce-once vmap (aux losses of the whole
     micro-batch, each block adding its 1 / map_shards part)."""
-    if task.frozen_key is not None:         # e.g. DPO: the reference params, not trained
-      return task.objective.train_sums(module, params, batch, rng, frozen=frozen)
-    if task.objective is not None:          # its own loss (tasks.Task.objective)
-      return task.objective.train_sums(module, params, batch, rng)
-    args, kwargs = task.model_args(batch)
-    apply = lambda **extra: module.apply({"params": params}, *args, **kwargs, **hidden,
-                                         deterministic=False, rngs={"dropout": rng}, **extra)
-    aux, moe_metrics = jnp.zeros(()), {}
-    if moe is not None:
-      logits, mutated = apply(mutable=[MOE_COLLECTION])
-      aux, moe_metrics = collect_moe(mutated, load_balance_weight=moe.load_balance_weight,
-                                     z_loss_weight=moe.z_loss_weight)
-    else:
-      logits = apply()
-    if task.nsp_labels is not None:    # + next-sentence loss (mean over rows, as HF's)
-      sums = nsp_sums(task, logits["nsp"], batch)
-      if mapped:
-        sums = jax.lax.psum(sums, _SHARDS)
-      count = jnp.maximum(sums["nsp_count"], 1.0)
-      aux = aux + sums["nsp_nll"] / count
-      moe_metrics = {**moe_metrics, "nsp_loss": sums["nsp_nll"] / count,
-                     "nsp_accuracy": sums["nsp_correct"] / count}
-      logits = logits["mlm"]
-    labels, w = batch[task.labels], task.weights(batch)
-    if chunk:                          # (final hidden states, readout): the chunked loss
-      hidden_states, readout = logits
-      objective, nll, correct = chunked_cross_entropy(
-          hidden_states, gathered_head(readout), labels, chunk=chunk,
-          label_smoothing=label_smoothing, z_loss=z_loss)
-    else:
-      objective, nll = cross_entropy(logits, labels, label_smoothing=label_smoothing,
-                                     z_loss=z_loss)
-      correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-    total = jnp.sum(objective * w) + aux * aux_scale
-    return total, (jnp.sum(nll * w), jnp.sum(correct * w), moe_metrics)
+    ctx = LossContext(module, params, rng, extra, chunk, label_smoothing, z_loss,
+                      collections=(MOE_COLLECTION,) if moe is not None else (),
+                      over_blocks=(lambda x: jax.lax.psum(x, _SHARDS)) if mapped else
+                      (lambda x: x))
+    sums = task.loss(ctx, batch)
+    aux, metrics = jnp.zeros(()), {}
+    if moe is not None:             # what the model sowed in the task's forward passes
+      aux, metrics = collect_moe(ctx.sown[0] if len(ctx.sown) == 1 else ctx.sown,
+                                 load_balance_weight=moe.load_balance_weight,
+                                 z_loss_weight=moe.z_loss_weight)
+    if sums.aux is not None:        # the task's mean over the micro-batch
+      aux = aux + sums.aux
+    total = sums.weighted + aux * aux_scale
+    return total, (sums.nll, sums.correct, {**metrics, **sums.metrics})
 
   grad_fn = jax.value_and_grad(weighted_sums, has_aux=True)
   once = bool(map_axes) and grad_accum > 1 and map_shards > 1
 
-  def block_grads(params, mb, rng, aux_scale, frozen):
+  def block_grads(params, mb, rng, aux_scale, extra):
     """Gradients per block of the mapped axes: mb [map_shards, rows, ...] -> a leading
     [map_shards] on every output (laid on `map_axes`, not reduced)."""
     local_rules = without_mesh_axes(nn.get_logical_axis_rules(), map_axes)
@@ -243,18 +224,18 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
     def one(mb, block):
       with nn.logical_axis_rules(local_rules), batch_shard_axis(_SHARDS, map_axes):
         return grad_fn(params, mb, jax.random.fold_in(rng, block), aux_scale / map_shards,
-                       frozen, mapped=True)
+                       extra, mapped=True)
     return jax.vmap(one, axis_name=_SHARDS, spmd_axis_name=map_axes)(
         mb, jnp.arange(map_shards))
 
   def train_step(state, batch, dropout_key):
     rng = jax.random.fold_in(dropout_key, state["step"])
     params = state["params"]
-    frozen = state[task.frozen_key] if task.frozen_key is not None else None
-    total_weight = jnp.maximum(jnp.sum(task.weights(batch)), 1e-9)
+    extra = state[task.extra_state] if task.extra_state is not None else None
+    total_weight = jnp.maximum(task.weight(batch), 1e-9)
     aux_scale = total_weight / grad_accum     # aux enters the loss once, micro-batch mean
     if grad_accum == 1:
-      (objective, (nll, correct, moe_metrics)), grads = grad_fn(params, batch, rng, aux_scale, frozen)
+      (total, (nll, correct, metrics)), grads = grad_fn(params, batch, rng, aux_scale, extra)
     elif once:
       specs = param_specs if param_specs is not None else jax.tree.map(
           lambda p: P(*(P.UNCONSTRAINED,) * p.ndim), params)
@@ -266,35 +247,35 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
       def micro(carry, xs):
         i, mb = xs
         (o, (n, c, mm)), g = block_grads(params, mb, jax.random.fold_in(rng, i), aux_scale,
-                                         frozen)
+                                         extra)
         acc_o, acc_n, acc_c, acc_g = carry
         acc_g = jax.tree.map(lambda a, b, spec: lead(a + b, spec), acc_g, g, specs)
         return (acc_o + o, acc_n + n, acc_c + c, acc_g), mm
       zeros = jax.tree.map(lambda p, spec: lead(jnp.zeros((map_shards,) + p.shape, p.dtype),
                                                 spec), params, specs)
       init = (jnp.zeros((map_shards,)),) * 3 + (zeros,)
-      (objective, nll, correct, grads), moe_metrics = jax.lax.scan(
+      (total, nll, correct, grads), metrics = jax.lax.scan(
           micro, init, (jnp.arange(grad_accum),
                         _split_micro(batch, grad_accum, batch_shards, shard_axes, map_axes,
                                      map_shards)))
-      objective, nll, correct = objective.sum(), nll.sum(), correct.sum()
+      total, nll, correct = total.sum(), nll.sum(), correct.sum()
       grads = jax.tree.map(lambda g: g.sum(0), grads)      # the one reduction of the step
-      moe_metrics = jax.tree.map(lambda x: x.mean((0, 1)), moe_metrics)
+      metrics = jax.tree.map(lambda x: x.mean((0, 1)), metrics)
     else:
       def micro(carry, xs):
         i, mb = xs
         (o, (n, c, mm)), g = grad_fn(params, mb, jax.random.fold_in(rng, i), aux_scale,
-                                    frozen)
+                                    extra)
         acc_o, acc_n, acc_c, acc_g = carry
         return (acc_o + o, acc_n + n, acc_c + c, jax.tree.map(jnp.add, acc_g, g)), mm
       zeros = jax.tree.map(jnp.zeros_like, params)
       init = (jnp.zeros(()), jnp.zeros(()), jnp.zeros(()), zeros)
-      (objective, nll, correct, grads), moe_metrics = jax.lax.scan(
+      (total, nll, correct, grads), metrics = jax.lax.scan(
           micro, init, (jnp.arange(grad_accum),
                         _split_micro(batch, grad_accum, batch_shards, shard_axes)))
-      moe_metrics = jax.tree.map(lambda x: x.mean(0), moe_metrics)
+      metrics = jax.tree.map(lambda x: x.mean(0), metrics)
     grads = jax.tree.map(lambda g: g / total_weight, grads)
-    loss = objective / total_weight
+    loss = total / total_weight
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     def update(grads, opt_state, params):
@@ -311,24 +292,16 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
     new_params, opt_state = jax.lax.cond(finite, update, skip, grads, opt_state, params)
     new_state = {**state, "step": state["step"] + 1, "params": new_params, "opt_state": opt_state,
                  "skipped": jnp.where(finite, 0, state["skipped"] + 1)}
-    return new_state, {"loss": nll / total_weight, "train_objective": loss,
+    return new_state, {"loss": nll / total_weight, "total_loss": loss,
                        "accuracy": correct / total_weight, "grad_norm": grad_norm,
-                       "finite": finite, "skipped": new_state["skipped"], **moe_metrics}
+                       "finite": finite, "skipped": new_state["skipped"], **metrics}
 
   return train_step
 
 
 def make_eval_step(module, task: Task):
-  """(params, batch) -> sums of nll / correct / count (see tasks.eval_sums); with a frozen
-  state entry (`Task.frozen_key`) (params, batch, frozen)."""
-  if task.frozen_key is not None:
-    return lambda params, batch, frozen: task.objective.eval_sums(module, params, batch,
-                                                                  frozen=frozen)
-
-  def eval_step(params, batch):
-    if task.objective is not None:
-      return task.objective.eval_sums(module, params, batch)
-    args, kwargs = task.model_args(batch)
-    logits = module.apply({"params": params}, *args, **kwargs, deterministic=True)
-    return eval_sums(task, logits, batch)
-  return eval_step
+  """(params, batch) -> the task's eval sums (`Task.eval_sums`); with an extra state entry
+  (`Task.extra_state`) (params, batch, extra)."""
+  if task.extra_state is not None:
+    return lambda params, batch, extra: task.eval_sums(module, params, batch, extra)
+  return lambda params, batch: task.eval_sums(module, params, batch)

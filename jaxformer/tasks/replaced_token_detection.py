@@ -1,6 +1,6 @@
-"""ELECTRA's replaced-token detection (Clark et al., 2020) as a training objective.
+"""ELECTRA's replaced-token detection (Clark et al., 2020): task "rtd" (electra).
 
-On a masked-LM batch ({'inputs' masked, 'targets' original, 'weights' 1 at the masked
+On the mlm task's batches ({'inputs' masked, 'targets' original, 'weights' 1 at the masked
 positions}, `data/text.py`): the generator predicts the masked tokens (MLM cross-entropy
 over the masked positions); replacements are sampled from its softmax with a key derived from
 the step's key (`fold_in(key, 1)`, no gradient through the sample) and put at the masked
@@ -13,9 +13,10 @@ with λ = `model.disc_weight` (the paper's 50). The train step divides its sums 
 count, so the detection sum enters scaled by (masked / tokens) of the (micro-)batch, which
 makes the step's `loss` exactly the objective above for one batch (with `grad_accum` each
 micro-batch's ratio is used). Train metrics: `loss` is that objective, `accuracy` the
-detection accuracy. Eval (sampling with a fixed key, so an eval is a function of the params):
-`eval_loss` (the objective), `eval_accuracy` (detection accuracy over real tokens),
-`eval_disc_baseline` (the accuracy of calling every token original: the share not replaced),
+detection accuracy, and `mlm_loss`, `mlm_accuracy`, `disc_loss`, `disc_accuracy`,
+`disc_baseline` of the batch are logged with them. Eval (sampling with a fixed key, so an
+eval is a function of the params): `eval_loss` (the objective), `eval_accuracy` (detection
+accuracy over real tokens), `eval_disc_baseline` (the accuracy of calling every token original: the share not replaced),
 `eval_disc_loss`, `eval_replaced_recall` (detection accuracy on the replaced tokens) and
 `eval_replaced_precision` (the share of tokens called replaced that were: 0 when none are;
 unlike the accuracy, this pair is not fooled by the ~86% of tokens that are original),
@@ -26,12 +27,15 @@ replaced share: `eval_disc_loss` below it is detection learned from the tokens),
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 
 from jaxformer.data.batching import VALID
+from jaxformer.tasks.base import LossContext, LossSums
+from jaxformer.tasks.mlm import MaskedLM
 
 EVAL_KEY = 0          # the sampling key of every eval batch
 
@@ -72,14 +76,21 @@ def _sums(out, masked, tokens, targets) -> dict:
           "flagged": jnp.sum((z > 0).astype(jnp.float32) * tokens)}
 
 
-class ReplacedTokenDetection:
-  """The `objective` of task 'rtd' (see `tasks.Task.objective`)."""
+@dataclasses.dataclass(frozen=True)
+class ReplacedTokenDetection(MaskedLM):
+  """The mlm task's batches, ELECTRA's objective (its generator and discriminator run through
+  the model's `pretrain` method)."""
+  head_loss: bool = False
+  row_sums: bool = False           # the detection sum enters scaled by the masked share
 
-  def train_sums(self, module, params, batch, rng):
-    """(objective sum, (nll sum, correct sum, metrics)) over one (micro-)batch, in the
-    train step's convention: each divided by the masked count gives the objective, and the
-    detection accuracy."""
-    out, masked, tokens = _forward(module, params, batch, jax.random.fold_in(rng, 1),
+  def for_model(self, model_config):
+    return self
+
+  def loss(self, ctx: LossContext, batch: dict) -> LossSums:
+    """Sums over one (micro-)batch in the train step's convention: each divided by the
+    masked count gives the objective, and the detection accuracy."""
+    module, rng = ctx.module, ctx.rng
+    out, masked, tokens = _forward(module, ctx.params, batch, jax.random.fold_in(rng, 1),
                                    deterministic=False, rngs={"dropout": rng})
     s = _sums(out, masked, tokens, batch["targets"])
     scale = s["mlm_count"] / jnp.maximum(s["disc_count"], 1e-9)
@@ -90,9 +101,10 @@ class ReplacedTokenDetection:
                "disc_loss": s["disc_bce"] / disc_count,
                "disc_accuracy": s["disc_correct"] / disc_count,
                "disc_baseline": s["original"] / disc_count}
-    return total, (total, s["disc_correct"] * scale, metrics)
+    return LossSums(total, total, s["disc_correct"] * scale, metrics)
 
-  def eval_sums(self, module, params, batch) -> dict:
+  def eval_sums(self, module, params, batch, extra=None) -> dict:
+    del extra
     out, masked, tokens = _forward(module, params, batch, jax.random.key(EVAL_KEY),
                                    deterministic=True)
     s = _sums(out, masked, tokens, batch["targets"])
@@ -113,3 +125,9 @@ class ReplacedTokenDetection:
             "eval_replaced_recall": per("replaced_correct", "replaced_count"),
             "eval_replaced_precision": per("replaced_correct", "flagged"),
             "eval_mlm_loss": mlm, "eval_mlm_accuracy": per("mlm_correct", "mlm_count")}
+
+
+TASKS = (ReplacedTokenDetection("rtd", kind="mlm", inputs=("inputs",),
+                                optional=(("attention_mask", "attention_mask"),
+                                          ("token_type_ids", "token_type_ids")),
+                                counted="inputs", context=("inputs",), text=True),)

@@ -1,0 +1,25 @@
+"""Next-token prediction (task "lm": the decoder families): a text stream or packed
+documents in, each position's next token out (`data/text.py`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxformer.data import batch_spec, pipeline, text
+from jaxformer.tasks.cross_entropy import CrossEntropyTask
+
+
+@dataclasses.dataclass(frozen=True)
+class NextToken(CrossEntropyTask):
+
+  def make_pipeline(self, config, settings, **kw):
+    return text.make_text_pipeline(config.data, "lm", **pipeline.pipeline_kwargs(settings, **kw))
+
+  def batch_spec(self, config, settings, model):
+    del model
+    return batch_spec.text_batch_spec(config, settings, "lm")
+
+
+TASKS = (NextToken("lm", inputs=("inputs",),
+                   optional=(("segment_ids", "segment_ids"), ("positions", "positions")),
+                   counted="inputs", context=("inputs",), text=True, samples=True),)
