@@ -18,7 +18,7 @@ from ml_collections import config_dict
 
 from configs import common
 from jaxformer import models
-from jaxformer.posttrain import init as posttrain_init
+from jaxformer.posttrain import start as posttrain_init
 
 
 def get_config(arg=None):

@@ -14,7 +14,7 @@ import pytest
 from jaxformer.parallel import ShardingPlan
 from jaxformer.state import train_state as state_lib
 from jaxformer import tasks
-from jaxformer.train import config_checks, setup, step as step_lib
+from jaxformer.train import config_checks, run_builder, step as step_lib
 from tests.sharded_gpt import tiny_gpt_config
 from tests.user_errors import user_error
 
@@ -62,7 +62,7 @@ def _sgd_step(cfg, plan, batch, *, reduce: str | None = None, batch_shards=None)
   task = tasks.task_for(cfg.model)
   if reduce is not None:
     cfg.optim.grad_reduce = reduce
-    step = setup.jit_train_step(config_checks.validate(cfg), plan, module, tx, task,
+    step = run_builder.jit_train_step(config_checks.validate(cfg), plan, module, tx, task,
                                 shardings, batch_sh)
   else:
     step = plan.jit(step_lib.make_train_step(module, tx, task, grad_accum=ACCUM,

@@ -129,18 +129,18 @@ def _steps(cfg, n: int):
   from jaxformer import parallel
   from jaxformer.state import train_state as state_lib
   from jaxformer import tasks
-  from jaxformer.train import config_checks, setup
+  from jaxformer.train import config_checks, run_builder
   settings = config_checks.validate(cfg)
   plan = parallel.ShardingPlan.from_config(settings.mesh, jax.devices()[:1])
   module, tx, init_boxed = state_lib.train_state_fns(cfg)
   abstract = jax.eval_shape(init_boxed)
-  shardings = setup.offloaded(cfg, settings, plan, plan.state_shardings(abstract))
+  shardings = run_builder.offloaded(cfg, settings, plan, plan.state_shardings(abstract))
   state = jax.device_put(plan.init_state(init_boxed)[0], shardings)
   task = tasks.task_for_run(cfg)
   spec = task.batch_spec(cfg, settings, models.with_defaults(cfg.model))
   batch = {k: jax.random.randint(jax.random.key(i), shape, 0, 60).astype(dtype)
            for i, (k, (shape, dtype)) in enumerate(sorted(spec.items()))}
-  step = setup.jit_train_step(settings, plan, module, tx, task, shardings,
+  step = run_builder.jit_train_step(settings, plan, module, tx, task, shardings,
                               {k: plan.batch_sharding(v.ndim) for k, v in batch.items()})
   key = plan.replicate(jax.random.key(3))
   for _ in range(n):

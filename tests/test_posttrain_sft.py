@@ -160,7 +160,7 @@ def test_a_run_takes_its_source_config_and_tokenizer_from_its_own_workdir(tmp_pa
   run's workdir, so rerunning the command resumes the run once the source is gone."""
   import shutil
   from configs import dpo as dpo_config
-  from jaxformer.posttrain import init as pinit
+  from jaxformer.posttrain import start as pinit
   source, run, other = (str(tmp_path / n) for n in ("source", "run", "other"))
   os.makedirs(source)
   source_cfg = tiny_run_config(seed=7)

@@ -116,7 +116,7 @@ def test_the_package_root_imports_no_unit():
 @pytest.mark.parametrize("source", [
     "import jaxformer.train", "from jaxformer.train import loop", "from jaxformer import train",
     "def f():\n  from jaxformer.train.loop import x",
-    "from jaxformer.train.setup import Run as R", "importlib.import_module('jaxformer.train')",
+    "from jaxformer.train.run_builder import Run as R", "importlib.import_module('jaxformer.train')",
     "from ..train import loop", "from jaxformer import sweep", "from jaxformer import scaling",
 ])
 def test_the_rule_catches_every_spelling(source):

@@ -5,6 +5,6 @@ Both reuse the training loop: SFT is the decoder's `lm` objective on packed prom
 rows whose weights are 1 on response tokens only (`data.py`); DPO's loss (`dpo.py`) is
 trained on rows of (chosen, rejected) completions. Each is a task (`jaxformer/tasks/sft.py`,
 `dpo.py`) that `posttrain.method` picks. A run starts from the params of a
-trained workdir (`posttrain.init_from`, `init.py`) and uses that run's tokenizer.
+trained workdir (`posttrain.init_from`, `start.py`) and uses that run's tokenizer.
 See docs-wip/posttrain.md for the state of this work.
 """

@@ -323,11 +323,11 @@ def make_pipeline(config, task: str, *, workdir: str, seed: int, global_batch_si
                   data_dir=None):
   """The SFT (or DPO) pipeline of `config`, with the tokenizer of `posttrain.init_from`,
   saved into `workdir` too (so sampling the post-trained run finds it, and a resume reads that
-  copy, not the source: `init.run_tokenizer`)."""
-  from jaxformer.posttrain import init
+  copy, not the source: `start.run_tokenizer`)."""
+  from jaxformer.posttrain import start
   if task not in ("sft", "dpo"):
     raise ValueError(f"task={task!r} has no post-training pipeline (sft, dpo)")
-  tokenizer = init.run_tokenizer(config, workdir)
+  tokenizer = start.run_tokenizer(config, workdir)
   kw = dict(seed=seed, global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
             process_index=process_index, process_count=process_count)
   pipeline = (SFTPipeline if task == "sft" else DPOPipeline)(config.data, tokenizer, **kw)

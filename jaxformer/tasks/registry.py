@@ -49,9 +49,9 @@ def task_for(model_config) -> Task:
 
 
 def task_for_run(config) -> Task:
-  """The task of a training config: `posttrain.method` (posttrain/init.py) where the config
+  """The task of a training config: `posttrain.method` (posttrain/start.py) where the config
   has a posttrain section, else the model family's (`task_for`)."""
-  from jaxformer.posttrain import init as posttrain_init
+  from jaxformer.posttrain import start as posttrain_init
   post = posttrain_init.check_config(config)
   task = task_for(config.model)
   if post is None:

@@ -1,4 +1,4 @@
-"""Training: config checks, setup, steps, evaluation, metrics and the loop (`python -m
+"""Training: config checks, the run builder, steps, evaluation, metrics and the loop (`python -m
 jaxformer.train`). The optimizer, checkpoints and train state (`optim`, `checkpoint`,
 `state`) are shared with inference, which imports them and nothing else from here.
 

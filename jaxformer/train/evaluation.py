@@ -14,7 +14,7 @@ from jax.experimental import multihost_utils
 from jaxformer import inference, paths, workdir_layout
 from jaxformer.parallel import watchdog
 from jaxformer.train import attention_maps
-from jaxformer.train.setup import Run, Steps, Writers
+from jaxformer.train.run_builder import Run, Steps, Writers
 
 
 def evaluate(eval_step, params, pipeline, task, plan, extra=None, *, step: int = 0) -> dict:

@@ -6,7 +6,7 @@ workdir resumes from the latest checkpoint. Batches are a function of (seed, ste
 `jaxformer.data.batching`) and dropout keys of (seed, step), so the resumed run reproduces
 the metrics of an uninterrupted one exactly.
 
-The run's parts: `config_checks` (before anything is written), `setup` (plan, pipeline,
+The run's parts: `config_checks` (before anything is written), `run_builder` (plan, pipeline,
 state, jitted steps, checkpoint managers, writers), `evaluation` (eval steps and what rides on
 them); this module runs the steps and owns the shutdown.
 """
@@ -21,7 +21,7 @@ import jax
 
 from jaxformer import console, paths, workdir_layout
 from jaxformer.parallel import StopRequest, watchdog
-from jaxformer.train import config_checks, evaluation, plots, program, setup
+from jaxformer.train import config_checks, evaluation, plots, program, run_builder
 from jaxformer.train import step as step_lib
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import read
@@ -41,7 +41,7 @@ def train(config, workdir: str, *, fresh: bool = False, stop_after: int | None =
   although the data changed since the run recorded it (`train.data_record`).
   """
   settings = config_checks.validate(config)
-  setup.check_workdir(workdir, settings, fresh=fresh)   # before anything is written or compiled
+  run_builder.check_workdir(workdir, settings, fresh=fresh)   # before anything is written or compiled
   if jax.devices()[0].platform == "tpu":     # refuse a step that cannot fit before any work
     program.require_fit(config, settings, jax.devices())
   workdir_lib.check_usable(workdir)
@@ -72,15 +72,15 @@ def _run(config, settings, workdir: str, *, fresh: bool, stop_after: int | None,
          data_changed_ok: bool, shutdown: contextlib.ExitStack) -> dict:
   """Set up (or find the run finished), step, plot the curves (to the trackers too), shut
   down; then the end-of-training sample, which never holds a checkpoint or a writer open."""
-  run = setup.open_run(config, settings, workdir, fresh=fresh, data_changed_ok=data_changed_ok,
+  run = run_builder.open_run(config, settings, workdir, fresh=fresh, data_changed_ok=data_changed_ok,
                        shutdown=shutdown)
   if run.start >= settings.train.steps:
     print(f"{workdir}: already trained for {run.start} steps")
     return _last_eval(run.metrics.path)
-  steps = setup.make_steps(run)
+  steps = run_builder.make_steps(run)
   watchdog.beat("compiling the steps", run.start, compiling=True)
-  setup.compile_together(run, steps)
-  writers = setup.open_writers(run, steps, shutdown)
+  run_builder.compile_together(run, steps)
+  writers = run_builder.open_writers(run, steps, shutdown)
   evaluator = evaluation.Evaluator(run, steps, writers)
   try:
     state, last_eval, preempted = _step_loop(run, steps, writers, evaluator, stop_after)
@@ -100,7 +100,7 @@ def _run(config, settings, workdir: str, *, fresh: bool, stop_after: int | None,
   return last_eval
 
 
-def _step_loop(run: setup.Run, steps: setup.Steps, writers: setup.Writers,
+def _step_loop(run: run_builder.Run, steps: run_builder.Steps, writers: run_builder.Writers,
                evaluator: evaluation.Evaluator, stop_after: int | None):
   """Train steps from `run.start` until the end, a stop request or `stop_after` steps:
   (state, last eval record, whether it was stopped early)."""
@@ -142,7 +142,7 @@ class DivergedError(ValueError, FloatingPointError):
   mistake in the settings; still a FloatingPointError for callers that catch that."""
 
 
-def _check_finite(run: setup.Run, done: int, m: dict):
+def _check_finite(run: run_builder.Run, done: int, m: dict):
   """Log a skipped update; stop after train.max_skipped_steps in a row. Called one step late,
   so the host never waits for the device between steps (skipped steps leave the state good)."""
   if bool(m["finite"]):
@@ -159,7 +159,7 @@ def _check_finite(run: setup.Run, done: int, m: dict):
         "(lower optim.lr or check the data)")
 
 
-def _log(run: setup.Run, steps: setup.Steps, writers: setup.Writers, done: int, m: dict):
+def _log(run: run_builder.Run, steps: run_builder.Steps, writers: run_builder.Writers, done: int, m: dict):
   """The train record of step `done`: to the progress bar, metrics.jsonl and TensorBoard.
   Besides the step's own metrics (`step.STEP_METRICS`), every metric the task and the model
   returned, under its own name (a list where it is not a scalar: MoE's per-expert load)."""

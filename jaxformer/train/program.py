@@ -1,7 +1,7 @@
 """The train step as a program for any devices, and the trainer's check that it fits in HBM.
 
 `build_program` assembles the train step exactly as `jaxformer.train` runs it (the same
-`setup.jit_train_step`, shardings from the same `ShardingPlan`), with abstract arguments in
+`run_builder.jit_train_step`, shardings from the same `ShardingPlan`), with abstract arguments in
 place of the data and the train state, for any list of devices: libtpu's compile-only devices
 of a topology (`jaxformer.plan.topology`) or the machine's own. `compile_program` compiles it
 and keeps what the compiler says: its memory analysis and HLO text, or its out-of-memory
@@ -32,7 +32,7 @@ from jaxformer import accelerators, models, parallel, run_settings, tasks
 from jaxformer.parallel import offload
 from jaxformer.parallel.sharding import per_device_bytes
 from jaxformer.state import train_state as state_lib
-from jaxformer.train import config_checks, setup
+from jaxformer.train import config_checks, run_builder
 
 
 @dataclasses.dataclass
@@ -61,14 +61,14 @@ def build_program(config, devices: Sequence[Any], settings=None) -> Program:
   plan.check_batch_size(settings.train.batch_size, grad_accum=settings.optim.grad_accum)
   module, tx, init_boxed = state_lib.train_state_fns(config)
   abstract = jax.eval_shape(init_boxed)
-  state_shardings = setup.offloaded(config, settings, plan, plan.state_shardings(abstract))
+  state_shardings = run_builder.offloaded(config, settings, plan, plan.state_shardings(abstract))
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        plan.restore_target(abstract), state_shardings)   # host memory kinds
   spec = task.batch_spec(config, settings, models.with_defaults(config.model))
   batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=plan.batch_sharding(len(shape)))
            for k, (shape, dtype) in spec.items()}
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=plan.replicated)
-  step = setup.jit_train_step(settings, plan, module, tx, task, state_shardings,
+  step = run_builder.jit_train_step(settings, plan, module, tx, task, state_shardings,
                               {k: v.sharding for k, v in batch.items()})
   return Program(config, settings, task, plan, step, state, batch, key)
 
@@ -183,7 +183,7 @@ def fits(program: Program, out: CompileOutput, hbm_bytes: int) -> bool:
   which refuses any program over HBM (RESOURCE_EXHAUSTED)."""
   if out.refusal is not None:
     return False
-  if setup.memory_levers(program.config, program.settings):
+  if run_builder.memory_levers(program.config, program.settings):
     return True
   return memory(program, out)["total"] <= hbm_bytes
 

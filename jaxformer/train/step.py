@@ -189,7 +189,7 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
   (`loss_mode`).
 
   `opt_state_in` (optional) maps the optimizer state before the update: with
-  `optim.offload_state`, from host to device memory (train/setup.py).
+  `optim.offload_state`, from host to device memory (train/run_builder.py).
   """
   moe = getattr(getattr(module, "block", None), "moe", None)     # MoESettings or None
   chunk = loss_mode(module, task, loss_chunk)

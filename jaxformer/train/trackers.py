@@ -1,5 +1,5 @@
 """Where a run reports: metrics.jsonl, TensorBoard, Weights & Biases and MLflow, behind one
-small interface that the run calls in one place (`setup.Writers`).
+small interface that the run calls in one place (`run_builder.Writers`).
 
     --config.train.trackers="('tensorboard', 'jsonl', 'wandb', 'mlflow')"
 

@@ -88,7 +88,7 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
   changed data is refused unless `data_changed_ok`)."""
   is_main = jax.process_index() == 0
   if fresh and config.get("posttrain") is not None:   # starting over needs the source: check
-    from jaxformer.posttrain import init as posttrain_init     # it before discarding the run
+    from jaxformer.posttrain import start as posttrain_init     # it before discarding the run
     posttrain_init.require_source(config)
   if fresh and is_main:
     removed = workdir_lib.clear(workdir)
@@ -143,7 +143,7 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
   if restored is None:
     state, start = plan.init_state(init_boxed)[0], 0
     if config.get("posttrain") is not None:      # SFT / DPO: the source run's params
-      from jaxformer.posttrain import init as posttrain_init
+      from jaxformer.posttrain import start as posttrain_init
       state = posttrain_init.init_state(config, plan, state, abstract, workdir)
   else:
     start, state = restored
