@@ -233,7 +233,7 @@ def test_block_settings_reach_every_transformer_family():
 def test_moe_config_keys_name_every_moe_setting_once():
   """The `model.moe_*` keys are written out (grep finds them), one per MoESettings field."""
   import dataclasses
-  from jaxformer.layers import block_settings
+  from jaxformer.layers import block_settings as settings
   fields = [f.name for f in dataclasses.fields(settings.MoESettings)]
   assert sorted(settings._MOE_KEYS.values()) == sorted(fields)
   assert all(k == f or k == f"moe_{f}" for k, f in settings._MOE_KEYS.items())
