@@ -135,6 +135,9 @@ def unknown_key_message(config: Any, dotted: str, flag: str = "config") -> str |
   return None
 
 
+_HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+
 def absl_flags_parser(argv: list[str], flag_values=None) -> list[str]:
   """`app.run(..., flags_parser=absl_flags_parser)`: a command line or `--config` file
   mistake as one line and exit code 2 instead of a traceback (see the module docstring);
@@ -144,6 +147,10 @@ def absl_flags_parser(argv: list[str], flag_values=None) -> list[str]:
   flag_values = flags.FLAGS if flag_values is None else flag_values
   try:
     rest = flag_values(argv)
+  except SystemExit as e:   # absl exits 1 after printing --help: asked-for help is success
+    if e.code == 1 and any(a.split("=")[0] in _HELP_FLAGS for a in argv[1:]):
+      raise SystemExit(0) from None
+    raise
   except Exception as e:  # noqa: BLE001  (re-raised unless it is the user's mistake)
     message = _command_line_mistake(argv, e, flag_values)
     if message is None:

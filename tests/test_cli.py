@@ -4,6 +4,7 @@ traceback, nothing written; the workdir lock, --fresh, strict metrics, data file
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -345,6 +346,26 @@ def test_sample_and_launcher_mistakes(tmp_path):
                           f"--workdir={tmp_path / 'sw'}"), "nope.py")
   _assert_user_error(_cli("launch.slurm", "--nodes=0", "--", "python", "x"), "--nodes=0")
   _assert_user_error(_cli("launch.local", "--bogus"), "unrecognized arguments: --bogus")
+
+
+def test_help_is_success():
+  """absl exits 1 after printing --help; asked-for help exits 0 (scripts check it)."""
+  result = _cli("jaxformer.train", "--help")
+  assert result.returncode == 0 and "--workdir" in result.stdout + result.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu not installed")
+def test_no_libtpu_lines_on_a_machine_without_tpus():
+  """With libtpu installed and no TPU, JAX's look for one printed libtpu's warnings and five
+  E0000 lines; importing jaxformer first gives libtpu the placeholders that silence it."""
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("JAX_PLATFORMS", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES")}
+  env["PYTHONPATH"] = ROOT
+  result = subprocess.run([sys.executable, "-c", "import jaxformer, jax; print(jax.devices())"],
+                          capture_output=True, text=True, env=env, timeout=120)
+  assert result.returncode == 0 and "Cpu" in result.stdout
+  assert "E0000" not in result.stderr and "TPU_WORKER_HOSTNAMES" not in result.stderr, \
+      result.stderr
 
 
 def test_sample_without_checkpoints_says_so_and_creates_nothing(tmp_path):

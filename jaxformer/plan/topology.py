@@ -17,6 +17,7 @@ import importlib.util
 import os
 import re
 
+import jaxformer
 from jaxformer import tpu_flags
 
 GENERATIONS = ("v4", "v5e", "v5p", "v6e")
@@ -145,6 +146,8 @@ def quiet_libtpu(gen: str = "v5e") -> None:
   are attached: there libtpu finds the real values itself."""
   if real_tpu_attached():
     return
+  if os.environ.get(jaxformer.LIBTPU_QUIETED):     # jaxformer's placeholder, not the user's
+    os.environ["TPU_ACCELERATOR_TYPE"] = _LIBTPU_ENV.get(gen, "v5litepod-4")
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", _LIBTPU_ENV.get(gen, "v5litepod-4"))
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
