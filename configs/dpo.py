@@ -6,8 +6,8 @@
 `arg` is the trained (SFT) workdir: its params start the policy and are kept, frozen, as the
 reference (the train state's 'reference', checkpointed with it); its model section (dropout
 off), tokenizer and seq_len are used; `hf:DIR` starts from a Hugging Face checkpoint instead. Records: {"prompt", "chosen", "rejected"} JSON Lines. Logged:
-`loss` (DPO), `dpo_rewards_*`, `dpo_kl`, `dpo_logps_*`; evals add `eval_accuracy` (reward
-accuracy) and `eval_rewards_margin`, `eval_kl`, ...
+`loss` (DPO), `dpo_rewards_*`, `dpo_logratio`, `dpo_logps_*`; evals add `eval_accuracy` (reward
+accuracy) and `eval_rewards_margin`, `eval_logratio`, ...
 """
 
 from configs import sft

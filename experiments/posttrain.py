@@ -371,9 +371,9 @@ def dpo_logged(dpo_dir: str) -> dict:
   evals = [r for r in records if "eval_accuracy" in r]
   keep = lambda r, keys: {k: r[k] for k in keys if k in r}
   eval_keys = ("step", "eval_loss", "eval_accuracy", "eval_rewards_margin",
-               "eval_rewards_chosen", "eval_rewards_rejected", "eval_kl")
-  return {"train_first": keep(train[0], ("step", "loss", "dpo_rewards_margin", "dpo_kl")),
-          "train_last": keep(train[-1], ("step", "loss", "dpo_rewards_margin", "dpo_kl")),
+               "eval_rewards_chosen", "eval_rewards_rejected", "eval_logratio")
+  return {"train_first": keep(train[0], ("step", "loss", "dpo_rewards_margin", "dpo_logratio")),
+          "train_last": keep(train[-1], ("step", "loss", "dpo_rewards_margin", "dpo_logratio")),
           "eval_first": keep(evals[0], eval_keys), "eval_last": keep(evals[-1], eval_keys)}
 
 
@@ -430,16 +430,16 @@ def render(results: dict) -> str:
       f"{kl_dpo['sem']:.3f} nats (n={kl_dpo['n']})",
       f"- SFT model vs the pretrained model: {kl_sft['mean']:.3f} ± {kl_sft['sem']:.3f} nats "
       f"(n={kl_sft['n']})", "",
-      "DPO as logged by the trainer (its eval = the pairs' hash-held-out 10%; its `kl` is the "
+      "DPO as logged by the trainer (its eval = the pairs' hash-held-out 10%; its `logratio` is the "
       "log-ratio monitor on offline pairs, not an on-policy KL):", "",
-      "| | step | reward accuracy | rewards margin | kl (monitor) |", "|---|---:|---:|---:|---:|"]
+      "| | step | reward accuracy | rewards margin | logratio (monitor) |", "|---|---:|---:|---:|---:|"]
   for key in ("eval_first", "eval_last"):
     e = logged[key]
     lines.append(f"| eval | {e['step']} | {e['eval_accuracy']:.3f} | "
-                 f"{e['eval_rewards_margin']:.3f} | {e['eval_kl']:.3f} |")
+                 f"{e['eval_rewards_margin']:.3f} | {e['eval_logratio']:.3f} |")
   t = logged["train_last"]
   lines += [f"| train (last logged) | {t['step']} | | {t['dpo_rewards_margin']:.3f} | "
-            f"{t['dpo_kl']:.3f} |", "",
+            f"{t['dpo_logratio']:.3f} |", "",
             *_sweep_lines(results),
             "Greedy responses on the first held-out prompts:", "",
             "| prompt | word | " + " | ".join(MODELS) + " |",

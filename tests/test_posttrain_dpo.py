@@ -83,7 +83,7 @@ def test_dpo_loss_float32_matches_numpy_float64():
                            beta=beta, label_smoothing=eps)
     np.testing.assert_allclose(np.asarray(loss), _numpy_dpo(pc, pr, rc, rr, beta, eps),
                                atol=2e-5 * beta)
-    np.testing.assert_allclose(np.asarray(m["kl"]), 0.5 * ((pc - rc) + (pr - rr)), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(m["logratio"]), 0.5 * ((pc - rc) + (pr - rr)), atol=2e-5)
 
 
 def test_dpo_gradient_is_the_papers():

@@ -59,14 +59,14 @@ def test_tiny_dpo_run_trains_against_a_frozen_reference_and_resumes_exactly(tmp_
   loop.train(resumed, parted)
   records = read(os.path.join(full, "metrics.jsonl"))
   keys = ("step", "loss", "grad_norm", "dpo_rewards_margin", "eval_loss", "eval_accuracy",
-          "eval_kl")
+          "eval_logratio")
   strip = lambda rs: [{k: r[k] for k in keys if k in r} for r in rs]
   assert strip(read(os.path.join(parted, "metrics.jsonl"))) == strip(records)
   train = [r for r in records if "loss" in r]
   assert abs(train[0]["loss"] - np.log(2)) < 0.05       # policy == reference at the start
   assert train[-1]["loss"] < train[0]["loss"] and train[-1]["dpo_rewards_margin"] > 0
   evals = [r for r in records if "eval_loss" in r]
-  assert {"eval_rewards_margin", "eval_kl", "eval_rewards_chosen"} <= set(evals[-1])
+  assert {"eval_rewards_margin", "eval_logratio", "eval_rewards_chosen"} <= set(evals[-1])
   # the checkpoint keeps the reference equal to the source's params; the policy moved
   _, _, init_boxed = train_state.train_state_fns(ConfigDict(train_state.read_config(full)))
   ckpts = checkpoint.Checkpoints(os.path.join(full, "checkpoints"), read_only=True)

@@ -51,7 +51,7 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, *, beta: 
       "rewards_rejected": rejected_reward,
       "rewards_margin": chosen_reward - rejected_reward,
       "rewards_accuracy": (chosen_reward > rejected_reward).astype(chosen_reward.dtype),
-      "kl": jax.lax.stop_gradient(0.5 * (chosen_ratio + rejected_ratio)),
+      "logratio": jax.lax.stop_gradient(0.5 * (chosen_ratio + rejected_ratio)),
       "logps_chosen": jax.lax.stop_gradient(policy_chosen),
       "logps_rejected": jax.lax.stop_gradient(policy_rejected),
   }
