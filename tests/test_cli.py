@@ -348,6 +348,17 @@ def test_sample_and_launcher_mistakes(tmp_path):
   _assert_user_error(_cli("launch.local", "--bogus"), "unrecognized arguments: --bogus")
 
 
+def test_print_config_prints_the_checked_config_and_trains_nothing(tmp_path):
+  result = _cli("jaxformer.train", f"--config={CONFIG}", "--config.train.steps=31",
+                "--print_config", cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  printed = json.loads(result.stdout)
+  assert printed["train"]["steps"] == 31 and printed["model"]["family"] == "decoder"
+  assert list(tmp_path.iterdir()) == []
+  _assert_user_error(_cli("jaxformer.train", f"--config={CONFIG}", "--config.optim.lr=-1",
+                          "--print_config"), "optim.lr")
+
+
 def test_help_is_success():
   """absl exits 1 after printing --help; asked-for help exits 0 (scripts check it)."""
   result = _cli("jaxformer.train", "--help")

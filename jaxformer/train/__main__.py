@@ -1,5 +1,5 @@
 """python -m jaxformer.train --config=configs/<name>.py[:arg] --workdir=DIR [--config.a.b=v]
-    [--fresh] [--data_changed_ok] [--branch_from=TRUNK_WORKDIR@STEP]
+    [--fresh] [--data_changed_ok] [--branch_from=TRUNK_WORKDIR@STEP] [--print_config]
 
 Planning is `python -m jaxformer.plan` (`--plan_only`, `--topology` and `--slices` are refused
 here with that command line); on a TPU a run checks that its step fits before it writes
@@ -13,6 +13,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from jaxformer import cli, compilation, console, parallel, tpu_flags
+from jaxformer.train import config_checks
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.loop import train
 
@@ -29,6 +30,8 @@ flags.DEFINE_string("branch_from", None, "TRUNK_WORKDIR@STEP: start --workdir as
 flags.DEFINE_bool("plan_only", False, "Moved: use python -m jaxformer.plan (refused here).")
 flags.DEFINE_string("topology", None, "Moved: use python -m jaxformer.plan (refused here).")
 flags.DEFINE_integer("slices", None, "Moved: use python -m jaxformer.plan (refused here).")
+flags.DEFINE_bool("print_config", False, "Check the config (with its --config.* overrides) and "
+                  "print it as the run would save it in config.json, then exit; trains nothing.")
 cli.define_compilation_cache_flag()
 flags.mark_flags_as_required(["config"])
 
@@ -38,6 +41,10 @@ def main(argv):
   f = flags.FLAGS
   if f.plan_only or f.topology or f.slices is not None:
     raise ValueError(planning_moved(sys.argv[1:], f.topology, f.slices))
+  if f.print_config:         # checked as a run checks it first, no --workdir needed
+    config_checks.validate(f.config)
+    print(f.config.to_json(indent=2))
+    return
   tpu_flags.apply()    # the TPU compiler's overlap flags, before JAX initialises a backend
   compilation.enable_cache(f.compilation_cache)
   if f.workdir is None:
