@@ -157,6 +157,19 @@ def test_progress_rate_mfu_eta_and_excluded_time():
   assert "elapsed 41s" in bar.format_line(25, {})
 
 
+def test_progress_rates_start_after_the_compiling_first_step():
+  clock = FakeClock()
+  bar = _progress(clock)
+  clock.now += 60.0                      # step 1: mostly compilation
+  bar.restart_window(1)
+  clock.now += 1.8                       # steps 2..10 at 5 steps/s
+  bar.update(10, {"loss": 1.5})
+  assert bar.steps_per_sec() == pytest.approx(5.0)
+  assert bar.eta_seconds() == pytest.approx(90 / 5.0)
+  bar.restart_window(10)                 # nothing measured since: no rate, not a wrong one
+  assert bar.steps_per_sec() is None and "? tok/s" in bar.format_line(10, {})
+
+
 def test_progress_sliding_window_forgets_slow_start():
   clock = FakeClock()
   bar = _progress(clock, window=2)

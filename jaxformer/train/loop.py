@@ -118,6 +118,9 @@ def _step_loop(run: run_builder.Run, steps: run_builder.Steps, writers: run_buil
       state, m = steps.train_step(state, batch, steps.dropout_key)
       writers.profiler.after(s + 1, m)
       done = s + 1
+      if s == run.start:         # the first step is mostly compilation: rates start after it
+        jax.block_until_ready(m["loss"])
+        writers.bar.restart_window(done)
       if previous is not None:
         _check_finite(run, *previous)
       previous = (done, m)
