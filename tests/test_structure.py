@@ -29,7 +29,7 @@ LAYERS = (
     ("inference", "scaling", "convert"),      # restore + decode; studies; Hugging Face
     ("posttrain",),                           # SFT / DPO data, objectives, initialization
     ("train",),                               # the training loop (samples through inference)
-    ("sample", "sweep", "plan"),              # entry points over train and inference; plan:
+    ("sample", "sweep", "plan", "export"),    # entry points over train and inference; plan:
                                               # compile-only devices, HLO analysis, estimate,
                                               # search
 )
