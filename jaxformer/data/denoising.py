@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxformer.data import tokenizers
 from jaxformer.data.text import _KeyedWindowsMixin, _TextPipeline
 
 DEFAULTS = dict(mask_ratio=0.3, poisson_lambda=3.0, permute_sentences=True,
@@ -157,19 +158,10 @@ class DenoisingPipeline(_KeyedWindowsMixin, _TextPipeline):
                        "windows (set data.packing='stream' or leave it unset)")
     options = noise_options(data_config)
     super().__init__(data_config, **kw)
-    tok, vocab = self.tokenizer, self.tokenizer.vocab_size
-    extra = []
-
-    def special(existing):
-      if existing is not None:
-        return existing
-      extra.append(vocab + len(extra))
-      return extra[-1]
-
-    self.mask_id = special(tok.mask_id)
-    self.start_id = special(tok.bos_id)
-    self.pad_id = special(tok.pad_id)
-    self.info = {"vocab_size": vocab + len(extra)}
+    tok = self.tokenizer
+    ids, size = tokenizers.special_ids(tok, tokenizers.TASK_SPECIAL_IDS[self.task])
+    self.mask_id, self.start_id, self.pad_id = ids["mask_id"], ids["bos_id"], ids["pad_id"]
+    self.info = {"vocab_size": size}
     self.delimiter_ids = []
     for char in options["delimiters"] if options["permute"] else "":
       ids = tok.encode(char)

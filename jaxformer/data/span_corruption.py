@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxformer.data import tokenizers
 from jaxformer.data.text import _KeyedWindowsMixin, _TextPipeline
 
 NOISE_DENSITY, MEAN_NOISE_SPAN_LENGTH, NUM_SENTINELS = 0.15, 3.0, 100
@@ -153,13 +154,9 @@ class SpanCorruptionPipeline(_KeyedWindowsMixin, _TextPipeline):
       raise ValueError(f"data.num_sentinels={self.num_sentinels} is fewer than the {spans} "
                        f"noise spans of a data.seq_len={self.seq_len} window; raise it to "
                        f">= {spans}")
-    tok = self.tokenizer
-    next_id = tok.vocab_size
-    self.pad_id, self.eos_id = tok.pad_id, tok.eos_id
-    if self.pad_id is None:
-      self.pad_id, next_id = next_id, next_id + 1
-    if self.eos_id is None:
-      self.eos_id, next_id = next_id, next_id + 1
+    ids, next_id = tokenizers.special_ids(self.tokenizer,
+                                          tokenizers.TASK_SPECIAL_IDS[self.task])
+    self.pad_id, self.eos_id = ids["pad_id"], ids["eos_id"]
     self.vocab_size = next_id + self.num_sentinels
     src_len, tgt_len = lengths(self.seq_len, self.noise_density, self.mean_span)
     self.info = {"vocab_size": self.vocab_size, "src_len": src_len, "tgt_len": tgt_len}

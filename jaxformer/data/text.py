@@ -42,7 +42,7 @@ import grain
 import numpy as np
 
 from jaxformer import run_settings
-from jaxformer.data import batching
+from jaxformer.data import batching, tokenizers
 from jaxformer.data.corpus import prepare, sources
 from jaxformer.data.corpus.tokens import TokenStream
 from jaxformer.data.corpus.work import ROLES
@@ -250,10 +250,9 @@ class MLMPipeline(_KeyedWindowsMixin, _TextPipeline):
     if not isinstance(rate, (int, float)) or not 0.0 < rate <= 1.0:
       raise ValueError(f"data.mask_rate={rate!r} must be in (0, 1], e.g. 0.15")
     self.mask_rate = float(rate)
-    self.mask_id = self.tokenizer.mask_id
-    if self.mask_id is None:                     # append a [MASK] id after the vocabulary
-      self.mask_id = self.tokenizer.vocab_size
-      self.info = {"vocab_size": self.tokenizer.vocab_size + 1}
+    ids, size = tokenizers.special_ids(self.tokenizer, tokenizers.TASK_SPECIAL_IDS["mlm"])
+    self.mask_id = ids["mask_id"]                # else a [MASK] id after the vocabulary
+    self.info = {"vocab_size": size}
     self._load_streams(self.seq_len)
 
   def _transform(self, tokens: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -286,12 +285,8 @@ class NSPPipeline(MLMPipeline):
     if self.seq_len < 5:
       raise ValueError(f"data.seq_len={self.seq_len} is too short for [CLS] A [SEP] B [SEP] "
                        "with non-empty A and B; use data.seq_len >= 5")
-    size = self.info["vocab_size"]
-    self.cls_id, self.sep_id = self.tokenizer.bos_id, self.tokenizer.eos_id
-    if self.cls_id is None:
-      self.cls_id, size = size, size + 1
-    if self.sep_id is None:
-      self.sep_id, size = size, size + 1
+    ids, size = tokenizers.special_ids(self.tokenizer, tokenizers.TASK_SPECIAL_IDS["mlm_nsp"])
+    self.cls_id, self.sep_id = ids["bos_id"], ids["eos_id"]
     self.info = {"vocab_size": size}
 
   def _pair(self, role: str, step: int, row: int) -> dict[str, np.ndarray]:

@@ -29,6 +29,7 @@ HF_MODEL_FILE = "tokenizer.hf.json"
 SPM_MODEL_TYPES = ("bpe", "unigram")
 SPM_SPECIAL_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
 SPM_BYTE_PIECES = 256                  # byte fallback: every UTF-8 byte has its own piece
+SPM_USER_SYMBOLS = ("\n",)             # pieces of their own that no other piece crosses
 SPM_MAX_TRAINING_TEXTS = 2_000_000     # the first this many texts train the model
 _SPEC_HELP = ('use "char", "spm:bpe:<vocab_size>", "spm:unigram:<vocab_size>" or '
               '"hf:<tokenizer.json or a directory holding one>"')
@@ -78,6 +79,31 @@ def checked_ids(ids, vocab_size: int) -> list[int]:
                      f"{vocab_size}) ({len(bad)} such ids); a model vocabulary padded past "
                      "the tokenizer's must not emit them (generate(..., vocab_limit=...))")
   return flat
+
+
+# The special tokens each task's batches use, by the tokenizer attribute that may hold them,
+# in the order new ids are appended for those the tokenizer lacks (see `special_ids`):
+# MLM's [MASK]; NSP's [MASK], [CLS] (bos_id) and [SEP] (eos_id); BART's <mask>, decoder start
+# (bos_id) and <pad>; T5's <pad> and </s> (its sentinels follow, at the top of the vocabulary).
+TASK_SPECIAL_IDS = {"mlm": ("mask_id",), "mlm_nsp": ("mask_id", "bos_id", "eos_id"),
+                    "bart_denoising": ("mask_id", "bos_id", "pad_id"),
+                    "span_corruption": ("pad_id", "eos_id")}
+
+
+def special_ids(tokenizer, roles) -> tuple[dict[str, int], int]:
+  """({role: id}, vocabulary size) for the special tokens `roles` (tokenizer attributes:
+  'mask_id', 'bos_id', 'eos_id', 'pad_id') a task uses: the tokenizer's own id where it has
+  one, else a new id after its vocabulary, appended in the order of `roles` (the char
+  tokenizer has none: MLM's [MASK] is id 65 after its 65 symbols). The size counts the
+  appended ids. The data pipelines and `jaxformer.export` (which names the appended tokens
+  in the exported tokenizer) both take the ids from here."""
+  ids, size = {}, tokenizer.vocab_size
+  for role in roles:
+    own = getattr(tokenizer, role)
+    if own is None:
+      own, size = size, size + 1
+    ids[role] = int(own)
+  return ids, size
 
 
 def _code_points(text: str) -> np.ndarray:
@@ -202,7 +228,7 @@ class SentencePieceTokenizer:
           input_sentence_size=0, shuffle_input_sentence=False, max_sentence_length=1 << 20,
           normalization_rule_name="identity", remove_extra_whitespaces=False,
           add_dummy_prefix=False, allow_whitespace_only_pieces=True,
-          user_defined_symbols=["\n"], minloglevel=2, **SPM_SPECIAL_IDS)
+          user_defined_symbols=list(SPM_USER_SYMBOLS), minloglevel=2, **SPM_SPECIAL_IDS)
     except RuntimeError as e:
       raise ValueError(f"data.tokenizer={spec!r}: SentencePiece training failed ({e}); a "
                        "vocab_size that fits the text usually fixes it") from e

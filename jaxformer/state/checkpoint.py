@@ -107,6 +107,16 @@ class Checkpoints:
           paths.path(path).rename(aside)
           self.manager.reload()
 
+  def restore_step(self, step: int, abstract_state):
+    """The state saved at `step`, or None if no checkpoint of that step is kept."""
+    if step not in self.manager.all_steps():
+      return None
+    with _quiet_asyncio():
+      return self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+
+  def steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()

@@ -58,7 +58,8 @@ mlp_bias=True but attention_bias=False), BERT's pooler / MLM head (BertModel /
 BertForMaskedLM checkpoints) with a fresh init (with a warning), ViTModel's classifier with
 zeros. When saving, a parameter the target architecture has no tensor for must be all zeros.
 
-Files: `io.py` reads config.json and the weights and writes them; `core.py` holds the mapping
+Files: `io.py` reads config.json and the weights and writes them; `tokenizer.py` writes a
+run's tokenizer as tokenizer.json (for `jaxformer.export`); `core.py` holds the mapping
 rules, the checks and the `load`/`save` drivers, and finds the per-family converters
 (`decoder.py`, `bert.py`, `vit.py`, one interface) through `core.converters()`.
 """

@@ -21,6 +21,9 @@ self-contained (importable by dotted name) and defines, under these names:
   rules(kind, config, flags) -> list[Rule]                    the tensor mapping
   unused(name, tensors, config) -> str | None   why a tensor no rule reads can be dropped
                                    ('' = silently), or None if it is unexpected
+  MODEL_TOKEN_IDS: tuple[str, ...]  (optional) config.json token ids the model config fixes,
+                                   which `save(..., token_ids=)` leaves alone (RoBERTa's
+                                   pad_token_id is its position offset)
 
 `flags` carry what the config does not say (which optional HF tensors exist) to `rules`.
 """
@@ -362,25 +365,64 @@ def _training_run_files(out_dir: str) -> list[str]:
   return found
 
 
-def _check_out_dir(out_dir: str, overwrite: bool):
+def check_out_dir(out_dir: str | os.PathLike, *, overwrite: bool = False, name: str = "",
+                  overwrite_flag: str = "overwrite=True", files: tuple[str, ...] = ()):
   """out_dir may be new, empty, or hold files other than a checkpoint's; an earlier
-  Hugging Face save there is replaced only with overwrite=True; a training run never."""
+  Hugging Face save there (or one of `files`) is replaced only with overwrite; a training run
+  never. What `save` checks before writing, for callers that check before their own work:
+  `name` is how the errors name the directory (default 'hf.save: <out_dir>') and
+  `overwrite_flag` the option that allows replacing."""
+  out_dir = os.fspath(out_dir)
+  name = name or f"hf.save: {out_dir}"
   if paths.path(out_dir, "out_dir").is_file():
-    raise ValueError(f"hf.save: {out_dir} is a file, not a directory; give a directory path")
+    raise ValueError(f"{name} is a file, not a directory; give a directory path")
   run = _training_run_files(out_dir)
   if run:
-    raise ValueError(f"hf.save: {out_dir} holds a training run ({', '.join(run)}); writing a "
+    raise ValueError(f"{name} holds a training run ({', '.join(run)}); writing a "
                      "Hugging Face checkpoint there would replace the run's config.json: save "
                      f"to another directory, e.g. {os.path.join(out_dir, 'hf')}")
-  existing = checkpoint_files(out_dir)
+  directory = paths.path(out_dir, "out_dir")
+  existing = checkpoint_files(out_dir) + [n for n in files if (directory / n).exists()]
   if existing and not overwrite:
-    raise ValueError(f"hf.save: {out_dir} already holds {', '.join(existing[:4])}"
+    raise ValueError(f"{name} already holds {', '.join(existing[:4])}"
                      + (f" (and {len(existing) - 4} more)" if len(existing) > 4 else "")
-                     + "; pass overwrite=True to replace that checkpoint, or save to another "
+                     + f"; pass {overwrite_flag} to replace that checkpoint, or save to another "
                      "directory")
 
 
-def save(model_config, params, out_dir: str | os.PathLike, *, overwrite: bool = False) -> str:
+# config.json's token ids that `save(..., token_ids=)` sets (None: the model has no such token).
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id",
+                 "forced_eos_token_id")
+
+
+def architecture(model_config) -> str:
+  """The Hugging Face architecture `save` writes `model_config` as (a ValueError naming the
+  setting when it has none), without touching any params."""
+  cfg = _config_dict(model_config)
+  return converters()[cfg["family"]].to_hf(cfg)[0]
+
+
+def _set_token_ids(hc: dict, token_ids, conv: ModuleType, cfg: dict) -> None:
+  """config.json's token ids from `token_ids`, except those the architecture derives from the
+  model config (the converter's MODEL_TOKEN_IDS: RoBERTa's pad_token_id is its position
+  offset, model.pad_id)."""
+  vocab_size = cfg.get("vocab_size")
+  if vocab_size is None:
+    raise ValueError(f"hf.save: token_ids given, but a model.family={cfg['family']!r} model "
+                     "has no token vocabulary")
+  for key, value in token_ids.items():
+    if key not in TOKEN_ID_KEYS:
+      raise ValueError(f"hf.save: token_ids key {key!r} is not one of {TOKEN_ID_KEYS}")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 0 <= value < vocab_size):
+      raise ValueError(f"hf.save: token_ids[{key!r}]={value!r} must be None or a token id in "
+                       f"[0, {vocab_size})")
+    if key not in getattr(conv, "MODEL_TOKEN_IDS", ()):
+      hc[key] = value
+
+
+def save(model_config, params, out_dir: str | os.PathLike, *, overwrite: bool = False,
+         token_ids: Mapping[str, int | None] | None = None) -> str:
   """Write `config.json` + `model.safetensors` loadable by transformers' `from_pretrained`.
 
   A decoder becomes GPT2LMHeadModel (positions='learned', norm='layernorm'), else
@@ -394,13 +436,20 @@ def save(model_config, params, out_dir: str | os.PathLike, *, overwrite: bool = 
   there (config.json, weights, shards) is refused unless `overwrite=True`, which replaces it
   and removes the old one's other weight files (shards, indexes, .bin), which would otherwise
   sit beside the new model.safetensors; other files are left alone. Returns out_dir.
+
+  token_ids: config.json's `bos_token_id`, `eos_token_id`, `pad_token_id`,
+  `decoder_start_token_id`, `forced_eos_token_id` (`TOKEN_ID_KEYS`), each an id in the
+  vocabulary or None (no such token), which replace the architecture's defaults (e.g.
+  GPT-2's 50256); `jaxformer.export` gives them from the run's tokenizer.
   """
   require_safetensors()                 # before any work: the missing extra is the first fix
   out_dir = os.fspath(out_dir)
-  _check_out_dir(out_dir, overwrite)
+  check_out_dir(out_dir, overwrite=overwrite)
   cfg = _config_dict(model_config)
   conv = converters()[cfg["family"]]
   arch, hc, flags = conv.to_hf(cfg)
+  if token_ids:
+    _set_token_ids(hc, token_ids, conv, cfg)
   kind = conv.ARCHITECTURES[arch]
   expected = _expected_shapes(cfg)
   rules = conv.rules(kind, cfg, flags)

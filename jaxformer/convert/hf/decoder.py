@@ -25,6 +25,7 @@ KEEP = ()
 # Block settings no HF decoder architecture varies (see core.FIXED); the others are mapped.
 FIXED = dict(pre_norm=True)
 
+_GPT2_END_OF_TEXT = 50256
 # GPT-2 Conv1D [E, 3*H*D] -> [E, 3, H, D]; c_proj [H*D, E] -> [H, D, E]
 _CONV_QKV = dict(to_ours=lambda s, w: w.reshape(s), to_hf=lambda k: (k.reshape(k.shape[0], -1),))
 _CONV_OUT = dict(to_ours=lambda s, w: w.reshape(s), to_hf=lambda k: (k.reshape(-1, k.shape[-1]),))
@@ -232,6 +233,9 @@ def to_hf(c: dict) -> tuple[str, dict, dict]:
               layer_norm_epsilon=c.get("norm_eps", 1e-5),
               resid_pdrop=c.get("dropout_rate", 0.0), embd_pdrop=c.get("dropout_rate", 0.0),
               attn_pdrop=c.get("attention_dropout_rate", 0.0))
+    # GPT2Config's bos/eos default to 50256 (<|endoftext|>), an id only a GPT-2 vocabulary has
+    end = _GPT2_END_OF_TEXT if c["vocab_size"] > _GPT2_END_OF_TEXT else None
+    hc.update(bos_token_id=end, eos_token_id=end)
     return "GPT2LMHeadModel", hc, {}
   if positions == "rope" and norm == "rmsnorm" and (ffn == "swiglu" or experts):
     sliding_window = None

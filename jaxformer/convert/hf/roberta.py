@@ -22,6 +22,8 @@ STACK = "encoder"
 FIXED = dict(bert.FIXED, activation="gelu_exact", nsp=False)
 FIXED.pop("pad_id")
 KEEP = ("roberta.embeddings.word_embeddings.weight", "lm_head.bias")
+# config.json token ids that come from the model config, never from a tokenizer (core.save)
+MODEL_TOKEN_IDS = ("pad_token_id",)     # model.pad_id, the offset of the position ids
 
 
 def unused(name: str, tensors: dict, config: dict) -> str | None:
