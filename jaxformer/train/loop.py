@@ -18,7 +18,6 @@ import logging
 import os
 
 import jax
-import numpy as np
 
 from jaxformer import console, paths, workdir_layout
 from jaxformer.parallel import StopRequest, watchdog
@@ -107,7 +106,6 @@ def _step_loop(run: run_builder.Run, steps: run_builder.Steps, writers: run_buil
   (state, last eval record, whether it was stopped early)."""
   t = run.settings.train
   state, last_eval, preempted, previous = run.state, None, False, None
-  interval = []              # this log interval's step losses (device scalars, no host wait)
   with StopRequest(run.start) as stop:        # on every process at the same step
     for s in range(run.start, t.steps):
       watchdog.beat("reading data", s + 1)
@@ -124,10 +122,8 @@ def _step_loop(run: run_builder.Run, steps: run_builder.Steps, writers: run_buil
       if previous is not None:
         _check_finite(run, *previous)
       previous = (done, m)
-      interval.append((m["loss"], m["finite"]))
       if done % t.log_every == 0 or done == t.steps:
-        _log(run, steps, writers, done, m, interval)
-        interval = []
+        _log(run, steps, writers, done, m)
       if done % t.eval_every == 0 or done == t.steps:
         last_eval = evaluator(done, state)
       preempted = stop.reached(done) or (stop_after is not None and
@@ -166,23 +162,11 @@ def _check_finite(run: run_builder.Run, done: int, m: dict):
         "(lower optim.lr or check the data)")
 
 
-def _interval_loss(interval: list) -> float:
-  """The mean train loss of the log interval's steps whose loss and gradient were finite (a
-  skipped step's loss would make it NaN); NaN when none was. One host transfer."""
-  values = np.asarray(jax.device_get(interval), np.float64)     # [steps, (loss, finite)]
-  finite = values[:, 1] > 0
-  return float(values[finite, 0].mean()) if finite.any() else float("nan")
-
-
-def _log(run: run_builder.Run, steps: run_builder.Steps, writers: run_builder.Writers,
-         done: int, m: dict, interval: list):
-  """The train record of step `done`: to the progress bar, metrics.jsonl and the trackers.
-  `loss` is the mean over the log interval's steps (`interval`: their (loss, finite)), as
-  Levanter and MaxText log it, and `last_loss` the step's own. Besides the step's own metrics
-  (`step.STEP_METRICS`), every metric the task and the model returned, under its own name (a
-  list where it is not a scalar: MoE's per-expert load)."""
-  record = {"step": done, "loss": _interval_loss(interval), "last_loss": float(m["loss"]),
-            "lr": float(steps.schedule(done - 1)),
+def _log(run: run_builder.Run, steps: run_builder.Steps, writers: run_builder.Writers, done: int, m: dict):
+  """The train record of step `done`: to the progress bar, metrics.jsonl and TensorBoard.
+  Besides the step's own metrics (`step.STEP_METRICS`), every metric the task and the model
+  returned, under its own name (a list where it is not a scalar: MoE's per-expert load)."""
+  record = {"step": done, "loss": float(m["loss"]), "lr": float(steps.schedule(done - 1)),
             "grad_norm": float(m["grad_norm"]), "skipped": int(m["skipped"])}
   if run.task.step_accuracy:
     record["accuracy"] = float(m["accuracy"])
