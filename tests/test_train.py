@@ -60,6 +60,9 @@ def test_short_run_learns_and_resume_reproduces_uninterrupted_run(tmp_path):
     load_run(str(tmp_path / "nothing"))
   _, best_params, _ = load_run(full, which="best")      # eval at 24 was the best (lowest)
   jax.tree.map(np.testing.assert_array_equal, best_params, params)
+  from jaxformer.inference.restore import checkpoint_step     # what `sample` prints
+  assert [checkpoint_step(full, w) for w in ("latest", "best", "16")] == [24, 24, 16]
+  assert checkpoint_step(str(tmp_path / "nothing"), "best") is None
 
 
 def test_one_process_stops_after_the_step_during_which_it_was_signalled():

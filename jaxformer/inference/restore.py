@@ -65,6 +65,34 @@ def load_run(workdir: str, *, which: str | int = "latest"):
   return config, params, tokenizer
 
 
+def checkpoint_step(workdir: str, which: str | int = "latest") -> int | None:
+  """The step whose params `load_run(workdir, which=which)` reads (None when there is none),
+  without restoring anything: the CLIs print it, so `--checkpoint=best` says which step."""
+  which = checkpoint_choice(which)
+  if not isinstance(which, str):
+    return which
+  if which == "latest":
+    directory = os.path.join(workdir, workdir_layout.CHECKPOINTS)
+    if not _has_checkpoints(directory):
+      return None
+    ckpts = checkpoint.Checkpoints(directory, read_only=True)
+    try:
+      steps = ckpts.steps()
+    finally:
+      ckpts.close()
+    return steps[-1] if steps else None
+  directory = os.path.join(workdir, workdir_layout.BEST)
+  if not _has_checkpoints(directory):
+    return None
+  saved = train_state.read_config(workdir)
+  metric = run_settings.parse(ConfigDict(saved)).train.best_metric
+  best = checkpoint.BestCheckpoints(directory, read_only=True, metric=metric)
+  try:
+    return best.best_step()
+  finally:
+    best.close()
+
+
 def _has_checkpoints(directory: str) -> bool:
   found = paths.path(directory, "--workdir")
   return found.is_dir() and any(found.iterdir())
