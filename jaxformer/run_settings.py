@@ -190,12 +190,29 @@ class MeshSettings:
   replica: int = _int(1, 1)
 
 
+POSTTRAIN_METHODS = ("sft", "dpo")
+# what each post-training method reads from data.source (posttrain/data.py)
+POSTTRAIN_RECORDS = {"sft": "{'prompt', 'response'} (or chat 'messages')",
+                     "dpo": "{'prompt', 'chosen', 'rejected'}"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PosttrainSettings:
+  """`posttrain` (absent: an ordinary pretraining run): SFT or DPO from the params of
+  `init_from` (a training workdir, or 'hf:DIR'); see jaxformer/posttrain/start.py."""
+  method: str
+  init_from: str | None = None
+  beta: float = 0.1                 # DPO's KL weight
+  label_smoothing: float = 0.0      # conservative DPO's eps
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
   train: TrainSettings
   optim: OptimSettings
   data: DataSettings
   mesh: MeshSettings
+  posttrain: PosttrainSettings | None = None
 
 
 SECTIONS = {"train": TrainSettings, "optim": OptimSettings, "data": DataSettings,
@@ -246,12 +263,48 @@ def parse_section(section: str, values: Mapping[str, Any] | None, *,
   return kind(**chosen)
 
 
-def parse(config) -> RunSettings:
+def parse_posttrain(config) -> PosttrainSettings | None:
+  """The typed `posttrain` section of a config (None: none, an ordinary pretraining run)."""
+  values = _section(config, "posttrain")
+  if values is None:
+    return None
+  values = dict(values)
+  known = {f.name for f in dataclasses.fields(PosttrainSettings)}
+  unknown = sorted(set(values) - known)
+  if unknown:
+    raise ValueError(f"posttrain.{unknown[0]} is not a posttrain setting; the settings are "
+                     f"{sorted(known)}")
+  s = PosttrainSettings(**values)
+  if s.method not in POSTTRAIN_METHODS:
+    raise ValueError(f"posttrain.method={s.method!r} must be one of {POSTTRAIN_METHODS}")
+  if not isinstance(s.beta, (int, float)) or s.beta <= 0:
+    raise ValueError(f"posttrain.beta={s.beta!r} must be > 0 (DPO's KL weight, e.g. 0.1)")
+  if not 0.0 <= s.label_smoothing < 0.5:
+    raise ValueError(f"posttrain.label_smoothing={s.label_smoothing!r} must be in [0, 0.5)")
+  return s
+
+
+def parse(config, only: tuple[str, ...] | None = None) -> RunSettings:
   """The typed settings of a full training config (a ConfigDict or the dict of a saved
-  config.json); a ValueError names the first bad field and the fix."""
+  config.json); a ValueError names the first bad field and the fix. A post-training run
+  (`posttrain`) is checked first, with what it needs besides: its data source and the run it
+  starts from. `only`: just these sections (and `posttrain`, without those cross checks),
+  the others None: what a partial config (a test's, `train_state_fns`) can give."""
+  post = parse_posttrain(config)
+  if only is not None:
+    return RunSettings(**{name: parse_section(name, _section(config, name),
+                                              strict=name != "data") if name in only else None
+                          for name in SECTIONS}, posttrain=post)
+  if post is not None:
+    if not (_section(config, "data") or {}).get("source"):
+      raise ValueError(f"data.source is not set: {post.method} reads JSON Lines of "
+                       f"{POSTTRAIN_RECORDS[post.method]}; set --config.data.source=FILE.jsonl")
+    if not post.init_from:
+      raise ValueError("posttrain.init_from is not set: pass the trained workdir to start "
+                       "from, e.g. --config=configs/sft.py:WORKDIR")
   return RunSettings(**{name: parse_section(name, _section(config, name),
                                             strict=name != "data")
-                        for name in SECTIONS})
+                        for name in SECTIONS}, posttrain=post)
 
 
 def _section(config, name: str):

@@ -138,3 +138,109 @@ def test_importing_inference_loads_no_training_module():
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        cwd=ROOT.parent).stdout
   assert eval(out) == [], out
+
+
+# --- one typed configuration -----------------------------------------------------------------
+# The `train`, `optim`, `mesh` and `posttrain` sections and the `data` keys every source shares
+# are read through the typed settings (`run_settings.parse`, which `train.config_checks.validate`
+# returns); a raw read of them from a config is allowed only in the settings layer itself. A
+# data source's own keys (`data.packing`, `data.eval_source`, ...) and the `data` section
+# handed whole to a source's pipeline stay raw: the pipeline reads and checks them.
+TYPED_SECTIONS = ("train", "optim", "mesh", "posttrain")
+SHARED_DATA_KEYS = ("source", "tokenizer", "seq_len", "data_dir", "eval_batches")
+SETTINGS_LAYER = ("jaxformer/run_settings.py",)
+# what names a config: `config`, `cfg`, `self.config`, `point.config`, `src_config`, ...
+_CONFIG_NAMES = ("config", "cfg", "conf")
+
+
+def _names_a_config(node: ast.AST) -> bool:
+  name = node.id if isinstance(node, ast.Name) else (
+      node.attr if isinstance(node, ast.Attribute) else None)
+  return name is not None and (name in _CONFIG_NAMES or name.endswith(("_config", "_cfg")))
+
+
+def _section_read(node: ast.AST) -> str | None:
+  """The section `node` reads from a config (`config.train`, `config.get("train")`,
+  `config["train"]`, `getattr(config, "train")`), or None."""
+  if isinstance(node, ast.Attribute) and _names_a_config(node.value):
+    return node.attr
+  if isinstance(node, ast.Subscript) and _names_a_config(node.value) and isinstance(
+      node.slice, ast.Constant) and isinstance(node.slice.value, str):
+    return node.slice.value
+  if isinstance(node, ast.Call) and node.args and isinstance(node.args[0 if isinstance(
+      node.func, ast.Attribute) else -1], ast.Constant):
+    func = node.func
+    if isinstance(func, ast.Attribute) and func.attr == "get" and _names_a_config(func.value):
+      key = node.args[0].value
+      return key if isinstance(key, str) else None
+    if (isinstance(func, ast.Name) and func.id == "getattr" and len(node.args) >= 2
+        and _names_a_config(node.args[0]) and isinstance(node.args[1], ast.Constant)):
+      return node.args[1].value if isinstance(node.args[1].value, str) else None
+  return None
+
+
+def _key_read(node: ast.AST, section_node: ast.AST) -> str | None:
+  """The key `node` reads from the section `section_node` (`.key`, `.get("key")`, `["key"]`)."""
+  if isinstance(node, ast.Attribute) and node.value is section_node:
+    return node.attr
+  if (isinstance(node, ast.Subscript) and node.value is section_node
+      and isinstance(node.slice, ast.Constant)):
+    return node.slice.value
+  if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+      and node.func.value is section_node and node.func.attr == "get" and node.args
+      and isinstance(node.args[0], ast.Constant)):
+    return node.args[0].value
+  return None
+
+
+def raw_setting_reads(source: str) -> list[tuple[int, str]]:
+  """(line, what) of each raw read of a typed section (or a shared data key) from a config in
+  `source`. Assignments (`cfg.train.steps = 3`: a config built or overridden) are not reads."""
+  tree = ast.parse(source)
+  parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+  found = []
+  for node in ast.walk(tree):
+    section = _section_read(node)
+    if section in TYPED_SECTIONS:
+      parent = parents.get(node)
+      if isinstance(getattr(parent, "ctx", None), ast.Store) or isinstance(
+          getattr(node, "ctx", None), ast.Store):
+        continue
+      found.append((node.lineno, f"{section} section"))
+    elif section == "data":
+      parent = parents.get(node)
+      if isinstance(parent, ast.Attribute) and parent.attr == "get":
+        parent = parents.get(parent)           # config.data.get("seq_len"): the Call
+      key = _key_read(parent, node) if parent is not None else None
+      if key in SHARED_DATA_KEYS and not isinstance(getattr(parent, "ctx", None), ast.Store):
+        found.append((node.lineno, f"data.{key}"))
+  return sorted(found)
+
+
+def test_typed_sections_are_read_only_through_the_settings():
+  offenders = []
+  for path, _ in _modules():
+    rel = str(path.relative_to(ROOT.parent))
+    if rel in SETTINGS_LAYER:
+      continue
+    offenders += [f"{rel}:{line}: {what}" for line, what in raw_setting_reads(path.read_text())]
+  assert not offenders, ("raw reads of a typed config section (read it from the settings "
+                         "`run_settings.parse` / `config_checks.validate` returns):\n"
+                         + "\n".join(offenders))
+
+
+@pytest.mark.parametrize("source", [
+    "x = config.train.steps", "x = cfg.optim.lr", "plan(config.mesh)", "self.config.train.seed",
+    "x = point.config.data.seq_len", "config.data.get('source')", "config.get('posttrain')",
+    "config['optim']['lr']", "getattr(config, 'mesh')", "src_config.train.batch_size",
+    "x = config.data['tokenizer']",
+])
+def test_the_settings_rule_catches_every_spelling(source):
+  assert raw_setting_reads(source), source
+
+
+def test_the_settings_rule_allows_source_keys_and_writes():
+  ok = ("make_pipeline(config.data, seed=1)\nmode = config.data.get('packing')\n"
+        "cfg.train.steps = 3\nsettings.train.steps\nconfig.model.d_model\n"
+        "cfg.data.seq_len = 8\n")
+  assert raw_setting_reads(ok) == []

@@ -326,8 +326,12 @@ from jaxformer import cli, sweep as sweep_lib
 from jaxformer.sweep import __main__ as sweep_cli, config as sweep_config
 
 fake = sys.argv.pop(1)
+from jaxformer import run_settings
+SETTINGS = run_settings.RunSettings(
+    train=run_settings.parse_section("train", {"steps": 6, "batch_size": 8}), optim=None,
+    data=run_settings.parse_section("data", {"source": "fake"}), mesh=None)
 sweep_config.validated = lambda base, overrides, name: (
-    ConfigDict({"train": {"steps": 6, "batch_size": 8}, "data": {}}), None)
+    ConfigDict({"train": {"steps": 6, "batch_size": 8}, "data": {}}), SETTINGS, None)
 train_command = sweep_lib.Point.command
 sweep_lib.Point.command = lambda self, base, workdir: [
     sys.executable, fake, *train_command(self, base, workdir)[3:]]

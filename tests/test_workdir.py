@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jaxformer import workdir_layout
+from jaxformer import run_settings, workdir_layout
 from jaxformer.state import checkpoint
 from jaxformer.train import data_record, loop, workdir as workdir_lib
 from jaxformer.train.metrics import read
@@ -139,7 +139,7 @@ def test_a_run_whose_every_checkpoint_is_unreadable_is_not_restarted_over_its_re
 
 
 def test_data_record_refuses_a_changed_source_with_the_ways_out(tmp_path):
-  cfg = tiny_run_config()
+  cfg = run_settings.parse(tiny_run_config())
   w = str(tmp_path)
   old, new = {"kind": "text", "sha256": "a" * 64}, {"kind": "text", "sha256": "b" * 64}
   assert data_record.check(w, cfg, None, taken=0, data_changed_ok=False) is None

@@ -16,7 +16,7 @@ from jaxformer import run_settings
 _PACKED_KEYS = ("segment_ids", "positions")
 
 
-def lm_packing(config) -> str:
+def lm_packing(config, settings: run_settings.RunSettings) -> str:
   """'stream' or 'packed': `data.packing`, else what the source implies (a single text file
   streams). A source this machine cannot reach (a bucket, a cluster path) is taken as a
   document corpus, which packs."""
@@ -25,7 +25,7 @@ def lm_packing(config) -> str:
     return mode
   from jaxformer.data.corpus import sources
   try:
-    return "stream" if sources.resolve(config.data.get("source")).one_text else "packed"
+    return "stream" if sources.resolve(settings.data.source).one_text else "packed"
   except ValueError:
     return "packed"
 
@@ -45,6 +45,6 @@ def text_batch_spec(config, settings: run_settings.RunSettings,
     spec["weights"] = ((b, t), np.dtype(np.float32))
   if kind == "mlm_nsp":                        # sentence pairs (data/text.py NSPPipeline)
     spec.update(token_type_ids=tokens, nsp_labels=((b,), np.dtype(np.int32)))
-  elif lm_packing(config) == "packed":
+  elif lm_packing(config, settings) == "packed":
     spec.update({k: tokens for k in _PACKED_KEYS}, weights=((b, t), np.dtype(np.float32)))
   return spec

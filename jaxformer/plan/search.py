@@ -71,7 +71,8 @@ def candidate_overrides(config, chips: int, dimensions: Iterable[str]) -> list[d
   axes: list[list[tuple[tuple[str, Any], ...]]] = []
   # hybrid sharding: R replicas of a (data, model, expert) mesh of chips / R (FSDP gathers
   # within a replica, only gradients cross replicas); R > 1 only with FSDP over data > 1
-  held = run_settings.parse_section("mesh", config.mesh)      # the config's own mesh
+  settings = run_settings.parse(config)
+  held = settings.mesh                                        # the config's own mesh
   replicas = _divisors(chips)[:-1] if "replica" in dimensions else [held.replica]
   if "mesh" in dimensions:
     num_experts = cfg.get("num_experts") or 1
@@ -94,7 +95,7 @@ def candidate_overrides(config, chips: int, dimensions: Iterable[str]) -> list[d
   if "remat" in dimensions and "remat_policy" in fields:
     axes.append([(("model.remat_policy", p),) for p in REMAT_POLICIES])
   if "accum" in dimensions:
-    batch = config.train.batch_size
+    batch = settings.train.batch_size
     axes.append([(("optim.grad_accum", a),) for a in _divisors(batch) if a <= 64])
   if "attention" in dimensions and "attention_impl" in fields:
     axes.append([(("model.attention_impl", i),) for i in ATTENTION_IMPLS])
@@ -151,7 +152,7 @@ def cheap_check(config, candidate: Candidate, devices, chip: accelerators.Chip,
                        f"{plan.batch_shards} batch shards")
     key = json.dumps(cfg.model.to_dict(), sort_keys=True, default=str)
     if key not in abstract_cache:
-      abstract_cache[key] = jax.eval_shape(state_lib.train_state_fns(cfg)[2])
+      abstract_cache[key] = jax.eval_shape(state_lib.train_state_fns(cfg, settings)[2])
     abstract = abstract_cache[key]
     state = plan.restore_target(abstract)
   except (ValueError, TypeError) as e:
@@ -223,7 +224,7 @@ def _rough_seconds(cfg, settings, plan, chip, param_bytes: int) -> float:
   """An analytic ordering key: compute (with the remat policy's recompute) against the
   bytes FSDP, data and tensor parallelism move. Only orders compiles; never reported."""
   model = models.with_defaults(cfg.model)
-  task = tasks.task_for_run(cfg)
+  task = tasks.task_for_run(cfg, settings)
   batch = {k: jax.ShapeDtypeStruct(s, d)
            for k, (s, d) in task.batch_spec(cfg, settings, model).items()}
   flops = progress.flops_per_step(cfg.model, task, batch, 1) / plan.mesh.devices.size

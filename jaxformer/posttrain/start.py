@@ -1,5 +1,6 @@
-"""The `posttrain` config section and where a post-training run starts: the params and the
-tokenizer of a trained workdir (`posttrain.init_from`).
+"""Where a post-training run starts: the params and the tokenizer of a trained workdir
+(`posttrain.init_from`). The `posttrain` section is typed in `run_settings`
+(`PosttrainSettings`, `RunSettings.posttrain`; None for a pretraining run):
 
     posttrain.method     'sft' | 'dpo'
     posttrain.init_from  a training workdir (its latest checkpoint's params and its tokenizer)
@@ -24,7 +25,6 @@ weights): fine for small models; a config-only reader in convert.hf would avoid 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 
@@ -32,65 +32,19 @@ import flax.linen as nn
 import jax
 from ml_collections import ConfigDict
 
-from jaxformer import jsonfile, paths, workdir_layout
+from jaxformer import jsonfile, paths, run_settings, workdir_layout
 from jaxformer.convert import hf
 from jaxformer.data import tokenizers
 from jaxformer.state import checkpoint, train_state
 
-METHODS = ("sft", "dpo")
-
-
-@dataclasses.dataclass(frozen=True)
-class PosttrainSettings:
-  method: str
-  init_from: str | None = None
-  beta: float = 0.1
-  label_smoothing: float = 0.0
-
-
-def parse(config) -> PosttrainSettings | None:
-  """The typed `posttrain` section (None: an ordinary pretraining run)."""
-  section = config.get("posttrain") if hasattr(config, "get") else None
-  if section is None:
-    return None
-  values = section.to_dict() if hasattr(section, "to_dict") else dict(section)
-  known = {f.name for f in dataclasses.fields(PosttrainSettings)}
-  unknown = sorted(set(values) - known)
-  if unknown:
-    raise ValueError(f"posttrain.{unknown[0]} is not a posttrain setting; the settings are "
-                     f"{sorted(known)}")
-  s = PosttrainSettings(**values)
-  if s.method not in METHODS:
-    raise ValueError(f"posttrain.method={s.method!r} must be one of {METHODS}")
-  if not isinstance(s.beta, (int, float)) or s.beta <= 0:
-    raise ValueError(f"posttrain.beta={s.beta!r} must be > 0 (DPO's KL weight, e.g. 0.1)")
-  if not 0.0 <= s.label_smoothing < 0.5:
-    raise ValueError(f"posttrain.label_smoothing={s.label_smoothing!r} must be in [0, 0.5)")
-  return s
-
-
-RECORDS = {"sft": "{'prompt', 'response'} (or chat 'messages')",
-           "dpo": "{'prompt', 'chosen', 'rejected'}"}
-
-
-def check_config(config) -> PosttrainSettings | None:
-  """`parse`, and what a post-training run needs besides (before anything is written)."""
-  s = parse(config)
-  if s is None:
-    return None
-  if not config.data.get("source"):
-    raise ValueError(f"data.source is not set: {s.method} reads JSON Lines of "
-                     f"{RECORDS[s.method]}; set --config.data.source=FILE.jsonl")
-  _source(config)
-  return s
-
-
-def _source(config) -> str:
-  s = parse(config)
-  if s is None or not s.init_from:
+def _source(given) -> str:
+  """posttrain.init_from of `given`: a config, or its parsed `RunSettings`."""
+  post = (given.posttrain if isinstance(given, run_settings.RunSettings)
+          else run_settings.parse_posttrain(given))
+  if post is None or not post.init_from:
     raise ValueError("posttrain.init_from is not set: pass the trained workdir to start from, "
                      "e.g. --config=configs/sft.py:WORKDIR")
-  return s.init_from
+  return post.init_from
 
 
 HF_PREFIX = "hf:"

@@ -45,20 +45,21 @@ def lr_multipliers(module, init_params):
                                                    module.d_model)
 
 
-def train_state_fns(config):
-  """(module, optimizer, init_boxed): init_boxed() builds the train state pytree
+def train_state_fns(config, settings: run_settings.RunSettings | None = None):
+  """(module, optimizer, init_boxed) of `config`'s model and its typed `settings`
+  (parsed from `config` unless given: only `train`, `optim`, `posttrain` are read): init_boxed() builds the train state pytree
   {'step', 'params', 'opt_state', 'skipped'} (+ 'reference' for DPO: the frozen
   reference params, checkpointed with the state) with parameters (and their optimizer moments)
   still in their `nn.Partitioned` boxes, which name the logical axes the sharding plan maps
   to the mesh; `nn.unbox` of it is the state itself."""
+  settings = settings or run_settings.parse(config, only=("train", "optim"))
   module = models.build(config.model)
-  init_key = jax.random.split(jax.random.key(config.train.seed))[0]
+  init_key = jax.random.split(jax.random.key(settings.train.seed))[0]
   init_params = lambda: module.init(init_key, *init_inputs(config.model))["params"]
-  tx = optim.make_optimizer(run_settings.parse_section("optim", config.optim),
-                            config.train.steps,
+  tx = optim.make_optimizer(settings.optim, settings.train.steps,
                             lr_multipliers=lr_multipliers(module, init_params))
 
-  reference = (config.get("posttrain") or {}).get("method") == "dpo"
+  reference = settings.posttrain is not None and settings.posttrain.method == "dpo"
 
   def init_boxed():
     params = init_params()

@@ -90,15 +90,15 @@ def _check_values(config, overrides: Mapping[str, Any]):
 
 
 def validated(base: str, overrides: Mapping[str, Any], name: str):
-  """(config, `scaling.count_params` of its model) of the point `name`; a ValueError names
-  the point when train would refuse its config."""
+  """(config, its typed settings, `scaling.count_params` of its model) of the point `name`; a
+  ValueError names the point when train would refuse its config."""
   from jaxformer import scaling
   from jaxformer.train import config_checks
 
   config = load_config(base, overrides)
   try:
-    config_checks.validate(config)           # exactly what train checks before it writes
+    settings = config_checks.validate(config)   # exactly what train checks before it writes
     params = scaling.count_params(config.model)
   except ValueError as e:
     raise ValueError(f"sweep point {name!r}: {e}") from e
-  return config, params
+  return config, settings, params

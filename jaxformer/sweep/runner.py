@@ -97,7 +97,7 @@ def run(sweep: spec.Sweep | Mapping[str, Any], workdir: str, *, parallel: int = 
       if stop.event.wait(WAIT_POLL_S):
         return False
       owner = status_lib.lock_holder(point_dir)
-    steps = point.config.train.steps
+    steps = point.settings.train.steps
     with lock:
       status, _ = status_lib.state(point_dir, steps, status_lib.read_metrics(point_dir), record)
       if status == "done":
@@ -110,7 +110,7 @@ def run(sweep: spec.Sweep | Mapping[str, Any], workdir: str, *, parallel: int = 
 
   def run_point(point: spec.Point):
     point_dir = os.path.join(workdir, point.name)
-    steps = point.config.train.steps
+    steps = point.settings.train.steps
     if stop.signum is not None:
       return
     if status_lib.is_finished(point_dir, steps):

@@ -44,6 +44,9 @@ class Point:
   swept: dict[str, Any]
   config: Any = dataclasses.field(default=None, compare=False, repr=False)
   params: dict[str, int] | None = dataclasses.field(default=None, compare=False)
+  # the typed settings of `config` (`run_settings.parse`, as train reads them)
+  settings: run_settings.RunSettings | None = dataclasses.field(default=None, compare=False,
+                                                                repr=False)
 
   def flags(self) -> list[str]:
     return [f"--config.{key}={config_lib.format_value(value)}"
@@ -54,8 +57,7 @@ class Point:
     W&B or MLflow is put in the group of the sweep's name (`sweep_name`) unless its config
     names a `train.tracker_group`."""
     group = []
-    train = (run_settings.parse_section("train", self.config.train)
-             if self.config is not None else None)
+    train = self.settings.train if self.settings is not None else None
     if train is not None and {"wandb", "mlflow"} & set(train.trackers) and not train.tracker_group:
       group = [f"--config.train.tracker_group={sweep_name(workdir)}"]
     return [sys.executable, "-m", "jaxformer.train", f"--config={config_lib.resolve_base(base)}",
@@ -163,10 +165,10 @@ def expand(sweep: Sweep | Mapping[str, Any], *, validate: bool = True) -> list[P
   for index, swept in enumerate(rows):
     overrides = dict(sweep.overrides, **swept)
     name = point_name(sweep.name, swept, index)
-    config = params = None
+    config = params = settings = None
     if validate:
-      config, params = config_lib.validated(sweep.base, overrides, name)
-    points.append(Point(index, name, overrides, swept, config, params))
+      config, settings, params = config_lib.validated(sweep.base, overrides, name)
+    points.append(Point(index, name, overrides, swept, config, params, settings))
   names = [p.name for p in points]
   duplicates = sorted({n for n in names if names.count(n) > 1})
   if duplicates:

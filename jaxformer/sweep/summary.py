@@ -34,13 +34,14 @@ def summary_row(point: spec.Point, workdir: str, *, running_here: bool = False) 
   records = status_lib.read_metrics(point_dir)
   train = [r for r in records if "loss" in r]
   evals = [r for r in records if "eval_loss" in r]
-  steps = point.config.train.steps if point.config is not None else None
+  settings = point.settings
+  steps = settings.train.steps if settings is not None else None
   record = read_record(point_dir)
   status, _ = status_lib.state(point_dir, steps, records, record, running_here=running_here)
   final_step = max((r["step"] for r in train), default=None)
   tokens = None          # sequence tasks only (images have no data.seq_len)
-  if point.config is not None and final_step is not None and point.config.data.get("seq_len"):
-    tokens = final_step * point.config.train.batch_size * point.config.data.seq_len
+  if settings is not None and final_step is not None and settings.data.seq_len:
+    tokens = final_step * settings.train.batch_size * settings.data.seq_len
   return {
       "name": point.name, "overrides": dict(point.overrides), "status": status,
       "final_step": final_step, "loss": train[-1]["loss"] if train else None,

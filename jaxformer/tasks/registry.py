@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxformer import models
+from jaxformer import models, run_settings
 from jaxformer.tasks.base import Task
 
 _TASKS: dict[str, Task] = {}
@@ -48,11 +48,10 @@ def task_for(model_config) -> Task:
   return _TASKS[family.task].for_model(model_config)
 
 
-def task_for_run(config) -> Task:
-  """The task of a training config: `posttrain.method` (posttrain/start.py) where the config
-  has a posttrain section, else the model family's (`task_for`)."""
-  from jaxformer.posttrain import start as posttrain_init
-  post = posttrain_init.check_config(config)
+def task_for_run(config, settings: run_settings.RunSettings | None = None) -> Task:
+  """The task of a training config: `posttrain.method` where its settings (`run_settings.parse`
+  of `config` unless given) have a posttrain section, else the model family's (`task_for`)."""
+  post = (settings or run_settings.parse(config)).posttrain
   task = task_for(config.model)
   if post is None:
     return task

@@ -23,8 +23,8 @@ def validate(config) -> run_settings.RunSettings:
   """Config checks that need no data and no compilation: the typed settings of every section
   (`run_settings.parse`, returned), the task, the checks across sections, and the model's own
   fields (`models.build`)."""
-  tasks.task_for_run(config)
   settings = run_settings.parse(config)
+  tasks.task_for_run(config, settings)
   t, o = settings.train, settings.optim
   if t.batch_size % (o.grad_accum * jax.process_count()):
     raise ValueError(f"train.batch_size={t.batch_size} must be divisible by "
@@ -57,19 +57,22 @@ def validate(config) -> run_settings.RunSettings:
   return settings
 
 
-def check_model_matches_data(config, info: dict):
-  """The model must fit what the data pipeline produces (named fields, before compiling)."""
+def check_model_matches_data(config, info: dict,
+                             settings: run_settings.RunSettings | None = None):
+  """The model must fit what the data pipeline produces (named fields, before compiling);
+  `settings`: `run_settings.parse(config)` unless given."""
+  data = (settings or run_settings.parse(config)).data
   m = config.model
   full = models.with_defaults(m)               # the family's defaults for unset fields
   if "num_classes" in info and m.get("num_classes") != info["num_classes"]:
     raise ValueError(f"model.num_classes={m.get('num_classes')} but the data "
-                     f"({config.data.source!r}) has {info['num_classes']} classes; set "
+                     f"({data.source!r}) has {info['num_classes']} classes; set "
                      f"--config.model.num_classes={info['num_classes']}")
   # A larger vocabulary is allowed: padding it to a multiple of mesh.model (tensor
   # parallelism) or of 64 (faster matmuls) only adds never-targeted logits.
   if "vocab_size" in info and m.get("vocab_size") is not None and (
       m.vocab_size < info["vocab_size"]):
-    raise ValueError(f"model.vocab_size={m.vocab_size} but the data ({config.data.source!r}) "
+    raise ValueError(f"model.vocab_size={m.vocab_size} but the data ({data.source!r}) "
                      f"has {info['vocab_size']} symbols; set "
                      f"--config.model.vocab_size={info['vocab_size']} (or larger)")
   if "image_shape" in info and m.get("image_size") is not None:
@@ -81,7 +84,7 @@ def check_model_matches_data(config, info: dict):
   # max_len bounds a learned position table: the decoder's positions="learned", or a family
   # without a `positions` choice (BERT's table is always learned)
   learned = m.get("max_len") is not None and full.get("positions", "learned") == "learned"
-  lengths = {"data.seq_len": config.data.get("seq_len"), "source length": info.get("src_len"),
+  lengths = {"data.seq_len": data.seq_len, "source length": info.get("src_len"),
              "target length": info.get("tgt_len")}
   offset = full.get("pad_id")      # RoBERTa's positions run from pad_id + 1 to length + pad_id
   offset = 0 if offset is None else offset + 1
@@ -127,17 +130,19 @@ RESUMABLE_CHANGES = {
 }
 
 
-def check_workdir_config(config, workdir: str, fresh: bool):
+def check_workdir_config(config, workdir: str, fresh: bool,
+                         settings: run_settings.RunSettings | None = None):
   """Refuse to resume a run whose model, data, seed, batch or schedule differ from the saved
   run's (unless `fresh`): the resumed steps would not continue the steps already taken; and
   a train.keep_checkpoint_every that would delete the checkpoints the run kept."""
   saved = None if fresh else train_state.read_config(workdir)
   if saved is None:
     return
-  check_continues(config, saved, steps_taken(workdir), where=workdir)
+  check_continues(config, saved, steps_taken(workdir), where=workdir, settings=settings)
 
 
-def check_continues(config, saved: dict, taken: int, *, where: str, branch: bool = False):
+def check_continues(config, saved: dict, taken: int, *, where: str, branch: bool = False,
+                    settings: run_settings.RunSettings | None = None):
   """`config` continues the run of config `saved` (JSON data) after its first `taken` steps:
   the checks of `check_workdir_config`. `where` starts each message (the workdir, or the
   --branch_from value); `branch`: the saved run is the trunk of a cooldown branch, whose
@@ -161,16 +166,17 @@ def check_continues(config, saved: dict, taken: int, *, where: str, branch: bool
             f"{'branching' if branch else 'resuming'} would not continue its steps; drop "
             f"--config.{section}.{key}" + ("" if branch else
                                            ", or use a new --workdir, or --fresh to discard it"))
-  _check_schedule_unchanged(saved, config, taken, holds, branch)
-  _check_kept_checkpoints_stay(saved, config, holds, branch)
+  settings = settings or run_settings.parse(config)
+  _check_schedule_unchanged(saved, settings, taken, holds, branch)
+  _check_kept_checkpoints_stay(saved, settings, holds, branch)
 
 
-def _check_kept_checkpoints_stay(saved: dict, config, holds: str, branch: bool):
+def _check_kept_checkpoints_stay(saved: dict, settings, holds: str, branch: bool):
   """train.keep_checkpoint_every may change on resume if the checkpoints the run kept stay
   kept (the new value divides the old): Orbax applies the new rule to every checkpoint at the
   next save, so turning it off or raising it would delete them."""
   old = run_settings.parse_section("train", saved.get("train")).keep_checkpoint_every
-  new = run_settings.parse_section("train", config.train).keep_checkpoint_every
+  new = settings.train.keep_checkpoint_every
   if old and (not new or old % new):
     raise ValueError(f"{holds} that keeps a checkpoint every {old} steps; "
                      f"train.keep_checkpoint_every={new} would delete them at the next save: "
@@ -186,20 +192,19 @@ def steps_taken(workdir: str) -> int:
   return max((int(p.name) for p in directory.iterdir() if p.name.isdigit()), default=0)
 
 
-def _check_schedule_unchanged(saved: dict, config, taken: int, holds: str, branch: bool):
+def _check_schedule_unchanged(saved: dict, settings, taken: int, holds: str, branch: bool):
   """train.steps and optim.decay_steps may change on resume (extend or shorten a run, or a
   cooldown branch of a wsd run) unless that moves the learning rate of the steps already
   taken (cosine/linear decay over train.steps when optim.decay_steps is unset)."""
   old_steps, old_optim = saved.get("train", {}).get("steps"), saved.get("optim", {})
-  new_steps = config.train.steps
+  new_steps = settings.train.steps
   if old_steps is None or (old_steps == new_steps and old_optim.get("decay_steps")
-                           == config.optim.get("decay_steps")):
+                           == settings.optim.decay_steps):
     return
   shared = jnp.arange(min(old_steps, new_steps, taken))
   old_lr = optim.learning_rate_schedule(run_settings.parse_section("optim", old_optim),
                                        old_steps)(shared)
-  new_lr = optim.learning_rate_schedule(run_settings.parse_section("optim", config.optim),
-                                        new_steps)(shared)
+  new_lr = optim.learning_rate_schedule(settings.optim, new_steps)(shared)
   if not bool(jnp.allclose(old_lr, new_lr, rtol=1e-6, atol=0)):
     keep = old_optim.get("decay_steps") or old_steps
     if branch:
@@ -210,6 +215,6 @@ def _check_schedule_unchanged(saved: dict, config, taken: int, holds: str, branc
           "--config.train.steps")
     raise ValueError(
         f"{holds} of train.steps={old_steps} whose optim.schedule="
-        f"{config.optim.schedule!r} decays over {keep} steps; this config would change the "
+        f"{settings.optim.schedule!r} decays over {keep} steps; this config would change the "
         f"learning rate of the steps already taken: add --config.optim.decay_steps={keep} to "
         "keep its schedule, or use --fresh")

@@ -6,6 +6,7 @@ training; its result, `mup.CoordCheck`, needs no JAX."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from jaxformer import compilation, models, tasks
+from jaxformer import compilation, models, run_settings, tasks
 from jaxformer.scaling import mup
 from jaxformer.state import train_state as state_lib
 from jaxformer.train import step as step_lib
@@ -36,7 +37,8 @@ def coordinate_check(config: Any, widths: Sequence[int], *, steps: int = 4,
   if tasks.task_for(config.model).name != "lm":
     raise ValueError("coordinate_check trains decoder language models (model.family="
                      f"{config.model.get('family')!r} is not one)")
-  seq_len = seq_len or config.data.seq_len
+  settings = run_settings.parse(config)
+  seq_len = seq_len or settings.data.seq_len
   if tokens is None:
     tokens = np.random.default_rng(seed).integers(0, config.model.vocab_size,
                                                   (batch_size, seq_len + 1))
@@ -46,8 +48,9 @@ def coordinate_check(config: Any, widths: Sequence[int], *, steps: int = 4,
   for width in widths:
     cfg = copy.deepcopy(config)
     cfg.model = mup.with_width(config.model, width)
-    cfg.train.steps = steps + 1
-    module, tx, init_boxed = state_lib.train_state_fns(cfg)
+    train = dataclasses.replace(settings.train, steps=steps + 1)
+    module, tx, init_boxed = state_lib.train_state_fns(
+        cfg, dataclasses.replace(settings, train=train))
     train_step = step_lib.make_train_step(module, tx, tasks.task_for(cfg.model))
 
     def measure(params):

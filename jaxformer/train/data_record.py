@@ -26,7 +26,7 @@ import hashlib
 import json
 import os
 
-from jaxformer import paths, workdir_layout
+from jaxformer import paths, run_settings, workdir_layout
 
 _SAMPLE_BYTES = 1 << 16
 # data.source kinds whose argument is a local directory of files
@@ -100,14 +100,17 @@ def _files_fingerprint(specs: list[str]) -> dict | None:
           "bytes": sum(e[2] for e in entries)}
 
 
-def fingerprint(config, pipeline) -> dict | None:
+def fingerprint(config, pipeline, settings: run_settings.RunSettings | None = None
+                ) -> dict | None:
   """The fingerprint of the data `pipeline` reads for `config` (None: not known; see the
-  module docstring). Compared by its "sha256"."""
+  module docstring). Compared by its "sha256". `settings`: `run_settings.parse(config)`
+  unless given."""
   index = getattr(getattr(pipeline, "corpus", None), "index", None)
   if isinstance(index, dict) and index.get("sha256"):
     return {"kind": "text", "sha256": index["sha256"]}
-  data = config.data
-  return _files_fingerprint([data.get("source"), data.get("eval_source")])
+  source = (settings or run_settings.parse(config)).data.source
+  return _files_fingerprint([source, config.data.get("eval_source")])   # eval_source: a
+                                                                          # source's own key
 
 
 def read(workdir: str) -> dict | None:
@@ -131,7 +134,7 @@ def _describe(f: dict) -> str:
   return f"text sha256 {f['sha256'][:12]}"
 
 
-def check(workdir: str, config, current: dict | None, *, taken: int,
+def check(workdir: str, settings: run_settings.RunSettings, current: dict | None, *, taken: int,
           data_changed_ok: bool) -> dict | None:
   """The record to write to `workdir` (None: nothing to write), or a ValueError when the
   data changed since the run recorded it and `data_changed_ok` is not set. `taken`: the steps
@@ -139,7 +142,7 @@ def check(workdir: str, config, current: dict | None, *, taken: int,
   if current is None:
     return None
   saved = read(workdir)
-  source = config.data.get("source")
+  source = settings.data.source
   record = {"source": source, "fingerprint": current, "since_step": taken,
             "recorded": datetime.datetime.now().isoformat(timespec="seconds")}
   if saved is None:

@@ -56,10 +56,10 @@ def build_program(config, devices: Sequence[Any], settings=None) -> Program:
   """The train step of `config` for `devices`, as the trainer builds it; every config error
   (mesh, divisibility, batch) is raised here, before anything compiles."""
   settings = settings or config_checks.validate(config)
-  task = tasks.task_for_run(config)
+  task = tasks.task_for_run(config, settings)
   plan = parallel.ShardingPlan.from_config(settings.mesh, devices)
   plan.check_batch_size(settings.train.batch_size, grad_accum=settings.optim.grad_accum)
-  module, tx, init_boxed = state_lib.train_state_fns(config)
+  module, tx, init_boxed = state_lib.train_state_fns(config, settings)
   abstract = jax.eval_shape(init_boxed)
   state_shardings = run_builder.offloaded(config, settings, plan, plan.state_shardings(abstract))
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),

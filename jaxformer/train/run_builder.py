@@ -87,19 +87,19 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
   behind to refuse the corrected rerun); data.json with it (`data_record`: a resume on
   changed data is refused unless `data_changed_ok`)."""
   is_main = jax.process_index() == 0
-  if fresh and config.get("posttrain") is not None:   # starting over needs the source: check
-    from jaxformer.posttrain import start as posttrain_init     # it before discarding the run
-    posttrain_init.require_source(config)
+  if fresh and settings.posttrain is not None:   # starting over needs the source: check it
+    from jaxformer.posttrain import start as posttrain_init     # before discarding the run
+    posttrain_init.require_source(settings)
   if fresh and is_main:
     removed = workdir_lib.clear(workdir)
     print(f"{workdir}: --fresh, removed the previous run's {', '.join(removed) or 'nothing'}",
           flush=True)
-  config_checks.check_workdir_config(config, workdir, fresh)
+  config_checks.check_workdir_config(config, workdir, fresh, settings)
   if is_main:
     workdir_lib.remove_rejected_attempt(workdir)
 
   t = settings.train
-  task = tasks.task_for_run(config)
+  task = tasks.task_for_run(config, settings)
   plan = parallel.ShardingPlan.from_config(settings.mesh)
   plan.check_batch_size(t.batch_size, grad_accum=settings.optim.grad_accum)
   if t.eval_batch_size:
@@ -109,14 +109,15 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
                                  process_index=jax.process_index(),
                                  process_count=jax.process_count()),
       "preparing the data")
-  config_checks.check_model_matches_data(config, pipeline.info)
+  config_checks.check_model_matches_data(config, pipeline.info, settings)
 
-  module, tx, init_boxed = state_lib.train_state_fns(config)
+  module, tx, init_boxed = state_lib.train_state_fns(config, settings)
   abstract = jax.eval_shape(init_boxed)
   state_shardings = plan.state_shardings(abstract)     # divisibility errors: no compile yet
   state_shardings = offloaded(config, settings, plan, state_shardings)
   data = parallel.process_zero_first(
-      lambda: data_record.check(workdir, config, data_record.fingerprint(config, pipeline),
+      lambda: data_record.check(workdir, settings,
+                                data_record.fingerprint(config, pipeline, settings),
                                 taken=config_checks.steps_taken(workdir),
                                 data_changed_ok=data_changed_ok) if is_main else None,
       "checking the data against the run's")
@@ -142,9 +143,9 @@ def open_run(config, settings: run_settings.RunSettings, workdir: str, *, fresh:
         if is_main and had_checkpoints else None, "checking --workdir")
   if restored is None:
     state, start = plan.init_state(init_boxed)[0], 0
-    if config.get("posttrain") is not None:      # SFT / DPO: the source run's params
+    if settings.posttrain is not None:      # SFT / DPO: the source run's params
       from jaxformer.posttrain import start as posttrain_init
-      state = posttrain_init.init_state(config, plan, state, abstract, workdir)
+      state = posttrain_init.init_state(settings, plan, state, abstract, workdir)
   else:
     start, state = restored
   if settings.optim.offload_state:          # the moments to host memory, where steps keep them

@@ -331,8 +331,9 @@ def branch(trunk: str, step: int, workdir: str, *, config=None, fresh: bool = Fa
   if config is not None:
     from jaxformer.train import config_checks    # not at import: the sweep driver imports
                                                  # this module, and config_checks loads JAX
-    config_checks.validate(config)
-    config_checks.check_continues(config, trunk_config, step, where=where, branch=True)
+    settings = config_checks.validate(config)
+    config_checks.check_continues(config, trunk_config, step, where=where, branch=True,
+                                  settings=settings)
   marker = {"trunk": paths.absolute(trunk), "step": int(step)}
   check_members(workdir, fresh=fresh)
   if not fresh and (dst / workdir_layout.CONFIG).exists():
