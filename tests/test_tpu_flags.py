@@ -63,7 +63,7 @@ def test_the_trainer_applies_them_before_jax_starts_a_backend(monkeypatch):
   monkeypatch.delenv(tpu_flags.GROUPS_ENV, raising=False)
   monkeypatch.setattr(tpu_flags, "_first", {})
   given = types.SimpleNamespace(workdir=None, plan_only=False, topology=None, slices=None,
-                                compilation_cache=None, config=None)
+                                compilation_cache=None, config=None, print_config=False)
   monkeypatch.setattr(train_main, "flags", types.SimpleNamespace(FLAGS=given))
   monkeypatch.setattr(train_main.compilation, "enable_cache", lambda path: None)  # the suite's
   with pytest.raises(ValueError, match="--workdir"):
