@@ -160,8 +160,8 @@ def test_a_really_full_disk_is_one_line_and_the_rerun_resumes_identically(tmp_pa
     assert lines[-1].startswith(f"error: no space left on the device of --workdir='{run}'")
     assert sum(l.startswith("error:") for l in lines) == 1
     subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
-    result = _train(run, *flags)
-    assert result.returncode == 0, result.stderr           # from its last complete checkpoint
+    from jaxformer.train import loop     # the rerun in this process: a JAX import less
+    loop.train(cfg, str(run))            # from its last complete checkpoint
     resumed = read(run / "metrics.jsonl")
   keep = ("step", "loss", "grad_norm", "eval_loss")
   whole = uninterrupted(cfg)
