@@ -332,13 +332,18 @@ def test_mistakes_that_were_tracebacks_are_one_line(case, tmp_path, capsys):
     assert fragment in lines[-1], (fragment, lines[-1])
 
 
-def test_sample_and_launcher_mistakes(tmp_path):
+def test_sample_and_launcher_mistakes(tmp_path, capsys):
+  """Each command line once through a subprocess; the sample's workdir mistakes through
+  its main's own wrapper in-process (a subprocess costs ~1.5 s of CPU)."""
+  from jaxformer.inference import load_run
   (tmp_path / "run").mkdir()
-  _assert_user_error(_cli("jaxformer.sample", f"--workdir={tmp_path / 'run'}"),
-                     "holds no training run")
-  (tmp_path / "run" / "config.json").write_text("{broken")
-  _assert_user_error(_cli("jaxformer.sample", f"--workdir={tmp_path / 'run'}"),
-                     "config.json is not valid JSON")
+  for fragment in ("holds no training run", "config.json is not valid JSON"):
+    with pytest.raises(SystemExit) as exit_info:
+      cli.user_errors(load_run)(str(tmp_path / "run"))
+    assert exit_info.value.code == cli.EXIT_USER_ERROR
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and fragment in err, err
+    (tmp_path / "run" / "config.json").write_text("{broken")
   _assert_user_error(_cli("jaxformer.sample", f"--workdir={tmp_path / 'run'}",
                           "--max_new_tokens=x"), "--max_new_tokens")
   _assert_user_error(_cli("jaxformer.sweep", "--config=configs/sweeps/nope.py",
