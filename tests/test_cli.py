@@ -44,16 +44,29 @@ def _train(workdir, *overrides):
   return _cli("jaxformer.train", f"--config={CONFIG}", f"--workdir={workdir}", *overrides)
 
 
-@pytest.mark.parametrize("overrides, fragments", [
-    (["--config.model.nonexistent=3"], ["unknown config key 'model.nonexistent'"]),
-    (["--config.optim.lrr=3"], ["did you mean --config.optim.lr?"]),
-    (["--config.train.num_heads=2"], ["did you mean --config.model.num_heads?"]),
-    (["--config.optim.lr=abc"], ["--config.optim.lr=abc", "could not convert"]),
+@pytest.mark.parametrize("overrides, fragments, subprocess_", [
+    (["--config.model.nonexistent=3"], ["unknown config key 'model.nonexistent'"], True),
+    (["--config.optim.lrr=3"], ["did you mean --config.optim.lr?"], False),
+    (["--config.train.num_heads=2"], ["did you mean --config.model.num_heads?"], False),
+    (["--config.optim.lr=abc"], ["--config.optim.lr=abc", "could not convert"], False),
 ])
-def test_train_config_mistakes_are_one_line_and_write_nothing(tmp_path, overrides, fragments):
-  result = _train(tmp_path / "run", *overrides)
-  _assert_user_error(result, *fragments)
-  assert not (tmp_path / "run").exists()
+def test_train_config_mistakes_are_one_line_and_write_nothing(tmp_path, capsys, overrides,
+                                                              fragments, subprocess_):
+  """One through `python -m jaxformer.train` (exit 2, one line, no workdir), the others
+  through its flag parsing in-process (a subprocess costs ~3 s of CPU)."""
+  if subprocess_:
+    result = _train(tmp_path / "run", *overrides)
+    _assert_user_error(result, *fragments)
+    assert not (tmp_path / "run").exists()
+    return
+  with pytest.raises(SystemExit) as exit_info:
+    _parse_train_flags(["train", f"--config={CONFIG}", f"--workdir={tmp_path / 'run'}",
+                        *overrides])
+  assert exit_info.value.code == cli.EXIT_USER_ERROR
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), lines
+  for fragment in fragments:
+    assert fragment in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("field, value, fragment", [
