@@ -23,11 +23,15 @@ def tiny_run_config(*, eval_batches: int = 2, **train) -> ConfigDict:
   return cfg
 
 
+def config_overrides(cfg: ConfigDict) -> dict:
+  """The {"<section>.<field>": value} that turn shakespeare_char:tiny into `cfg`."""
+  base = _fields(shakespeare_char.get_config("tiny"))
+  return {key: value for key, value in _fields(cfg).items() if base.get(key) != value}
+
+
 def config_flags(cfg: ConfigDict) -> list[str]:
   """The --config.<section>.<field> flags that turn shakespeare_char:tiny into `cfg`."""
-  base = _fields(shakespeare_char.get_config("tiny"))
-  return [f"--config.{key}={value}" for key, value in _fields(cfg).items()
-          if base.get(key) != value]
+  return [f"--config.{key}={value}" for key, value in config_overrides(cfg).items()]
 
 
 def _fields(cfg: ConfigDict) -> dict:

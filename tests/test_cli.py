@@ -45,16 +45,29 @@ def _train(workdir, *overrides):
   return _cli("jaxformer.train", f"--config={CONFIG}", f"--workdir={workdir}", *overrides)
 
 
-@pytest.mark.parametrize("overrides, fragments", [
-    (["--config.model.nonexistent=3"], ["unknown config key 'model.nonexistent'"]),
-    (["--config.optim.lrr=3"], ["did you mean --config.optim.lr?"]),
-    (["--config.train.num_heads=2"], ["did you mean --config.model.num_heads?"]),
-    (["--config.optim.lr=abc"], ["--config.optim.lr=abc", "could not convert"]),
+@pytest.mark.parametrize("overrides, fragments, subprocess_", [
+    (["--config.model.nonexistent=3"], ["unknown config key 'model.nonexistent'"], True),
+    (["--config.optim.lrr=3"], ["did you mean --config.optim.lr?"], False),
+    (["--config.train.num_heads=2"], ["did you mean --config.model.num_heads?"], False),
+    (["--config.optim.lr=abc"], ["--config.optim.lr=abc", "could not convert"], False),
 ])
-def test_train_config_mistakes_are_one_line_and_write_nothing(tmp_path, overrides, fragments):
-  result = _train(tmp_path / "run", *overrides)
-  _assert_user_error(result, *fragments)
-  assert not (tmp_path / "run").exists()
+def test_train_config_mistakes_are_one_line_and_write_nothing(tmp_path, capsys, overrides,
+                                                              fragments, subprocess_):
+  """One through `python -m jaxformer.train` (exit 2, one line, no workdir), the others
+  through its flag parsing in-process (a subprocess costs ~3 s of CPU)."""
+  if subprocess_:
+    result = _train(tmp_path / "run", *overrides)
+    _assert_user_error(result, *fragments)
+    assert not (tmp_path / "run").exists()
+    return
+  with pytest.raises(SystemExit) as exit_info:
+    _parse_train_flags(["train", f"--config={CONFIG}", f"--workdir={tmp_path / 'run'}",
+                        *overrides])
+  assert exit_info.value.code == cli.EXIT_USER_ERROR
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), lines
+  for fragment in fragments:
+    assert fragment in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("field, value, fragment", [
@@ -161,8 +174,8 @@ def test_a_really_full_disk_is_one_line_and_the_rerun_resumes_identically(tmp_pa
     assert lines[-1].startswith(f"error: no space left on the device of --workdir='{run}'")
     assert sum(l.startswith("error:") for l in lines) == 1
     subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
-    result = _train(run, *flags)
-    assert result.returncode == 0, result.stderr           # from its last complete checkpoint
+    from jaxformer.train import loop     # the rerun in this process: a JAX import less
+    loop.train(cfg, str(run))            # from its last complete checkpoint
     resumed = read(run / "metrics.jsonl")
   keep = ("step", "loss", "grad_norm", "eval_loss")
   whole = uninterrupted(cfg)
@@ -333,13 +346,18 @@ def test_mistakes_that_were_tracebacks_are_one_line(case, tmp_path, capsys):
     assert fragment in lines[-1], (fragment, lines[-1])
 
 
-def test_sample_and_launcher_mistakes(tmp_path):
+def test_sample_and_launcher_mistakes(tmp_path, capsys):
+  """Each command line once through a subprocess; the sample's workdir mistakes through
+  its main's own wrapper in-process (a subprocess costs ~1.5 s of CPU)."""
+  from jaxformer.inference import load_run
   (tmp_path / "run").mkdir()
-  _assert_user_error(_cli("jaxformer.sample", f"--workdir={tmp_path / 'run'}"),
-                     "holds no training run")
-  (tmp_path / "run" / "config.json").write_text("{broken")
-  _assert_user_error(_cli("jaxformer.sample", f"--workdir={tmp_path / 'run'}"),
-                     "config.json is not valid JSON")
+  for fragment in ("holds no training run", "config.json is not valid JSON"):
+    with pytest.raises(SystemExit) as exit_info:
+      cli.user_errors(load_run)(str(tmp_path / "run"))
+    assert exit_info.value.code == cli.EXIT_USER_ERROR
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and fragment in err, err
+    (tmp_path / "run" / "config.json").write_text("{broken")
   _assert_user_error(_cli("jaxformer.sample", f"--workdir={tmp_path / 'run'}",
                           "--max_new_tokens=x"), "--max_new_tokens")
   _assert_user_error(_cli("jaxformer.sweep", "--config=configs/sweeps/nope.py",

@@ -2,6 +2,8 @@
 train/held-out separation), the DPO pairs built from scored samples, the response scorer
 (jaxformer/posttrain/score.py) against a plain forward pass, and the sampler's determinism."""
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -95,11 +97,13 @@ def test_wilson_interval():
       posttrain.stored({"scores": {"m": {"greedy": posttrain.rate(3, 10)}}})
 
 
+@functools.cache
 def _tiny_model():
+  """shakespeare_char:tiny's model, initialised once (jitted) for this module's tests."""
   cfg = models.with_defaults(shakespeare_char.get_config("tiny").model)
   module = models.build(cfg)
-  params = module.init(jax.random.key(0), np.zeros((1, cfg["max_len"]), np.int32),
-                       deterministic=True)["params"]
+  params = jax.jit(lambda key: module.init(key, np.zeros((1, cfg["max_len"]), np.int32),
+                                           deterministic=True)["params"])(jax.random.key(0))
   return cfg, module, params
 
 
@@ -108,13 +112,17 @@ def test_response_logps_is_the_sum_of_the_response_tokens_log_probs():
   tok = _tokenizer()
   prompts, responses = ["To be, or not", "Ay"], [" to be\n", " me!"]
   got = response_logps(cfg, params, tok, prompts, responses, batch_size=1)
-  for prompt, response, value in zip(prompts, responses, got):
-    ids = tok.encode(prompt + response)
-    logits = module.apply({"params": params}, ids[None, :-1], deterministic=True)[0]
+  encoded = [tok.encode(p + r) for p, r in zip(prompts, responses)]
+  rows = np.zeros((len(encoded), max(map(len, encoded)) - 1), np.int32)  # causal: padding
+  for row, ids in zip(rows, encoded):                                    # after is unseen
+    row[:len(ids) - 1] = ids[:-1]
+  all_logits = jax.jit(lambda x: module.apply({"params": params}, x, deterministic=True))(rows)
+  for prompt, ids, logits, value in zip(prompts, encoded, all_logits, got):
     logp = jax.nn.log_softmax(np.asarray(logits, np.float64), -1)
     want = sum(logp[t - 1, ids[t]] for t in range(len(prompt), len(ids)))
     assert value == pytest.approx(float(want), abs=1e-4)
-  assert np.allclose(response_logps(cfg, params, tok, prompts, responses), got, atol=1e-5)
+  assert np.allclose(response_logps(cfg, params, tok, prompts, responses, batch_size=2), got,
+                     atol=1e-5)                  # two records in one batch
   with pytest.raises(ValueError, match="max_len"):
     response_logps(cfg, params, tok, ["x" * 40], ["y"])
 

@@ -246,7 +246,7 @@ def test_gpt_results_render_and_refit_from_the_json_alone(gpt, tmp_path, monkeyp
 
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("def f(x):\n  return x + 1\n" * 500)
-  args = gpt.parse_args([f"--data={corpus}", f"--workdir={tmp_path}", "--bootstrap=50",
+  args = gpt.parse_args([f"--data={corpus}", f"--workdir={tmp_path}", "--bootstrap=20",
                          f"--out={tmp_path / 'out' / 'scaling_gpt'}"])
   values = gpt.sweep_values(args)
   lengths = [1200, 2400, 4800]

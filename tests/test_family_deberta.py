@@ -527,14 +527,18 @@ def test_sharded_training_matches_one_device():
                     reason="libtpu is not installed: no compile-only TPU devices")
 def test_plan_compiles_for_a_tpu_topology():
   """The AOT planner compiles a tensor-parallel DeBERTa step for v5e:2x2; the compiler's
-  FLOPs agree with the analytic count (which includes the c2p/p2c products)."""
+  FLOPs agree with the analytic count (which includes the c2p/p2c products). Without the
+  enhanced mask decoder, which the analytic count leaves out (ratio 2.1 with it) and which
+  doubles the compile (27.5 -> 14.7 s of CPU); its tensor-parallel step runs in
+  test_sharded_training_matches_one_device."""
   from jaxformer.plan import estimate
   cfg = configs.get_config("deberta", "tiny")
-  cfg.model.update(dtype="bfloat16", scan_layers=True, vocab_size=68)   # 4 divides it
+  cfg.model.update(dtype="bfloat16", scan_layers=True, vocab_size=68,   # 4 divides it
+                   emd_layers=0)
   cfg.mesh.update(data=1, model=4)
   plan = estimate.plan(cfg, "v5e:2x2")
   assert plan.fits and plan.chips == 4
-  assert 0.5 < plan.flops_per_step["compiler"] / plan.flops_per_step["analytic"] < 3
+  assert 0.8 < plan.flops_per_step["compiler"] / plan.flops_per_step["analytic"] < 1.5  # 1.23
 
 
 # ----------------------------------------------------------------------------- training
@@ -547,7 +551,9 @@ def test_tiny_mlm_trains(tmp_path, monkeypatch):
   from jaxformer.train import loop
   cfg = configs.get_config("deberta", "tiny")
   cfg.data.eval_batches = 4
-  cfg.train.update(steps=100, eval_every=50, log_every=25, checkpoint_every=100)
+  # batch 8, not the config's 16: the steps dominate this test (44 -> 32 s of CPU); accuracy
+  # 0.178 -> 0.232 (0.159 -> 0.249 at 16)
+  cfg.train.update(steps=100, batch_size=8, eval_every=50, log_every=25, checkpoint_every=100)
   cfg.optim.warmup_steps = 20
   loop.train(cfg, str(tmp_path))
   records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]

@@ -142,10 +142,21 @@ def test_batch_specs_match_the_pipelines_first_batch(tmp_path):
     assert tasks.get(task).batch_spec(cfg, settings, {}) == got, task
 
 
-def test_cli_post_training_mistakes_are_one_line(tmp_path, source_run):
+@pytest.fixture(scope="module")
+def source_files(tmp_path_factory):
+  """What a post-training config and its refusals read of a source run (its config.json and
+  tokenizer), without training it: for the tests that stop before any parameter is read."""
+  workdir = tmp_path_factory.mktemp("source_files") / "run"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(tiny_run_config().to_json())
+  CharTokenizer("abcdefghijklmnopqrstuvwxyz :\n").save(str(workdir))
+  return str(workdir)
+
+
+def test_cli_post_training_mistakes_are_one_line(tmp_path, source_files):
   from tests.test_cli import _assert_user_error, _cli
   (tmp_path / "bad.jsonl").write_text('{"prompt": "a", "answer": "b"}\n')
-  config = f"--config=configs/sft.py:{source_run}"
+  config = f"--config=configs/sft.py:{source_files}"
   for overrides, fragment in [
       ([], "data.source is not set: sft reads JSON Lines of {'prompt', 'response'}"),
       ([f"--config.data.source={tmp_path / 'bad.jsonl'}"], "line 1: missing field 'response'")]:
@@ -199,9 +210,9 @@ def test_a_run_takes_its_source_config_and_tokenizer_from_its_own_workdir(tmp_pa
   user_error(lambda: pinit.recorded_source(run, source), "posttrain_source.json", "--fresh")
 
 
-def test_resume_refuses_a_changed_posttrain_setting(tmp_path, source_run):
+def test_resume_refuses_a_changed_posttrain_setting(tmp_path, source_files):
   from jaxformer.train import config_checks
-  cfg = sft_config.get_config(source_run)
+  cfg = sft_config.get_config(source_files)
   cfg.data.source = "x.jsonl"
   (tmp_path / "config.json").write_text(cfg.to_json())
   config_checks.check_workdir_config(cfg, str(tmp_path), fresh=False)
