@@ -134,6 +134,9 @@ def _shapes_match(text: str, names: set[str], b: int, h: int) -> None:
     assert dims and all((int(x), int(y), int(t)) == (b, h, T) for x, y, t in dims), (name, shape)
 
 
+# slow (14 s of CPU): the fast subset keeps the per-shard forward above and a v5e:2x2 train
+# step with the three kernels (test_plan's test_pallas_attention_kernels_are_costed_...)
+@pytest.mark.slow
 def test_gpt_train_step_compiles_mosaic_forward_and_backward_per_shard(plan):
   config = gpt_config()
   module, tx, init = state_lib.train_state_fns(config)
