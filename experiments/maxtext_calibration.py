@@ -99,9 +99,8 @@ def estimate(run: Run) -> dict:
   exposed = est.exposed_communication(stats, chip)
   step = cycles + summary["seconds"] + exposed
   tokens = run.per_chip_batch * run.seq_len
-  measured = {r.metric: r.value for r in published.RUNS
-              if (r.model, r.chip, r.chips, r.per_chip_batch, r.precision)
-              == (run.published_model, run.generation, run.chips, run.per_chip_batch, "bf16")}
+  measured = published.metrics(run.published_model, run.generation, run.chips,
+                               run.per_chip_batch)
   m = info["memory"]
   device_bytes = (m["argument_size_in_bytes"] + m["output_size_in_bytes"]
                   - m["alias_size_in_bytes"] + m["temp_size_in_bytes"]

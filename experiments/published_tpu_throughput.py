@@ -269,6 +269,15 @@ def runs(model: str | None = None, chip: str | None = None, metric: str | None =
           and (chip is None or r.chip == chip) and (metric is None or r.metric == metric)]
 
 
+def metrics(model: str, chip: str, chips: int, per_chip_batch: int, precision: str = "bf16"
+            ) -> dict[str, float]:
+  """{metric: value} of the one published run of `model` on `chips` chips of `chip` at that
+  per-chip batch and precision; {} where there is none."""
+  return {r.metric: r.value for r in RUNS
+          if (r.model, r.chip, r.chips, r.per_chip_batch, r.precision)
+          == (model, chip, chips, per_chip_batch, precision)}
+
+
 def table() -> str:
   """A Markdown table of every record."""
   lines = ["| model | our config | chip | chips | seq | batch/chip | metric | value | "

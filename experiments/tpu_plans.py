@@ -183,9 +183,8 @@ def _published(row: Row) -> dict[str, float]:
   the row's model, slice and per-chip batch; {} where there is none."""
   if row.published is None:
     return {}
-  return {run.metric: run.value for run in published.RUNS
-          if (run.model, run.chip, run.chips, run.per_chip_batch, run.precision)
-          == (row.published, row.topology.split(":")[0], row.chips, row.per_chip_batch, "bf16")}
+  return published.metrics(row.published, row.topology.split(":")[0], row.chips,
+                           row.per_chip_batch)
 
 
 def _tokens(row: Row, r: dict) -> int:
