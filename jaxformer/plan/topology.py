@@ -11,7 +11,6 @@ device per chip, both cores working on it), so `chip_config_name="megacore"` is 
 from __future__ import annotations
 
 import functools
-import glob
 import importlib.metadata
 import importlib.util
 import os
@@ -133,18 +132,13 @@ def libtpu_version() -> str | None:
     return None
 
 
-def real_tpu_attached() -> bool:
-  """A TPU VM's chips are /dev/accel* (v4, v5e) or /dev/vfio/N (v5p, v6e)."""
-  return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
-
-
 def quiet_libtpu(gen: str = "v5e") -> None:
   """Give libtpu the environment it looks up on a TPU VM before it initialises, so that on a
   machine without TPUs it neither warns that it could not determine the accelerator type and
   worker hostnames nor refuses a second process (its lock file is for owning real chips; the
   devices here only compile). Variables already set win, and nothing is set where TPU chips
   are attached: there libtpu finds the real values itself."""
-  if real_tpu_attached():
+  if jaxformer.real_tpu_attached():
     return
   if os.environ.get(jaxformer.LIBTPU_QUIETED):     # jaxformer's placeholder, not the user's
     os.environ["TPU_ACCELERATOR_TYPE"] = _LIBTPU_ENV.get(gen, "v5litepod-4")
