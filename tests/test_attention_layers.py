@@ -207,7 +207,7 @@ def test_bfloat16_compute_keeps_float32_params():
   x = rand((B, T, E))
   kw = dict(num_heads=4, num_kv_heads=2, causal=True, positions="rope")
   variables = init(MultiHeadAttention(**kw), x)
-  boxed = MultiHeadAttention(dtype=jnp.bfloat16, **kw).init(jax.random.key(0), x)
+  boxed = jax.eval_shape(MultiHeadAttention(dtype=jnp.bfloat16, **kw).init, jax.random.key(0), x)
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nn.unbox(boxed)))
   out = MultiHeadAttention(dtype=jnp.bfloat16, **kw).apply(variables, x)
   assert out.dtype == jnp.bfloat16
@@ -223,11 +223,12 @@ def test_cross_attention_batch_mismatch_is_caught_at_the_boundary():
 
 def test_param_logical_axes():
   x = rand((B, T, E))
-  specs = nn.get_partition_spec(MultiHeadAttention(num_heads=4).init(jax.random.key(0), x))
+  specs = nn.get_partition_spec(                    # abstract inits: the specs, no values
+      jax.eval_shape(MultiHeadAttention(num_heads=4).init, jax.random.key(0), x))
   assert tuple(specs["params"]["qkv"]["kernel"]) == ("embed", "qkv", "heads", "kv")
   assert tuple(specs["params"]["out"]["kernel"]) == ("heads", "kv", "embed")
-  specs = nn.get_partition_spec(
-      MultiHeadAttention(num_heads=4, num_kv_heads=2).init(jax.random.key(0), x))
+  specs = nn.get_partition_spec(jax.eval_shape(
+      MultiHeadAttention(num_heads=4, num_kv_heads=2).init, jax.random.key(0), x))
   assert tuple(specs["params"]["query"]["kernel"]) == ("embed", "heads", "kv")
   assert tuple(specs["params"]["kv"]["kernel"]) == ("embed", "qkv", "kv_heads", "kv")
 

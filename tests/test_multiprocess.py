@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from launch.local import process_env, run_local, start_local
-from tests.runs import config_flags, tiny_run_config
+from tests.runs import config_flags, on_one_device, tiny_run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -114,7 +114,8 @@ def _assert_one_console(outputs, workdir, steps):
 
 
 @pytest.mark.slow
-def test_two_processes_train_like_one_and_their_checkpoint_continues_on_one_device(tmp_path):
+def test_two_processes_train_like_one_and_their_checkpoint_continues_on_one_device(tmp_path,
+                                                                                 monkeypatch):
   from jaxformer.train import loop
   two, one, home = str(tmp_path / "two"), str(tmp_path / "one"), tmp_path / "home"
   # an evaluation right after an asynchronous checkpoint (step 2's, at step 4): where a run
@@ -126,9 +127,11 @@ def test_two_processes_train_like_one_and_their_checkpoint_continues_on_one_devi
   _assert_records_close(_records(two), _records(one), _config(4, -1, 1, False, **kw))
 
   # the 2-process (4 x 2 mesh, FSDP) checkpoint restores in a single process on one device
-  # and continues exactly like the 8-device run
-  _train_cli(two, _config(5, 1, 1, False), 1, 1, home=home)
+  # (this one: a launch less) and continues exactly like the 8-device run
   loop.train(_config(5, -1, 1, False), one)
+  with monkeypatch.context() as patch:
+    on_one_device(patch)
+    loop.train(_config(5, 1, 1, False), two)
   _assert_records_close(_records(two), _records(one), _config(5, -1, 1, False))
   assert [r["step"] for r in _records(two) if "loss" in r] == [1, 2, 3, 4, 5]
 

@@ -16,7 +16,7 @@ from jaxformer.inference import load_run
 from jaxformer.state import checkpoint, train_state
 from jaxformer.train import loop
 from jaxformer.train.metrics import read
-from tests.runs import tiny_run_config
+from tests.runs import on_one_device, tiny_run_config
 
 
 def _pairs(path, n=48):
@@ -41,6 +41,7 @@ def test_tiny_dpo_run_trains_against_a_frozen_reference_and_resumes_exactly(tmp_
                                                                             monkeypatch):
   """...and resumes with its source workdir deleted (its config, tokenizer and reference are
   in its own workdir)."""
+  on_one_device(monkeypatch)          # what it trains and resumes, not the mesh: 1 device
   source = str(tmp_path / "source")
   loop.train(tiny_run_config(steps=8, checkpoint_every=8, eval_every=8, log_every=4), source)
   _, src_params, _ = load_run(source)

@@ -19,7 +19,7 @@ from jaxformer.data.tokenizers import CharTokenizer
 from jaxformer.posttrain import data as pdata
 from jaxformer.train import loop
 from jaxformer.train.metrics import read
-from tests.runs import tiny_run_config
+from tests.runs import on_one_device, tiny_run_config
 from tests.user_errors import user_error
 
 TOK = CharTokenizer("abcdefghijklmnopqrstuvwxyz :\n?!.,")
@@ -234,7 +234,9 @@ def _sft_jsonl(path, n=40):
 @pytest.fixture(scope="module")
 def source_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("source") / "run")
-  loop.train(tiny_run_config(steps=8, checkpoint_every=8, eval_every=8, log_every=4), workdir)
+  with pytest.MonkeyPatch.context() as patch:         # on 1 device, like the SFT run below
+    on_one_device(patch)
+    loop.train(tiny_run_config(steps=8, checkpoint_every=8, eval_every=8, log_every=4), workdir)
   return workdir
 
 
@@ -249,7 +251,9 @@ def _sft(source, data_path, **train):
 
 
 @pytest.mark.slow
-def test_tiny_sft_run_starts_from_the_source_and_resumes_exactly(tmp_path, source_run, capsys):
+def test_tiny_sft_run_starts_from_the_source_and_resumes_exactly(tmp_path, source_run, capsys,
+                                                                monkeypatch):
+  on_one_device(monkeypatch)          # what it trains and resumes, not the mesh: 1 device
   data_path = str(tmp_path / "sft.jsonl")
   _sft_jsonl(data_path)
   cfg = _sft(source_run, data_path)

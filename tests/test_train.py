@@ -17,7 +17,7 @@ from jaxformer.state import checkpoint, optim, train_state
 from jaxformer.inference import load_run, sample_text
 from jaxformer.train import config_checks, evaluation, loop
 from jaxformer.train.metrics import read
-from tests.runs import tiny_run_config
+from tests.runs import on_one_device, tiny_run_config
 
 DETERMINISTIC = ("step", "loss", "lr", "grad_norm", "skipped", "eval_loss", "eval_accuracy")
 
@@ -27,7 +27,8 @@ def deterministic(records):
 
 
 @pytest.mark.slow
-def test_short_run_learns_and_resume_reproduces_uninterrupted_run(tmp_path):
+def test_short_run_learns_and_resume_reproduces_uninterrupted_run(tmp_path, monkeypatch):
+  on_one_device(monkeypatch)          # what it learns and resumes, not the mesh: 1 device
   cfg = tiny_run_config(sample_tokens=80, sample_every=12)
   full = str(tmp_path / "full")
   loop.train(cfg, full)
@@ -130,9 +131,10 @@ def test_a_second_stop_signal_exits_at_once_even_with_the_main_thread_blocked():
 
 
 @pytest.mark.slow
-def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog):
+def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog, monkeypatch):
   """Under μP (width 32, base 16: LR groups in the optimizer, logits and attention
   multipliers), so the resume also checks that μP's train state round-trips exactly."""
+  on_one_device(monkeypatch)
   cfg = tiny_run_config(steps=16)
   cfg.model.update(parametrization="mup", mup_base_width=16)
   workdir = str(tmp_path / "run")
@@ -269,7 +271,9 @@ def test_resume_may_change_keep_checkpoint_every_only_where_the_kept_ones_stay(t
 
 
 @pytest.mark.slow
-def test_kept_checkpoints_survive_rotation_and_resume_and_the_latest_still_loads(tmp_path):
+def test_kept_checkpoints_survive_rotation_and_resume_and_the_latest_still_loads(tmp_path,
+                                                                                 monkeypatch):
+  on_one_device(monkeypatch)
   cfg = tiny_run_config(steps=12, checkpoint_every=2, keep_checkpoints=2,
                         keep_checkpoint_every=4, eval_every=12)
   workdir = str(tmp_path / "run")
@@ -360,7 +364,8 @@ def test_cross_entropy_matches_float64_reference(smoothing, z):
 
 
 @pytest.mark.slow
-def test_vit_on_digits_trains_keeps_best_and_writes_observability_files(tmp_path):
+def test_vit_on_digits_trains_keeps_best_and_writes_observability_files(tmp_path, monkeypatch):
+  on_one_device(monkeypatch)
   from tests.test_observability import tb_events
   import configs.vit_tiny as vt
   cfg = vt.get_config("digits")
