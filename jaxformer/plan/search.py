@@ -42,6 +42,10 @@ from jaxformer.train.program import build_program, compile_program
 DIMENSIONS = ("mesh", "fsdp", "remat", "accum", "attention", "scan", "optimizer", "replica")
 # optimizer-state levers: (state dtype, offloaded to host)
 OPTIMIZER_STATES = (("float32", False), ("bfloat16", False), ("bfloat16", True))
+# Settings that only trade memory for time or precision: a candidate that fits without them
+# makes its siblings that differ only by using them pointless to compile.
+_MEMORY_LEVERS = {"optim.state_dtype": OPTIMIZER_STATES[0][0],
+                  "optim.offload_state": OPTIMIZER_STATES[0][1]}
 ATTENTION_IMPLS = ("xla", "pallas", "splash")     # splash refuses what it cannot do: pruned
 
 
@@ -173,9 +177,25 @@ def cheap_check(config, candidate: Candidate, devices, chip: accelerators.Chip,
 
 def _order_key(margin: "Margin", hbm_bytes: int):
   """Compile order: the candidates expected to fit (activations scaled by the margin learnt
-  from the compiles so far), fastest first by the rough estimate, then the others."""
+  from the compiles so far), fastest first by the rough estimate (which does not see the
+  memory levers), then the fewest memory levers in use."""
   return lambda c: (c.lower_bound_bytes + margin.value(c.remat_policy) * c.activation_bytes
-                    > hbm_bytes, c.rough_seconds)
+                    > hbm_bytes, c.rough_seconds, _levers_used(c.overrides))
+
+
+def _levers_used(overrides: dict[str, Any]) -> int:
+  return sum(overrides.get(k, plain) != plain for k, plain in _MEMORY_LEVERS.items())
+
+
+def _heavier_sibling(c: "Candidate", of: "Candidate") -> bool:
+  """`c` is `of` with memory levers added: the same settings but the levers, and every lever
+  `of` uses set the same way in `c`."""
+  keys = set(c.overrides) | set(of.overrides)
+  if any(c.overrides.get(k) != of.overrides.get(k) for k in keys - set(_MEMORY_LEVERS)):
+    return False
+  plain = {k: of.overrides.get(k, v) == v for k, v in _MEMORY_LEVERS.items()}
+  return c.overrides != of.overrides and all(
+      plain[k] or c.overrides.get(k) == of.overrides.get(k) for k in _MEMORY_LEVERS)
 
 
 class Margin:
@@ -321,7 +341,13 @@ def _compile_all(config, queue: list[Candidate], topology, slices, chip, *, work
     while (queue and len(running) < max(1, workers) and time.perf_counter() < deadline
            and (max_compiles is None or launched < max_compiles)):
       queue.sort(key=_order_key(margin, chip.hbm_bytes))
-      c = queue.pop(0)
+      # a sibling with more memory levers waits for the one in flight: it is pointless if
+      # that one fits
+      c = next((q for q in queue if not any(_heavier_sibling(q, r) for r, _ in running)),
+               None)
+      if c is None:
+        break
+      queue.remove(c)
       running.append((c, pool.apply_async(
           compile_candidate, (config, c.overrides, topology, slices, cache_dir))))
       launched += 1
@@ -335,6 +361,11 @@ def _compile_all(config, queue: list[Candidate], topology, slices, chip, *, work
       running.remove((c, r))
       _record(c, r.get())
       margin.learn(c)
+      if c.fits:
+        for q in [q for q in queue if _heavier_sibling(q, c)]:
+          queue.remove(q)
+          q.status = "pruned"
+          q.reason = f"{c.flags()} fits without its memory levers"
       log(f"  compiled {c.flags()}: {c.status}{', ' + c.reason if c.reason else ''}"
           + (f", est. step {estimate.seconds(c.seconds)}" if c.fits else ""))
   if running:
