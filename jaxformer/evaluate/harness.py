@@ -187,4 +187,6 @@ def run(manager, config, params, tokenizer, *, tasks, num_fewshot=None, limit=No
                    max_length=max_length)
   out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot,
                                 limit=limit, task_manager=manager, log_samples=False)
-  return {key: out.get(key) for key in ("results", "n-samples", "versions")}
+  results = {task: {k: v for k, v in metrics.items() if k not in ("name", "alias")}
+             for task, metrics in out["results"].items()}
+  return {"results": results, "n-samples": out.get("n-samples"), "versions": out.get("versions")}
