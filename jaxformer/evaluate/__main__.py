@@ -48,7 +48,7 @@ flags.DEFINE_list("tasks", None, "lm_eval: lm-evaluation-harness task names (or 
 flags.DEFINE_string("include_path", None, "lm_eval: a directory of task YAML files of your own.")
 flags.DEFINE_integer("num_fewshot", None, "lm_eval: few-shot examples per prompt.")
 flags.DEFINE_integer("max_examples", None, "linear_probe: at most this many examples per split.")
-flags.DEFINE_float("l2", 1e-3, "linear_probe: the weight decay of the logistic regression.")
+flags.DEFINE_float("l2", 1e-2, "linear_probe: the weight decay of the logistic regression.")
 cli.define_compilation_cache_flag()
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS

@@ -56,8 +56,9 @@ def _batched(fn, inputs: list[np.ndarray], batch: int = FEATURE_BATCH) -> np.nda
   return np.concatenate(out)
 
 
-def image_features(config, params, images: np.ndarray) -> np.ndarray:
-  """[N, E] pooled final-norm features of standardised images [N, H, W, C]."""
+def image_features(config, params, splits: list[np.ndarray]) -> list[np.ndarray]:
+  """[N, E] pooled final-norm features of each array of standardised images [N, H, W, C]
+  (one compilation for all of them)."""
   m = models.with_defaults(config.model)
   module = models.build(m)
 
@@ -68,7 +69,7 @@ def image_features(config, params, images: np.ndarray) -> np.ndarray:
                             mutable=["intermediates"])
     h = state["intermediates"]["final_norm"]["__call__"][0]
     return h[:, 0] if m["pool"] == "cls" else h.mean(axis=1)
-  return _batched(features, [images.astype(np.float32)])
+  return [_batched(features, [images.astype(np.float32)]) for images in splits]
 
 
 def text_features(config, params, tokenizer, texts: list[str], where: list[str]) -> np.ndarray:
@@ -128,7 +129,7 @@ def read_labelled(path: str) -> tuple[list[str], list, list[str]]:
   return texts, labels, where
 
 
-def fit_logistic(x_train, y_train, num_classes: int, *, l2: float = 1e-3, steps: int = 500,
+def fit_logistic(x_train, y_train, num_classes: int, *, l2: float = 1e-2, steps: int = 500,
                  lr: float = 0.05):
   """(W [E, C], b [C], mean, std) of a softmax regression on standardised features."""
   mean, std = x_train.mean(0), x_train.std(0) + 1e-6
@@ -173,7 +174,7 @@ def _probe(x_train, y_train, x_test, y_test, num_classes: int, l2: float) -> dic
 
 
 def evaluate_images(config, params, *, source: str | None = None,
-                    max_examples: int | None = None, l2: float = 1e-3) -> dict:
+                    max_examples: int | None = None, l2: float = 1e-2) -> dict:
   from jaxformer.data.images.pipeline import open_source
   data = config.data.to_dict()
   if source is not None:
@@ -184,18 +185,20 @@ def evaluate_images(config, params, *, source: str | None = None,
   src.check_split(train_split, "data.train_split")
   src.check_split(test_split, "data.eval_split")
   mean, std = src.stats(train_split)
-  arrays = {}
+  images, labels = [], []
   for split in (train_split, test_split):
-    images, labels = src.split_arrays(split)
-    n = _limit(len(labels), max_examples)
-    arrays[split] = (image_features(config, params, (images[:n].astype(np.float32) / 255.0
-                                                     - mean) / std), labels[:n])
+    x, y = src.split_arrays(split)
+    n = _limit(len(y), max_examples)
+    images.append((x[:n].astype(np.float32) / 255.0 - mean) / std)
+    labels.append(y[:n])
+  features = image_features(config, params, images)
+  arrays = {train_split: (features[0], labels[0]), test_split: (features[1], labels[1])}
   out = _probe(*arrays[train_split], *arrays[test_split], src.num_classes, l2)
   return {"source": src.name, "train_split": train_split, "test_split": test_split, **out}
 
 
 def evaluate_texts(config, params, tokenizer, *, data: str, test_data: str | None = None,
-                   max_examples: int | None = None, l2: float = 1e-3, seed: int = 0) -> dict:
+                   max_examples: int | None = None, l2: float = 1e-2, seed: int = 0) -> dict:
   if tokenizer is None:
     raise ValueError("this run has no tokenizer (tokenizer.json is missing from its workdir)")
   texts, labels, where = read_labelled(data)
