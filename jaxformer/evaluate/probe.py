@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxformer import models, paths
+from jaxformer import models, paths, run_settings
 
 TEXT_FAMILIES = ("bert", "roberta", "deberta")
 IMAGE_FAMILIES = ("vit",)
@@ -76,7 +76,7 @@ def text_features(config, params, tokenizer, texts: list[str], where: list[str])
   """[N, E] mean over tokens of the encoder's last layer."""
   m = models.with_defaults(config.model)
   module = models.build(m)
-  length = int(config.data.get("seq_len") or m["max_len"])
+  length = int(run_settings.parse_section("data", config.data).seq_len or m["max_len"])
   pad = tokenizer.pad_id if tokenizer.pad_id is not None else 0
   if m.get("pad_id") is not None:
     pad = int(m["pad_id"])
@@ -179,7 +179,8 @@ def evaluate_images(config, params, *, source: str | None = None,
   data = config.data.to_dict()
   if source is not None:
     data["source"] = source
-  src = open_source(type(config.data)(data), data_dir=data.get("data_dir"))
+  src = open_source(type(config.data)(data),
+                    data_dir=run_settings.parse_section("data", config.data).data_dir)
   train_split = data.get("train_split") or "train"
   test_split = data.get("eval_split") or "test"
   src.check_split(train_split, "data.train_split")

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer import models
+from jaxformer import models, run_settings
 
 MIN_BUCKET = 16
 
@@ -106,7 +106,7 @@ class Scorer:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
       raise ValueError(f"--batch_size={batch_size!r} must be an int >= 1")
     limit = int(m["max_len"]) if m["positions"] == "learned" else None
-    default = config.data.get("seq_len") or m["max_len"]
+    default = run_settings.parse_section("data", config.data).seq_len or m["max_len"]
     width = int(default if width is None else width)
     if width < 1 or (limit is not None and width > limit):
       raise ValueError(f"--max_length={width} must be in [1, model.max_len={limit}] (the "
