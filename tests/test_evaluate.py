@@ -230,7 +230,7 @@ def test_loglikelihood_rolling_equals_the_perplexity_path(run, adapter):
 
 def test_generate_until_is_greedy_decoding_cut_at_until(run, adapter):
   _, config, params, tokenizer = run
-  prompts = ["ROMEO:", "KING:", "ROMEO:"]
+  prompts = ["ROMEO:", "KING: ", "ROMEO:"]          # one length: one compilation
   got = adapter.generate_until(_requests("generate_until", [
       (prompts[0], {"until": ["\n"], "max_gen_toks": 12}),
       (prompts[1], {"until": [], "max_gen_toks": 12}),
