@@ -15,7 +15,6 @@ import subprocess
 import sys
 import warnings
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -27,8 +26,7 @@ from jaxformer.convert import hf
 from jaxformer.convert.hf import tokenizer as hf_tokenizer
 from jaxformer.data import tokenizers
 from jaxformer.export import export_run, special_tokens
-from jaxformer.state import checkpoint, train_state
-from tests.runs import tiny_run_config
+from tests.runs import tiny_run_config, write_run as _write_run
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -39,27 +37,6 @@ TEXT = open(os.path.join(ROOT, "jaxformer", "data", "assets", "tinyshakespeare.t
 CHARS = tokenizers.CharTokenizer(TEXT)
 # Text outside the training data too: accents, an emoji (byte fallback), runs of spaces, tabs.
 HARD_TEXT = TEXT[20_000:24_000] + "  Ünïcødé 😀  two  spaces\tand a tab \n\n end "
-
-
-def _write_run(workdir, cfg, tokenizer, steps=(8,)) -> dict:
-  """A run directory as training leaves it: config.json, the tokenizer, and a checkpoint of
-  the initial train state at each of `steps` (step s's params scaled by 1 + s/8, so steps
-  differ). Returns {step: params}."""
-  os.makedirs(workdir)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(cfg.to_json(indent=2))
-  if tokenizer is not None:
-    tokenizer.save(workdir)
-  _, _, init_boxed = train_state.train_state_fns(cfg)
-  state = jax.device_get(nn.unbox(jax.jit(init_boxed)()))
-  ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"))
-  saved = {}
-  for step in steps:
-    params = jax.tree.map(lambda p, s=step: p * np.float32(1 + s / 8), state["params"])
-    ckpts.save(step, dict(state, params=params, step=np.int32(step)))
-    saved[step] = params
-  ckpts.close()
-  return saved
 
 
 def _no_special_token_warnings(caplog, capfd, record):

@@ -30,7 +30,8 @@ LAYERS = (
     ("posttrain",),                           # SFT / DPO data, DPO's loss, initialization
     ("tasks",),                               # one module per task + the task registry
     ("train",),                               # the training loop (samples through inference)
-    ("sample", "sweep", "plan", "export"),    # entry points over train and inference; plan:
+    ("sample", "sweep", "plan", "export",     # entry points over train and inference; plan:
+     "predict"),
                                               # compile-only devices, HLO analysis, estimate,
                                               # search
 )
