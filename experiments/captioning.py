@@ -178,32 +178,14 @@ def plot(report: dict, path: str) -> None:
 
 
 def plot_attention(config, params, examples: list[dict], path: str, title: str) -> None:
-  """One row per example: the image, then each generated word's attention over the grid."""
+  """One row per example: the image, then each generated word's attention over the grid
+  (`jaxformer.inference.captions.draw_attention`)."""
   images = np.stack([e["image"] for e in examples])
   tokens, _ = caption_inference.caption_images(config.model, params, images, beam_size=1)
   tokens = np.asarray(tokens)
-  maps = np.asarray(caption_inference.attention_maps(config.model, params, images, tokens))
-  words = [captions.decode(t) for t in tokens]
-  cols = 1 + min(max(len(w) + 1 for w in words), maps.shape[1])
-  fig, axes = plt.subplots(len(examples), cols, figsize=(1.3 * cols, 1.45 * len(examples)),
-                           squeeze=False)
-  size = images.shape[1]
-  for row, (image, caption_words, amap) in enumerate(zip(images, words, maps)):
-    for ax in axes[row]:
-      ax.axis("off")
-    axes[row, 0].imshow(image[..., 0], cmap="gray")
-    axes[row, 0].set_title("input", fontsize=7)
-    for t, word in enumerate((caption_words + ["<eos>"])[:amap.shape[0]]):
-      heat = np.kron(amap[t], np.ones((size // amap.shape[1], size // amap.shape[2])))
-      ax = axes[row, t + 1]
-      ax.imshow(image[..., 0], cmap="gray")
-      ax.imshow(heat, cmap="jet", alpha=0.45, extent=(-0.5, heat.shape[1] - 0.5,
-                                                     heat.shape[0] - 0.5, -0.5))
-      ax.set_title(word, fontsize=7)
-  fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  maps = caption_inference.attention_maps(config.model, params, images, tokens)
+  caption_inference.draw_attention(images, [captions.decode(t) for t in tokens], maps, path,
+                                   title=title)
 
 
 @cli.user_errors

@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import os
 
-import flax.linen as nn
-import jax
-import numpy as np
 from ml_collections import ConfigDict
 
 from configs import shakespeare_char
-from jaxformer.state import checkpoint, train_state
 
 
 def tiny_run_config(*, eval_batches: int = 2, **train) -> ConfigDict:
@@ -59,17 +55,36 @@ def on_one_device(monkeypatch) -> None:
   monkeypatch.setattr(sharding, "make_mesh", make_mesh)
 
 
-def write_run(workdir, cfg, tokenizer, steps=(8,)) -> dict:
-  """A run directory as training leaves it: config.json, the tokenizer, and a checkpoint of
-  the initial train state at each of `steps` (step s's params scaled by 1 + s/8, so steps
-  differ). Returns {step: params}."""
+def write_run(workdir, cfg: ConfigDict, tokenizer, steps=(8,), *, random: bool = False
+              ) -> dict:
+  """A run directory as training leaves it, without the training: config.json, the tokenizer
+  (None: none), and a checkpoint of the initial train state at each of `steps` (step s's
+  params scaled by 1 + s/8, so steps differ). Returns {step: params}.
+
+  random=True: the state is not initialised (its init is compiled: 10-30 s of CPU for a tiny
+  model on a loaded machine) but drawn from its shapes: params N(0, 0.2^2) (norm scales 1 +
+  that), everything else zeros; for tests of what a model computes, not of its init."""
+  import flax.linen as nn
+  import jax
+  import numpy as np
+  from jaxformer.state import checkpoint, train_state
   os.makedirs(workdir)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(cfg.to_json(indent=2))
   if tokenizer is not None:
     tokenizer.save(workdir)
   _, _, init_boxed = train_state.train_state_fns(cfg)
-  state = jax.device_get(nn.unbox(jax.jit(init_boxed)()))
+  if random:
+    rng = np.random.default_rng(0)
+    abstract = nn.unbox(jax.eval_shape(init_boxed))
+    draw = lambda path, s: (np.zeros(s.shape, s.dtype) if not jax.numpy.issubdtype(
+        s.dtype, jax.numpy.floating) else (0.2 * rng.normal(size=s.shape) + (
+            "scale" in jax.tree_util.keystr(path))).astype(s.dtype))
+    state = dict(abstract, params=jax.tree_util.tree_map_with_path(draw, abstract["params"]))
+    state = jax.tree.map(lambda s: s if isinstance(s, np.ndarray) else np.zeros(s.shape, s.dtype),
+                         state)
+  else:
+    state = jax.device_get(nn.unbox(jax.jit(init_boxed)()))
   ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"))
   saved = {}
   for step in steps:

@@ -88,6 +88,15 @@ def checked_ids(ids, vocab_size: int) -> list[int]:
 TASK_SPECIAL_IDS = {"mlm": ("mask_id",), "mlm_nsp": ("mask_id", "bos_id", "eos_id"),
                     "bart_denoising": ("mask_id", "bos_id", "pad_id"),
                     "span_corruption": ("pad_id", "eos_id")}
+# The text names of those tokens where a task appends them after the vocabulary (by role): what
+# `jaxformer.export` names them in the exported tokenizer and what `jaxformer.predict` reads
+# in an input text. T5's sentinels are <extra_id_k> (k-th id from the top of the vocabulary).
+TASK_SPECIAL_NAMES = {
+    "mlm": {"mask_id": "[MASK]"},
+    "mlm_nsp": {"mask_id": "[MASK]", "bos_id": "[CLS]", "eos_id": "[SEP]"},
+    "bart_denoising": {"mask_id": "<mask>", "bos_id": "<s>", "pad_id": "<pad>"},
+    "span_corruption": {"pad_id": "<pad>", "eos_id": "</s>"},
+}
 
 
 def special_ids(tokenizer, roles) -> tuple[dict[str, int], int]:

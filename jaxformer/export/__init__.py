@@ -46,14 +46,10 @@ SPECIAL_TOKENS_MAP = "special_tokens_map.json"       # not written; an old one i
 # The files an export writes besides hf.save's config.json and weights.
 FILES = hf_tokenizer.FILES + (GENERATION_CONFIG, SPECIAL_TOKENS_MAP)
 GENERATIVE = ("lm", "bart_denoising", "span_corruption")
-# The names of the special tokens a task appends after the vocabulary (by tokenizer role), and
-# the transformers attribute each role is (NSP's bos/eos are BERT's [CLS]/[SEP]).
-_APPENDED_NAMES = {
-    "mlm": {"mask_id": "[MASK]"},
-    "mlm_nsp": {"mask_id": "[MASK]", "bos_id": "[CLS]", "eos_id": "[SEP]"},
-    "bart_denoising": {"mask_id": "<mask>", "bos_id": "<s>", "pad_id": "<pad>"},
-    "span_corruption": {"pad_id": "<pad>", "eos_id": "</s>"},
-}
+# The names of the special tokens a task appends after the vocabulary (by tokenizer role:
+# `tokenizers.TASK_SPECIAL_NAMES`), and the transformers attribute each role is (NSP's bos/eos
+# are BERT's [CLS]/[SEP]).
+_APPENDED_NAMES = tokenizers.TASK_SPECIAL_NAMES
 _ATTRIBUTES = {"bos_id": "bos_token", "eos_id": "eos_token", "pad_id": "pad_token",
                "mask_id": "mask_token"}
 _NSP_ATTRIBUTES = dict(_ATTRIBUTES, bos_id="cls_token", eos_id="sep_token")

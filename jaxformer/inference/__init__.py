@@ -5,6 +5,7 @@
     inference.sample_text(config, params, tokenizer, prompt="ROMEO:", max_new_tokens=200)
     inference.generate(config.model, params, tokens, max_new_tokens=20)   # decode.py (ids)
     inference.caption_images(config.model, params, images, beam_size=3)  # captions.py
+    inference.predict.mode_for(config).run(inference.predict.Request(...))  # every family
 
 From the training package this imports only the train state's layout, its optimizer and
 checkpoints (`jaxformer.train.state`, `.optim`, `.checkpoint`: the state training builds
@@ -18,6 +19,7 @@ from jaxformer.inference.captions import attention_maps, caption_images, caption
 from jaxformer.inference.decode import filter_logits, generate
 from jaxformer.inference.restore import load_run
 from jaxformer.inference.text import sample_text
+from jaxformer.inference import predict  # noqa: E402  (after the modules it uses)
 
 __all__ = ["filter_logits", "generate", "load_run", "sample_text", "beam_search",
-           "greedy_decode", "caption_images", "attention_maps", "caption_metrics"]
+           "greedy_decode", "caption_images", "attention_maps", "caption_metrics", "predict"]

@@ -3,6 +3,7 @@ caption metrics (exact match, token accuracy, corpus BLEU-4).
 
     tokens, scores = caption_images(config.model, params, images, beam_size=3)
     maps = attention_maps(config.model, params, images, tokens)     # [B, T, rows, cols]
+    draw_attention(images, words, maps, "attention.png")          # the figure, one row each
     caption_metrics(hyp_words, ref_words, by=num_digits)            # {group: metrics}
 
 Token ids follow the captioning task's vocabulary: PAD=0, BOS=1, EOS=2 (the defaults here).
@@ -17,6 +18,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxformer import models
 from jaxformer.data.images.captions import BOS as BOS_ID, EOS as EOS_ID, PAD as PAD_ID
@@ -113,6 +115,43 @@ def _maps_fn(key: str):
   return jax.jit(run)
 
 
+def draw_attention(images, words: Sequence[Sequence[str]], maps, path: str, *,
+                   title: str = "") -> str:
+  """The Show, Attend and Tell figure as a PNG at `path` (a local path or a URL): one row per
+  image [B, S, S, C] (values in [0, 1]), the image, then each word of its caption (`words`,
+  plus "<eos>") over the image with its attention map (`maps` [B, T, rows, cols], as
+  `attention_maps` returns them) as a heatmap. Returns `path`."""
+  import io
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+  from jaxformer import paths
+  images, maps = np.asarray(images, np.float32), np.asarray(maps, np.float32)
+  cols = 1 + min(max(len(w) + 1 for w in words), maps.shape[1])
+  fig = Figure(figsize=(1.3 * cols, 1.45 * len(images)), dpi=110, layout="constrained")
+  FigureCanvasAgg(fig)
+  axes = fig.subplots(len(images), cols, squeeze=False)
+  size = images.shape[1]
+  for row, (image, caption_words, amap) in enumerate(zip(images, words, maps)):
+    for ax in axes[row]:
+      ax.axis("off")
+    gray = image.mean(-1)
+    axes[row, 0].imshow(gray, cmap="gray", vmin=0, vmax=1)
+    axes[row, 0].set_title("input", fontsize=7)
+    for t, word in enumerate((list(caption_words) + ["<eos>"])[:amap.shape[0]]):
+      heat = np.kron(amap[t], np.ones((size // amap.shape[1], size // amap.shape[2])))
+      ax = axes[row, t + 1]
+      ax.imshow(gray, cmap="gray", vmin=0, vmax=1)
+      ax.imshow(heat, cmap="jet", alpha=0.45, extent=(-0.5, heat.shape[1] - 0.5,
+                                                     heat.shape[0] - 0.5, -0.5))
+      ax.set_title(word, fontsize=7)
+  if title:
+    fig.suptitle(title, fontsize=9)
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png")
+  paths.write_bytes(path, buffer.getvalue())
+  return path
+
+
 def caption_metrics(hyps: Sequence[Sequence], refs: Sequence[Sequence],
                     by: Sequence[Hashable] | None = None) -> dict:
   """Metrics of hypothesis captions against one reference each, both lists of word lists
@@ -163,5 +202,5 @@ def _metrics(hyps, refs) -> dict:
           "bleu": float(bleu), "count": n}
 
 
-__all__ = ["caption_images", "attention_maps", "caption_metrics", "PAD_ID", "BOS_ID",
+__all__ = ["caption_images", "attention_maps", "draw_attention", "caption_metrics", "PAD_ID", "BOS_ID",
            "EOS_ID"]

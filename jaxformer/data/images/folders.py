@@ -86,6 +86,12 @@ def _load_image(path: pathlib.Path, expected: tuple[pathlib.Path, tuple] | None)
   return pixels
 
 
+def read_image(path: pathlib.Path) -> np.ndarray:
+  """One image file as [H, W, C] uint8 pixels, read as the folder source reads its images
+  (grayscale 'L' or 'RGB'); a ValueError naming the file otherwise."""
+  return _load_image(pathlib.Path(path), None)
+
+
 def _hwc(shape: tuple) -> str:
   return f"{shape[0]}x{shape[1]}x{shape[2]} (HxWxC)"
 
