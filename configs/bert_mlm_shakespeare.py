@@ -27,6 +27,6 @@ def get_config(arg=None):
       data=common.data("tinyshakespeare", "char", size["seq_len"], mask_rate=0.15,
                        eval_batches=20),
       train=common.train(size["steps"], size["batch_size"], eval_every=size["eval_every"],
-                         log_every=max(size["steps"] // 20, 1), checkpoint_every=500),
+                         checkpoint_every=500),
       optim=common.optim(1e-3, warmup_steps=100 if name != "tiny" else 10, b2=0.99,
                          weight_decay=0.01, min_lr_ratio=0.1))

@@ -38,7 +38,7 @@ def get_config(arg=None):
       model=model,
       data=common.data("tinyshakespeare", "char", seq_len, eval_batches=20),
       train=common.train(steps, batch_size, eval_every=30 if tiny else 250,
-                         log_every=max(steps // 20, 1), checkpoint_every=500,
+                         checkpoint_every=500,
                          sample_tokens=80 if tiny else 500, sample_prompt="\n"),
       optim=common.optim(1e-3, warmup_steps=10 if tiny else 100, b2=0.99, weight_decay=0.1,
                          clip=1.0, min_lr_ratio=0.1),

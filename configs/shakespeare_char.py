@@ -27,7 +27,7 @@ def get_config(arg=None):
       model=model,
       data=common.data("tinyshakespeare", "char", size["seq_len"], eval_batches=20),
       train=common.train(size["steps"], size["batch_size"], eval_every=size["eval_every"],
-                         log_every=max(size["steps"] // 20, 1), checkpoint_every=500,
+                         checkpoint_every=500,
                          sample_tokens=500 if name != "tiny" else 80,
                          sample_prompt="\n"),
       optim=common.optim(1e-3, warmup_steps=100 if name != "tiny" else 10, b2=0.99,

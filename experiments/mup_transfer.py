@@ -50,7 +50,8 @@ LAYERS, HEADS = 2, 4
 
 def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--data", help="a UTF-8 text corpus (e.g. python_docs.txt)")
+  parser.add_argument("--data", help="a UTF-8 text corpus (e.g. python_docs.txt: "
+                      "python -m experiments.python_docs_corpus builds it)")
   parser.add_argument("--workdir", default="runs/mup_transfer")
   parser.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128, 256])
   parser.add_argument("--lrs", type=float, nargs="+", default=list(LEARNING_RATES))

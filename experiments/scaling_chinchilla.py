@@ -82,7 +82,8 @@ WSD = {"optim.decay_shape": "1-sqrt", "optim.min_lr_ratio": 0.0}
 
 def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--data", help="a UTF-8 text corpus (e.g. python_docs.txt)")
+  parser.add_argument("--data", help="a UTF-8 text corpus (e.g. python_docs.txt: "
+                      "python -m experiments.python_docs_corpus builds it)")
   parser.add_argument("--workdir", default="runs/scaling_chinchilla")
   parser.add_argument("--parallel", type=int, default=2)
   parser.add_argument("--threads_per_run", type=int, default=1,

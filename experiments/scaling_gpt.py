@@ -66,7 +66,8 @@ BACKTEST_SAMPLES = 200         # bootstrap resamples of each back-test fit (7 fi
 
 def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--data", help="a UTF-8 text corpus, e.g. python_docs.txt (11 MB)")
+  parser.add_argument("--data", help="a UTF-8 text corpus, e.g. python_docs.txt (11 MB: "
+                      "python -m experiments.python_docs_corpus builds it)")
   parser.add_argument("--workdir", default="runs/scaling_gpt_v2")
   parser.add_argument("--scale", type=float, default=1.0,
                       help="multiplies the first length of every chain (0.01: smoke test)")

@@ -86,6 +86,19 @@ def wsd_decay_start(steps: int, decay_fraction: float, decay_steps: int | None =
   return end - max(int(round(decay_fraction * end)), 1)
 
 
+def default_log_every(steps: int) -> int:
+  """`train.log_every` when a config leaves it None: the largest round number (1, 2 or 5 x a
+  power of 10) that logs at least 20 times in `steps` steps, so a run prints 20 to 50 train
+  lines whatever its length (every step below 40 steps): 2000 steps -> 100, 200 -> 10,
+  60 -> 2. Overriding `train.steps` on a config then keeps its console readable."""
+  every = 1
+  for power in range(len(str(max(steps, 1)))):
+    for mantissa in (1, 2, 5):
+      if mantissa * 10 ** power * 20 <= steps:
+        every = mantissa * 10 ** power
+  return every
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainSettings:
   """`train`: the loop. batch_size counts sequences (or images) per optimizer step."""
@@ -93,7 +106,8 @@ class TrainSettings:
   batch_size: int = _int(1)
   seed: int = _field(0, check=_is_int, want="an int")
   eval_every: int = _int(1, 500)
-  log_every: int = _int(1, 50)
+  # None: from `steps` (`default_log_every`: 20 to 50 lines a run); a value given wins
+  log_every: int | None = _int(1, None, optional=True, note=" (None: from train.steps)")
   checkpoint_every: int = _int(1, 1000)
   eval_batch_size: int | None = _int(1, None, optional=True)   # None: batch_size
   keep_checkpoints: int = _int(1, 3)             # last N Orbax checkpoints
@@ -128,6 +142,10 @@ class TrainSettings:
   # "jaxformer"), and the group of the run (a sweep's points: the sweep's name)
   tracker_project: str | None = _typed(str, None, optional=True)
   tracker_group: str | None = _typed(str, None, optional=True)
+
+  def __post_init__(self):
+    if self.log_every is None:       # resolved here, so every reader sees the cadence used
+      object.__setattr__(self, "log_every", default_log_every(self.steps))
 
 
 @dataclasses.dataclass(frozen=True)

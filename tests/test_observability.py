@@ -309,14 +309,53 @@ def test_plot_curves_without_records_raises(tmp_path):
 def test_plot_attention(tmp_path):
   weights = np.random.default_rng(1).dirichlet(np.ones(6), size=(3, 4))    # [H=3, Tq=4, Tk=6]
   out = plots.plot_attention(weights, list("abcdef"), tmp_path / "attn.png", title="layer 0")
-  assert _png_size(out) == (600, 560)                      # 2x2 grid of heads + colorbar
+  assert _png_size(out) == (640, 620)                      # 2x2 grid of heads + colorbar
   out = plots.plot_attention(np.ones((1, 50, 50)) / 50, [f"t{i}" for i in range(50)],
                              tmp_path / "long.png")
-  assert _png_size(out) == (340, 260)
+  assert _png_size(out) == (380, 320)
   with pytest.raises(ValueError, match="tokens"):
     plots.plot_attention(weights, list("abc"), tmp_path / "x.png")
   with pytest.raises(ValueError, match="heads"):
     plots.plot_attention(weights[0], None, tmp_path / "x.png")
+
+
+def _figure_of(monkeypatch):
+  """The matplotlib Figure plot_attention draws (kept for its tick labels)."""
+  drawn = []
+  real = plots._save
+  monkeypatch.setattr(plots, "_save", lambda figure, out: drawn.append(figure) or real(figure, out))
+  return drawn
+
+
+def test_attention_map_ticks_are_readable(tmp_path, monkeypatch):
+  """64 characters: upright single-character labels thinned so they do not overlap (the
+  rendered label boxes are disjoint), axis titles; image patches: integer ticks; a
+  cross-attention map does not label its queries with the keys."""
+  drawn = _figure_of(monkeypatch)
+  text = list("ROMEO: But soft, what light through yonder window breaks? It is t")[:64]
+  out = plots.plot_attention(np.ones((2, 64, 64)) / 64, text, tmp_path / "chars.png")
+  assert (tmp_path / "chars.png").stat().st_size > 0 and out == str(tmp_path / "chars.png")
+  ax = drawn[-1].axes[0]
+  labels = [t for t in ax.get_xticklabels() if t.get_text()]
+  assert 4 <= len(labels) < 64 and all(t.get_rotation() == 0 for t in labels)
+  renderer = drawn[-1].canvas.get_renderer()
+  boxes = sorted((t.get_window_extent(renderer) for t in labels), key=lambda b: b.x0)
+  assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:]))           # no overlap
+  assert [ax.get_xlabel(), ax.get_ylabel()] == ["key", "query"]
+  assert ax.get_yticklabels()[0].get_text() == "R"
+
+  plots.plot_attention(np.ones((1, 16, 16)) / 16, None, tmp_path / "vit.png",
+                       axis_names=("key patch", "query patch"))
+  ax = drawn[-1].axes[0]
+  ticks = [t for t in ax.get_xticks() if 0 <= t <= 15]
+  assert ticks and all(float(t).is_integer() for t in ticks)
+  assert ax.get_xlabel() == "key patch"
+
+  plots.plot_attention(np.ones((1, 3, 5)) / 5, list("abcde"), tmp_path / "cross.png",
+                       self_attention=False, axis_names=("key", "query position"))
+  ax = drawn[-1].axes[0]
+  assert [t.get_text() for t in ax.get_xticklabels()] == list("abcde")
+  assert all(float(t).is_integer() for t in ax.get_yticks() if 0 <= t <= 2)
 
 
 def _entropy_reference(weights):

@@ -104,3 +104,21 @@ def test_no_module_repeats_a_settings_default():
       offenders += [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
                     for key in _FALLBACK.findall(line) if key in keys]
   assert not offenders, "defaults repeated outside run_settings.py:\n" + "\n".join(offenders)
+
+
+def test_log_every_left_unset_follows_train_steps_and_a_given_value_wins():
+  """20 to 50 train lines a run, at a round cadence, whatever train.steps is overridden to."""
+  every = run_settings.default_log_every
+  assert [every(s) for s in (1, 39, 40, 60, 100, 200, 2000, 3000, 600_000)] == [
+      1, 1, 2, 2, 5, 10, 100, 100, 20_000]
+  for steps in range(1, 3000, 7):
+    lines = -(-steps // every(steps))          # multiples of it, and the last step
+    assert min(steps, 20) <= lines <= 50, steps
+    assert str(every(steps)).rstrip("0") in ("1", "2", "5")
+  cfg = shakespeare_char.get_config("tiny")
+  assert cfg.train.log_every is None
+  cfg.train.steps = 200
+  assert run_settings.parse(cfg).train.log_every == 10      # was 3: 67 lines
+  cfg.train.log_every = 7
+  assert run_settings.parse(cfg).train.log_every == 7
+  assert run_settings.parse(shakespeare_char.get_config()).train.log_every == 100   # README's

@@ -135,6 +135,55 @@ def test_plan_errors_name_the_problem_and_the_fix(budgets, kwargs, match):
     scaling.plan_isoflop(budgets, **kwargs)
 
 
+def test_a_refused_budget_names_the_smallest_budget_that_works():
+  """The refusal computes the budgets that work with the family and data: the smallest one
+  plans every run and no budget below it does (down to the least that could: min_steps of
+  the cheapest model); with no budget for 5 sizes it names the sizes that work."""
+  import re
+  family = _family()
+  kwargs = dict(tokens_per_step=TOKENS_PER_STEP, max_tokens=5e7, flops="exact")
+  with pytest.raises(ValueError, match=r"both map to .*smallest budget that works \(rounded "
+                                       r"up to 2 significant digits\) is") as e:
+    scaling.plan_isoflop([1e9], family, **kwargs)         # N* = 2.9e3, below the family
+  found = [float(b) for b in re.search(r"budgets that work: ([\d.e+/]+)\)",
+                                        str(e.value)).group(1).split("/")]
+  assert found == scaling.working_budgets(family, **kwargs)
+  assert len(found) == 3 and all(b2 >= 3 * b1 for b1, b2 in zip(found, found[1:]))
+  for budget in found:
+    assert len(scaling.plan_isoflop([budget], family, **kwargs)) == 5
+  least = 50 * TOKENS_PER_STEP * min(c.flops_per_token for c in family)
+  unit = 10.0 ** (math.floor(math.log10(found[0])) - 1)      # found[0] has 2 digits: 5.8e10
+  assert found[0] / unit == round(found[0] / unit)
+  for budget in np.geomspace(least * 0.98, found[0] - unit, 200):   # below 5.7e10: none
+    with pytest.raises(ValueError):
+      scaling.plan_isoflop([budget], family, **kwargs)
+  # a corpus too small for 5 sizes at any budget: fewer sizes are offered
+  with pytest.raises(ValueError, match=r"no budget gives 5 sizes of this family with this data "
+                                       r"\(spacing=2, max_tokens=300,000\); 4 sizes work "
+                                       r"from 2.9e\+10 \(budgets that work: "):
+    scaling.plan_isoflop([1e12], family, **dict(kwargs, max_tokens=3e5))
+
+
+def test_isoflop_sweep_on_the_bundled_text(monkeypatch):
+  """source=tinyshakespeare: 5 sizes fit no budget of its 2 epochs, and the refusal says so
+  with what works; the sizes=3 command in the sweep file's docstring plans 9 runs."""
+  from configs.sweeps import isoflop as sweep_file
+
+  monkeypatch.setattr(sweep_file, "WIDTHS", tuple(range(16, 113, 16)))    # what they reach
+  monkeypatch.setattr(sweep_file, "gpt_candidates", functools.cache(sweep_file.gpt_candidates))
+  with pytest.raises(ValueError, match=r"no budget gives 5 sizes .*; 4 sizes work from "
+                                       r"1.1e\+11"):
+    sweep_file.get_sweep("source=tinyshakespeare")
+  with pytest.raises(ValueError, match=r"digits\) is 5.4e\+10 \(budgets that work: "
+                                       r"5.4e\+10/2.2e\+11/8.6e\+11\)"):
+    sweep_file.get_sweep("source=tinyshakespeare,sizes=3")
+  assert "budgets=5.4e10/2.2e11/8.6e11" in sweep_file.__doc__
+  spec = sweep_file.get_sweep("source=tinyshakespeare,sizes=3,budgets=5.4e10/2.2e11/8.6e11")
+  assert len(spec["zip"]["train.steps"]) == 9 and min(spec["zip"]["train.steps"]) >= 50
+  assert spec["overrides"]["data.source"] == "tinyshakespeare"
+  assert spec["overrides"]["model.vocab_size"] == 65
+
+
 def test_min_steps_and_tolerance():
   """A run is refused when it gets < min_steps steps, or when rounding to whole steps moves
   it more than `tolerance` off its budget (possible only for very short runs)."""

@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from jaxformer import models
-from jaxformer.state import checkpoint
+from jaxformer.state import checkpoint, train_state
 from jaxformer import tasks
 from jaxformer.tasks.lm import NextToken
 from jaxformer.train.metrics import read
@@ -143,6 +143,44 @@ def test_a_non_finite_step_leaves_params_and_optimizer_untouched(lm_setup):
     jax.tree.map(np.testing.assert_array_equal, copy(state["opt_state"]), good["opt_state"])
   state, m = step(state, batch, jax.random.key(0))
   assert bool(m["finite"]) and int(state["skipped"]) == 0
+
+
+def test_the_step_reports_the_mean_over_the_log_intervals_finite_steps(lm_setup, tmp_path):
+  """interval_loss / interval_accuracy: the means of the finite steps since the last multiple
+  of log_every (a skipped step left out), from sums kept in the state; a checkpoint written
+  without those sums (before they existed) restores with zeros."""
+  module, params, batch = lm_setup
+  tx = optax.sgd(1e-1)
+  step = jax.jit(make_train_step(module, tx, tasks.get("lm"), log_every=3))
+  state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
+           "skipped": jnp.zeros((), jnp.int32), train_state.LOG_SUMS: train_state.zero_log_sums()}
+  bad = dict(batch, weights=np.full_like(batch["weights"], np.nan))
+  losses, accuracies, means = [], [], []
+  for b in (batch, bad, batch, batch, batch):         # steps 1..5; intervals 1-3, 4-6
+    state, m = step(state, b, jax.random.key(0))
+    losses.append(float(m["loss"]) if bool(m["finite"]) else None)
+    accuracies.append(float(m["accuracy"]))
+    means.append((float(m["interval_loss"]), float(m["interval_accuracy"])))
+  assert losses[1] is None and losses[0] != losses[2]
+  np.testing.assert_allclose([x for x, _ in means], [
+      losses[0], losses[0], (losses[0] + losses[2]) / 2, losses[3],
+      (losses[3] + losses[4]) / 2], rtol=EPS32)
+  np.testing.assert_allclose(means[2][1], (accuracies[0] + accuracies[2]) / 2, rtol=EPS32)
+  assert int(state[train_state.LOG_SUMS]["steps"]) == 2
+  all_bad = jax.jit(make_train_step(module, tx, tasks.get("lm"), log_every=1))(
+      state, bad, jax.random.key(0))[1]
+  assert np.isnan(float(all_bad["interval_loss"]))       # no finite step in the interval
+
+  ckpts = checkpoint.Checkpoints(tmp_path / "checkpoints")
+  old = {k: v for k, v in state.items() if k != train_state.LOG_SUMS}
+  ckpts.save(5, old)
+  ckpts.close()
+  ckpts = checkpoint.Checkpoints(tmp_path / "checkpoints", read_only=True)
+  step_, restored = ckpts.restore_latest(checkpoint.abstract(state))
+  ckpts.close()
+  assert step_ == 5 and int(restored["step"]) == 5
+  assert {k: float(v) for k, v in restored[train_state.LOG_SUMS].items()} == {
+      "loss": 0.0, "accuracy": 0.0, "steps": 0.0}
 
 
 # --- a new task through the registry alone (docs/design/tasks.md shows it as a module) ------

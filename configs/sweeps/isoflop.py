@@ -4,7 +4,10 @@
         --config='configs/sweeps/isoflop.py:source=/path/corpus.txt,budgets=6e11/2e12/6e12,lr=3e-3'
 
 Arguments (comma-separated key=value; `source` is required):
-  source    a UTF-8 text file (split 90/10 into train/validation by characters)
+  source    a UTF-8 text file (split 90/10 into train/validation by characters), or
+            `tinyshakespeare`, the bundled text: too small for 5 sizes at any budget; with
+            sizes=3 the budgets from 5.4e10 work (`budgets=5.4e10/2.2e11/8.6e11`, 9 runs; a
+            budget that does not work is refused with the smallest that does, computed)
   budgets   FLOP budgets C, '/'-separated (default 6e11/2e12/6e12)
   lr        peak learning rate of every run (default 3e-3: see experiments/scaling_chinchilla.py,
             which picks it by a sweep at the smallest budget)
@@ -70,8 +73,10 @@ def parse_arg(arg: str | None) -> dict[str, str]:
 
 @functools.lru_cache(maxsize=4)
 def corpus_info(source: str) -> tuple[int, int]:
-  """(distinct characters, training characters) of a text corpus."""
-  path = pathlib.Path(source).expanduser()
+  """(distinct characters, training characters) of a text corpus: a file, or a bundled one
+  by its `data.source` name ('tinyshakespeare')."""
+  from jaxformer.data.corpus.sources import BUNDLED
+  path = pathlib.Path(BUNDLED[source] if source in BUNDLED else source).expanduser()
   if not path.is_file():
     raise ValueError(f"isoflop sweep source={source!r}: no such file")
   text = path.read_text(encoding="utf-8")

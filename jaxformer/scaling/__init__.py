@@ -48,7 +48,8 @@ from jaxformer.scaling.converged import (Limit, backtest_limit, fit_kaplan_limit
 from jaxformer.scaling.laws import (fit_kaplan_d, fit_kaplan_joint, fit_kaplan_n,
                                     fit_saturating, fit_zhai)
 from jaxformer.scaling.isoflop import (Candidate, PlannedRun, Trunk, lr_optimum, lr_width_rule,
-                                        plan_isoflop, plan_run, plan_wsd, to_sweep, wsd_sweeps)
+                                        plan_isoflop, plan_run, plan_wsd, to_sweep, working_budgets,
+                                        wsd_sweeps)
 from jaxformer.scaling.stats import BootstrapError, Fit
 
 _COUNTING = ("count_params", "flops_per_token", "param_shapes", "dummy_inputs",
@@ -59,7 +60,7 @@ __all__ = ["BESIROGLU_2024", "HOFFMANN_2022", "Curve", "OptimumFit", "Parametric
            "backtest", "SizeBacktest", "backtest_sizes", "backtest_sizes_fallback", "BootstrapError", "fit_parametric", "isoflop_optimum", "fit_kaplan_d",
            "fit_kaplan_joint", "fit_kaplan_n", "Limit", "fit_limit", "fit_kaplan_limits",
            "backtest_limit", "fit_saturating", "fit_zhai", "Candidate",
-           "PlannedRun", "Trunk", "lr_optimum", "lr_width_rule", "plan_isoflop", "plan_run",
+           "PlannedRun", "Trunk", "lr_optimum", "lr_width_rule", "plan_isoflop", "plan_run", "working_budgets",
            "plan_wsd", "to_sweep", "wsd_sweeps", "Fit", *_COUNTING]
 
 

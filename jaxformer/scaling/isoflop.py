@@ -140,11 +140,13 @@ def pick_sizes(candidates: Sequence[Candidate], center: float, count: int,
     target = center * spacing ** k
     n = sizes[np.argmin(np.abs(np.log(sizes) - np.log(target)))]
     if chosen and by_size[n] is chosen[-1]:
+      where = ("lies outside them" if not sizes[0] <= center <= sizes[-1] else
+               "lies among them, but they are too coarse there")
       raise ValueError(
           f"plan_isoflop: sizes {center * spacing ** k:.3g} and "
           f"{center * spacing ** (k - 1):.3g} both map to candidate {by_size[n].name!r} "
           f"(N={int(n):,}); the family's sizes are too coarse for spacing={spacing}, or "
-          f"the budget's optimum ({center:.3g}) lies outside them ({int(sizes[0]):,} .. "
+          f"the budget's optimum ({center:.3g}) {where} ({int(sizes[0]):,} .. "
           f"{int(sizes[-1]):,}): add shapes or raise spacing")
     chosen.append(by_size[n])
   return chosen
@@ -160,11 +162,28 @@ def plan_isoflop(budgets: Sequence[float], candidates: Sequence[Candidate], *,
 
   `optimum(C)` gives each budget's expected optimal N (default `rule_of_thumb_optimum`).
   `max_tokens` (e.g. 2 epochs of the corpus) and `min_steps` refuse runs that would repeat the
-  data too often or be too short to train; the error names the run and the fix.
+  data too often or be too short to train; the error names the run and the fix, and the
+  budgets that do work with this family and data (`working_budgets`), or, when none does,
+  the fewest-sizes alternative that works.
   """
   budgets = [float(c) for c in budgets]
   _check(budgets, candidates, tokens_per_step, sizes_per_budget, spacing, warmup_fraction,
          flops)
+  settings = dict(tokens_per_step=tokens_per_step, spacing=spacing, optimum=optimum,
+                  warmup_fraction=warmup_fraction, max_tokens=max_tokens,
+                  min_steps=min_steps, flops=flops, tolerance=tolerance)
+  try:
+    return _plan(budgets, candidates, sizes_per_budget=sizes_per_budget, **settings)
+  except ValueError as e:
+    try:
+      hint = _what_works(candidates, sizes_per_budget, settings)
+    except ValueError:          # not a matter of the budget (e.g. a candidate without FLOPs)
+      raise e from None
+    raise ValueError(f"{e}; {hint}") from None
+
+
+def _plan(budgets, candidates, *, tokens_per_step, sizes_per_budget, spacing, optimum,
+          warmup_fraction, max_tokens, min_steps, flops, tolerance) -> list[PlannedRun]:
   optimum = optimum or rule_of_thumb_optimum
   return [plan_run(budget, candidate, tokens_per_step=tokens_per_step, flops=flops,
                    warmup_fraction=warmup_fraction, max_tokens=max_tokens,
@@ -172,6 +191,103 @@ def plan_isoflop(budgets: Sequence[float], candidates: Sequence[Candidate], *,
           for budget in sorted(budgets)
           for candidate in pick_sizes(candidates, float(optimum(budget)), sizes_per_budget,
                                       spacing)]
+
+
+def _works(budget: float, candidates, sizes_per_budget: int, settings: dict) -> bool:
+  try:
+    _plan([budget], candidates, sizes_per_budget=sizes_per_budget, **settings)
+  except ValueError:
+    return False
+  return True
+
+
+def _round_up(x: float, digits: int) -> float:
+  """`x` rounded up to `digits` significant digits."""
+  scale = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+  return math.ceil(x / scale - 1e-9) * scale
+
+
+def working_budgets(candidates: Sequence[Candidate], *, tokens_per_step: int,
+                    sizes_per_budget: int = 5, spacing: float = 2.0,
+                    optimum: Callable[[float], float] | None = None,
+                    warmup_fraction: float = 0.05, max_tokens: float | None = None,
+                    min_steps: int = 50, flops: str = "6N", tolerance: float = 0.02,
+                    count: int = 3, ratio: float = 3.0) -> list[float]:
+  """Budgets at which `plan_isoflop` (same arguments) plans every run: the smallest, then up
+  to `count - 1` more, each the smallest at least `ratio` x the previous; [] when none does.
+
+  Computed, not searched on a grid: whether a budget works changes only where a run's steps
+  cross min_steps or its tokens max_tokens (a budget proportional to each candidate's FLOPs
+  per token), or where one of the size targets N*(C) x spacing^k crosses the midpoint (in
+  log N) of two neighbouring candidate sizes (C from inverting `optimum`, increasing in C).
+  Between two such budgets it works everywhere or nowhere, so one budget of each interval is
+  tried; an answer is the interval's lower end rounded up to 2 or 3 significant digits
+  (checked to work). Rounding to whole steps is assumed within `tolerance`, which holds
+  from min_steps >= 1 / (2 tolerance) (25 at 2%)."""
+  settings = dict(tokens_per_step=tokens_per_step, spacing=spacing, optimum=optimum,
+                  warmup_fraction=warmup_fraction, max_tokens=max_tokens,
+                  min_steps=min_steps, flops=flops, tolerance=tolerance)
+  return _working(candidates, sizes_per_budget, settings, count=count, ratio=ratio)
+
+
+def _inverse(optimum: Callable[[float], float], size: float) -> float:
+  """The budget C with optimum(C) = size (optimum increasing), by bisection in log C."""
+  lo, hi = math.log(1e-6), math.log(1e60)
+  for _ in range(200):
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if optimum(math.exp(mid)) < size else (lo, mid)
+  return math.exp(hi)
+
+
+def _working(candidates, sizes_per_budget: int, settings: dict, *, count: int = 3,
+             ratio: float = 3.0) -> list[float]:
+  per_token = [_flops_per_token(c, settings["flops"]) for c in candidates]
+  tokens_per_step, max_tokens = settings["tokens_per_step"], settings["max_tokens"]
+  optimum = settings["optimum"] or rule_of_thumb_optimum
+  events = [(settings["min_steps"] - 0.5) * tokens_per_step * f for f in per_token]
+  if max_tokens is not None:
+    events += [(max_tokens // tokens_per_step + 0.5) * tokens_per_step * f for f in per_token]
+  sizes = sorted({c.params for c in candidates})
+  offsets = np.arange(sizes_per_budget) - (sizes_per_budget - 1) / 2
+  events += [_inverse(optimum, math.sqrt(a * b) / settings["spacing"] ** k)
+             for a, b in zip(sizes, sizes[1:]) for k in offsets]
+  low = min(events[:len(per_token)])            # fewer than min_steps for every candidate
+  high = max(events[len(per_token):2 * len(per_token)]) if max_tokens is not None else None
+  events = sorted({e for e in events if e >= low and (high is None or e <= high)})
+  if high is None:
+    events.append(events[-1] * 1e3)
+  works = lambda b: _works(float(b), candidates, sizes_per_budget, settings)
+  found: list[float] = []
+  for lo, hi in zip(events, events[1:]):
+    if found and hi <= found[-1] * ratio:
+      continue
+    lo = max(lo, found[-1] * ratio) if found else lo
+    if not works(math.sqrt(lo * hi)):
+      continue
+    budget = next((r for r in (_round_up(lo * (1 + 1e-12), 2), _round_up(lo * (1 + 1e-12), 3))
+                   if r < hi and works(r)), math.sqrt(lo * hi))
+    found.append(budget)
+    if len(found) == count:
+      break
+  return found
+
+
+def _what_works(candidates, sizes_per_budget: int, settings: dict) -> str:
+  """The refusal's hint: the budgets that work, or fewer sizes that work, or neither."""
+  budgets = _working(candidates, sizes_per_budget, settings)
+  if budgets:
+    return (f"with this family and data the smallest budget that works (rounded up to 2 "
+            f"significant digits) is {budgets[0]:.3g} "
+            f"(budgets that work: {'/'.join(f'{b:.3g}' for b in budgets)})")
+  for sizes in range(sizes_per_budget - 1, 2, -1):
+    budgets = _working(candidates, sizes, settings)
+    if budgets:
+      return (f"no budget gives {sizes_per_budget} sizes of this family with this data "
+              f"(spacing={settings['spacing']:g}, max_tokens={settings['max_tokens'] or 0:,.0f}); "
+              f"{sizes} sizes work from {budgets[0]:.3g} (budgets that work: "
+              f"{'/'.join(f'{b:.3g}' for b in budgets)}), or use a larger corpus")
+  return ("no budget gives even 3 sizes of this family with this data: use a larger corpus "
+          "or add smaller shapes")
 
 
 def plan_run(budget: float, candidate: Candidate, *, tokens_per_step: int,

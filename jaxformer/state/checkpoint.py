@@ -12,6 +12,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxformer import paths
+from jaxformer.state.train_state import ADDED_LATER
 
 
 def _options(name: str, *, read_only: bool = False, **kwargs) -> ocp.CheckpointManagerOptions:
@@ -90,7 +91,7 @@ class Checkpoints:
       tried.add(step)
       try:
         with _quiet_asyncio():
-          return step, self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+          return step, self._restore(step, abstract_state)
       except Exception as e:  # pylint: disable=broad-except
         path = os.path.join(self.directory, str(step))
         reason = (str(e).strip().splitlines() or [""])[0][:200]
@@ -112,7 +113,23 @@ class Checkpoints:
     if step not in self.manager.all_steps():
       return None
     with _quiet_asyncio():
-      return self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+      return self._restore(step, abstract_state)
+
+  def _restore(self, step: int, abstract_state):
+    """The state at `step`; the entries of `ADDED_LATER` that a checkpoint written before
+    they existed lacks come back as zeros (Orbax refuses a target with keys the checkpoint
+    does not have), so an older run still resumes and samples."""
+    missing = []
+    if isinstance(abstract_state, dict) and any(k in abstract_state for k in ADDED_LATER):
+      saved = ocp.StandardCheckpointHandler().metadata(
+          paths.path(self.directory) / str(step) / "default")   # the manager's single item
+      missing = [k for k in ADDED_LATER if k in abstract_state and k not in saved.keys()]
+    target = {k: v for k, v in abstract_state.items() if k not in missing} if missing else \
+        abstract_state
+    state = self.manager.restore(step, args=ocp.args.StandardRestore(target))
+    for key in missing:
+      state[key] = jax.tree.map(_zeros, abstract_state[key])
+    return state
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -162,6 +179,14 @@ def check_free_space(directory: str, tree, *, margin: float = 1.1, slack: int = 
   if free < needed:
     raise OSError(errno.ENOSPC, f"No space left on device: a checkpoint needs about "
                   f"{needed / 1e6:,.1f} MB, {free / 1e6:,.1f} MB are free", directory)
+
+
+def _zeros(x):
+  """Zeros of an abstract array, on its sharding when it has one."""
+  sharding = getattr(x, "sharding", None)
+  if sharding is None:
+    return jax.numpy.zeros(x.shape, x.dtype)
+  return jax.jit(lambda: jax.numpy.zeros(x.shape, x.dtype), out_shardings=sharding)()
 
 
 def abstract(tree):

@@ -1,8 +1,14 @@
 """The train state's layout, one definition for training (init, resume) and inference (restore).
 
-A checkpoint holds the pytree {'step', 'params', 'opt_state', 'skipped'}. Restoring it needs
-that tree's shapes, which follow from the run's saved config (the model and the optimizer), so
-both sides build them here and cannot disagree on the layout.
+A checkpoint holds the pytree {'step', 'params', 'opt_state', 'skipped', 'log_sums'}.
+Restoring it needs that tree's shapes, which follow from the run's saved config (the model and
+the optimizer), so both sides build them here and cannot disagree on the layout.
+
+'log_sums' holds the sums of the log interval in progress (`LOG_SUMS`: the train loss and
+accuracy summed over its finite steps, and their count), from which the step reports the
+interval's mean loss (`train.step`): in the checkpoint so that a run resumed in the middle of
+an interval logs the same mean as the uninterrupted run. A checkpoint written before it
+existed restores with zero sums (`ADDED_LATER`, `state.checkpoint`).
 """
 
 from __future__ import annotations
@@ -45,10 +51,21 @@ def lr_multipliers(module, init_params):
                                                    module.d_model)
 
 
+LOG_SUMS = "log_sums"
+# Top-level entries newer than some checkpoints: restored as zeros where a checkpoint lacks them.
+ADDED_LATER = (LOG_SUMS,)
+
+
+def zero_log_sums() -> dict:
+  """The sums of an empty log interval (see the module docstring)."""
+  return {"loss": jnp.zeros((), jnp.float32), "accuracy": jnp.zeros((), jnp.float32),
+          "steps": jnp.zeros((), jnp.int32)}
+
+
 def train_state_fns(config, settings: run_settings.RunSettings | None = None):
   """(module, optimizer, init_boxed) of `config`'s model and its typed `settings`
   (parsed from `config` unless given: only `train`, `optim`, `posttrain` are read): init_boxed() builds the train state pytree
-  {'step', 'params', 'opt_state', 'skipped'} (+ 'reference' for DPO: the frozen
+  {'step', 'params', 'opt_state', 'skipped', 'log_sums'} (+ 'reference' for DPO: the frozen
   reference params, checkpointed with the state) with parameters (and their optimizer moments)
   still in their `nn.Partitioned` boxes, which name the logical axes the sharding plan maps
   to the mesh; `nn.unbox` of it is the state itself."""
@@ -64,7 +81,7 @@ def train_state_fns(config, settings: run_settings.RunSettings | None = None):
   def init_boxed():
     params = init_params()
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
-             "skipped": jnp.zeros((), jnp.int32)}
+             "skipped": jnp.zeros((), jnp.int32), LOG_SUMS: zero_log_sums()}
     if reference:           # DPO's frozen reference model (posttrain/dpo.py), never trained
       state["reference"] = params
     return state

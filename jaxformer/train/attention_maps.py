@@ -57,13 +57,18 @@ def pick_layer(weights: dict) -> tuple[str, np.ndarray]:
 
 
 def write_attention_map(snapshot_fn, params, batch, *, step: int, workdir: str,
-                        tokens: list[str] | None = None):
+                        tokens: list[str] | None = None, images: bool = False):
   """Plot the chosen layer to <workdir>/attention/step_<step>.png; returns (png path,
-  per-head entropies in nats)."""
+  per-head entropies in nats). `images`: the keys are image patches (ViT, the captioner's
+  cross-attention), named so on the axes."""
   name, w = pick_layer(jax.device_get(snapshot_fn(params, batch)))
   paths.path(os.path.join(workdir, workdir_layout.ATTENTION)).mkdir(parents=True, exist_ok=True)
   path = os.path.join(workdir, workdir_layout.ATTENTION, f"step_{step:06d}.png")
   if tokens is not None and len(tokens) != w.shape[-1]:
     tokens = None
-  plots.plot_attention(w, tokens, path, title=f"step {step}: {name}")
+  cross = "cross" in name
+  names = (("key patch" if images else "key"),
+           ("query position" if cross else "query patch" if images else "query"))
+  plots.plot_attention(w, tokens, path, title=f"step {step}: {name}", self_attention=not cross,
+                       axis_names=names)
   return path, plots.attention_entropy(w)

@@ -75,7 +75,7 @@ class Evaluator:
       if self.show_attention:
         png, entropy = attention_maps.write_attention_map(
             self.snapshot_fn, params, self.steps.example, step=done, workdir=run.workdir,
-            tokens=self.labels)
+            tokens=self.labels, images=run.task.unit == "images")
         record["attention_entropy"] = float(np.mean(entropy))
         self.writers.image("attention", paths.path(png).read_bytes(), done)
       bar.log(f"step {done:>6d}  " + "  ".join(

@@ -164,12 +164,15 @@ def _check_finite(run: run_builder.Run, done: int, m: dict):
 
 def _log(run: run_builder.Run, steps: run_builder.Steps, writers: run_builder.Writers, done: int, m: dict):
   """The train record of step `done`: to the progress bar, metrics.jsonl and TensorBoard.
-  Besides the step's own metrics (`step.STEP_METRICS`), every metric the task and the model
-  returned, under its own name (a list where it is not a scalar: MoE's per-expert load)."""
-  record = {"step": done, "loss": float(m["loss"]), "lr": float(steps.schedule(done - 1)),
+  `loss` (and `accuracy`) are the means over the log interval's steps (`step.make_train_step`;
+  one batch's loss is noise), `grad_norm` and `skipped` this step's. Besides the step's own
+  metrics (`step.STEP_METRICS`), every metric the task and the model returned, under its own
+  name (a list where it is not a scalar: MoE's per-expert load)."""
+  record = {"step": done, "loss": float(m["interval_loss"]),
+            "lr": float(steps.schedule(done - 1)),
             "grad_norm": float(m["grad_norm"]), "skipped": int(m["skipped"])}
   if run.task.step_accuracy:
-    record["accuracy"] = float(m["accuracy"])
+    record["accuracy"] = float(m["interval_accuracy"])
   for key in (k for k in m if k not in step_lib.STEP_METRICS):
     value = jax.device_get(m[key])
     record[key] = value.tolist() if value.ndim else float(value)

@@ -20,8 +20,6 @@ from matplotlib.figure import Figure
 from jaxformer import paths
 from jaxformer.train.metrics import read
 
-MAX_LABELED_TOKENS = 40
-
 
 def _save(figure: Figure, out_png: str | os.PathLike) -> str:
   """The figure as a PNG at `out_png` (a local path or a URL), written whole."""
@@ -42,6 +40,11 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
   return [s for s, _ in points], [v for _, v in points]
 
 
+# metrics.jsonl's train `loss` is the mean over each log interval (train/step.py)
+_CURVE_LABELS = {"loss": "train loss (mean over log interval)", "eval_loss": "eval loss",
+                 "eval_accuracy": "eval accuracy"}
+
+
 def plot_curves(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLike, *,
                 log_y: bool = False, dpi: int = 100) -> str:
   """Loss (train and eval) vs step, eval accuracy and learning rate on their own panels
@@ -59,7 +62,7 @@ def plot_curves(metrics_jsonl_path: str | os.PathLike, out_png: str | os.PathLik
       steps, values = _series(records, key)
       if steps:
         ax.plot(steps, values, marker="o" if key.startswith("eval") else None, markersize=3,
-                label=key.replace("_", " "))
+                label=_CURVE_LABELS.get(key, key.replace("_", " ")))
     if log_y and name == "loss":
       ax.set_yscale("log")
     ax.set_ylabel(name)
@@ -84,12 +87,51 @@ def _label(token: str) -> str:
   return token.replace(" ", "\u2423").replace("\n", "\\n").replace("\t", "\\t")
 
 
-def plot_attention(weights, tokens: Sequence[str] | None, out_png: str | os.PathLike,
-                   title: str | None = None, *, dpi: int = 100) -> str:
-  """A grid of heatmaps of `weights` [H, Tq, Tk], one per head (query rows, key columns).
+_LABEL_POINTS = 6           # tick label font size
+_AXIS_INCHES = 2.6          # side of one head's heatmap
 
-  `tokens` label the keys (and the queries of self-attention, aligned to the last keys as in
-  causal decoding) when there are at most MAX_LABELED_TOKENS of them. Returns `out_png`.
+
+def _tick_step(labels: Sequence[str], rotated: bool) -> int:
+  """Every how many positions to label so that labels do not overlap along a 2.6-inch axis:
+  an upright label takes its width (0.62 em per character), a rotated one its line height."""
+  em = _LABEL_POINTS / 72
+  size = 1.3 * em if rotated else max(len(t) for t in labels) * 0.62 * em + 0.4 * em
+  fits = max(int(_AXIS_INCHES / size), 1)
+  return max(math.ceil(len(labels) / fits), 1)
+
+
+def _label_axis(ax, axis: str, labels: list[str] | None, length: int) -> None:
+  """Token labels (single characters upright, longer ones rotated on the x axis), thinned to
+  every n-th position when they would overlap; without labels, integer position ticks."""
+  from matplotlib.ticker import MaxNLocator
+  target = ax.xaxis if axis == "x" else ax.yaxis
+  if labels is None:
+    target.set_major_locator(MaxNLocator(integer=True, nbins=6))
+    ax.tick_params(axis=axis, labelsize=_LABEL_POINTS)
+    return
+  rotated = axis == "x" and max(len(t) for t in labels) > 1
+  step = _tick_step(labels, rotated)
+  ticks = list(range(0, length, step))
+  if axis == "x":
+    ax.set_xticks(ticks, [labels[i] for i in ticks], rotation=90 if rotated else 0,
+                  fontsize=_LABEL_POINTS)
+  else:
+    ax.set_yticks(ticks, [labels[i] for i in ticks], fontsize=_LABEL_POINTS)
+
+
+def plot_attention(weights, tokens: Sequence[str] | None, out_png: str | os.PathLike,
+                   title: str | None = None, *, dpi: int = 100, query_tokens=None,
+                   self_attention: bool = True,
+                   axis_names: tuple[str, str] = ("key", "query")) -> str:
+  """A grid of heatmaps of `weights` [H, Tq, Tk], one per head (query rows, key columns),
+  with axis titles (`axis_names`: e.g. ("key patch", "query patch") for ViT).
+
+  `tokens` label the keys, and the queries of self-attention (aligned to the last keys as in
+  causal decoding) unless `query_tokens` gives the queries' own labels (cross-attention,
+  `self_attention=False`, has no query labels without them):
+  single characters upright, longer tokens rotated, thinned to every n-th position where
+  they would overlap. Without tokens (image patches) the ticks are integer positions.
+  Returns `out_png`.
   """
   array = _check_weights(weights)
   if array.ndim != 3:
@@ -100,12 +142,21 @@ def plot_attention(weights, tokens: Sequence[str] | None, out_png: str | os.Path
     raise ValueError(f"weights: shape {array.shape} is empty")
   if tokens is not None and len(tokens) != k_len:
     raise ValueError(f"tokens has {len(tokens)} entries but weights has Tk={k_len} keys")
+  if query_tokens is not None and len(query_tokens) != q_len:
+    raise ValueError(f"query_tokens has {len(query_tokens)} entries but weights has "
+                     f"Tq={q_len} queries")
   cols = math.ceil(math.sqrt(heads))
   rows = math.ceil(heads / cols)
-  figure = _new_figure(2.6 * cols + 0.8, 2.6 * rows + (0.4 if title else 0.0), dpi)
+  figure = _new_figure(_AXIS_INCHES * cols + 1.2, _AXIS_INCHES * rows + 0.6
+                       + (0.4 if title else 0.0), dpi)
   axes = figure.subplots(rows, cols, squeeze=False).ravel()
-  short = tokens is not None and k_len <= MAX_LABELED_TOKENS
-  labels = [_label(t) for t in tokens] if short else None
+  keys = [_label(t) for t in tokens] if tokens is not None else None
+  if query_tokens is not None:
+    queries = [_label(t) for t in query_tokens]
+  elif keys is not None and self_attention and q_len <= k_len:
+    queries = keys[k_len - q_len:]
+  else:
+    queries = None
   for head, ax in enumerate(axes):
     if head >= heads:
       ax.set_axis_off()
@@ -113,11 +164,13 @@ def plot_attention(weights, tokens: Sequence[str] | None, out_png: str | os.Path
     image = ax.imshow(array[head], vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto",
                       interpolation="nearest")
     ax.set_title(f"head {head}", fontsize="small")
-    if labels:
-      ax.set_xticks(range(k_len), labels, rotation=90, fontsize=6)
-      if q_len <= k_len:
-        ax.set_yticks(range(q_len), labels[k_len - q_len:], fontsize=6)
-  figure.colorbar(image, ax=list(axes[:heads]), shrink=0.8)
+    _label_axis(ax, "x", keys, k_len)
+    _label_axis(ax, "y", queries, q_len)
+    if head % cols == 0:
+      ax.set_ylabel(axis_names[1], fontsize="small")
+    if head + cols >= heads:
+      ax.set_xlabel(axis_names[0], fontsize="small")
+  figure.colorbar(image, ax=list(axes[:heads]), shrink=0.8, label="attention weight")
   if title:
     figure.suptitle(title)
   return _save(figure, out_png)

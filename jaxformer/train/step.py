@@ -48,6 +48,7 @@ from jax.sharding import PartitionSpec as P
 from jaxformer.layers.moe import MOE_COLLECTION, batch_shard_axis, collect_moe
 from jaxformer.ops.cross_entropy import DEFAULT_CHUNK
 from jaxformer.parallel.rules import mesh_axes_tuple, without_mesh_axes
+from jaxformer.state.train_state import LOG_SUMS
 from jaxformer.tasks import LossContext, Task
 from jaxformer.tasks.cross_entropy import returns_hidden
 
@@ -56,10 +57,12 @@ from jaxformer.tasks.cross_entropy import returns_hidden
 # backward reuses the stored logits instead of recomputing them, is the cheaper one.
 AUTO_MIN_VOCAB = 1024
 # The metrics the step itself returns (the loop logs the rest, a task's and the model's, as
-# they are): `loss` (weighted nll mean), `total_loss` (what the gradient is of: label
-# smoothing, z-loss and auxiliary losses included), `accuracy`, `grad_norm`, `finite`,
-# `skipped`.
-STEP_METRICS = ("loss", "total_loss", "accuracy", "grad_norm", "finite", "skipped")
+# they are): `loss` (weighted nll mean of this batch), `total_loss` (what the gradient is of:
+# label smoothing, z-loss and auxiliary losses included), `accuracy`, `grad_norm`, `finite`,
+# `skipped`, and `interval_loss` / `interval_accuracy`: the means of `loss` / `accuracy` over
+# the finite steps of the log interval so far (`make_train_step`), what the loop logs.
+STEP_METRICS = ("loss", "total_loss", "accuracy", "grad_norm", "finite", "skipped",
+                "interval_loss", "interval_accuracy")
 
 
 def loss_mode(module, task: Task, loss_chunk: int | None = None) -> int:
@@ -165,10 +168,17 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
                     z_loss: float = 0.0, grad_accum: int = 1, batch_shards: int = 1,
                     shard_axes: tuple = (), map_axes: tuple = (), map_shards: int = 1,
                     param_specs=None, loss_chunk: int | None = None,
-                    opt_state_in=None):
+                    opt_state_in=None, log_every: int = 1):
   """(state, batch, dropout_key) -> (state, metrics); state = {'step', 'params',
-  'opt_state', 'skipped'}. A step with a non-finite loss or gradient leaves params and
-  optimizer untouched and counts as skipped (reset to 0 by the next good step).
+  'opt_state', 'skipped', 'log_sums'}. A step with a non-finite loss or gradient leaves params
+  and optimizer untouched and counts as skipped (reset to 0 by the next good step).
+
+  The log interval: `log_sums` (`state.train_state.LOG_SUMS`) adds each finite step's loss and
+  accuracy, starting over at the step after a multiple of `log_every`, and the metrics
+  `interval_loss` / `interval_accuracy` are their means so far (NaN when no step of the
+  interval was finite), so at a multiple of `log_every` they are the means over the last
+  `log_every` steps. In the state, they are checkpointed: a run resumed mid-interval reports
+  what the uninterrupted run reports. A state without `log_sums` reports this step's values.
 
   `batch_shards` / `shard_axes`: how many ways and over which mesh axes the batch is split
   (micro-batches keep each device's rows on it). `map_axes` (leading `shard_axes`, their
@@ -292,11 +302,32 @@ def make_train_step(module, tx, task: Task, *, label_smoothing: float = 0.0,
     new_params, opt_state = jax.lax.cond(finite, update, skip, grads, opt_state, params)
     new_state = {**state, "step": state["step"] + 1, "params": new_params, "opt_state": opt_state,
                  "skipped": jnp.where(finite, 0, state["skipped"] + 1)}
-    return new_state, {"loss": nll / total_weight, "total_loss": loss,
-                       "accuracy": correct / total_weight, "grad_norm": grad_norm,
-                       "finite": finite, "skipped": new_state["skipped"], **metrics}
+    step_metrics = {"loss": nll / total_weight, "accuracy": correct / total_weight}
+    if LOG_SUMS in state:
+      new_state[LOG_SUMS], interval = _interval_means(state[LOG_SUMS], state["step"],
+                                                      log_every, finite, step_metrics)
+    else:
+      interval = step_metrics
+    return new_state, {**step_metrics, "total_loss": loss, "grad_norm": grad_norm,
+                       "finite": finite, "skipped": new_state["skipped"],
+                       "interval_loss": interval["loss"],
+                       "interval_accuracy": interval["accuracy"], **metrics}
 
   return train_step
+
+
+def _interval_means(sums: dict, step, log_every: int, finite, values: dict):
+  """(the log interval's sums with this step's `values` added when `finite`, their means).
+  `step` counts the steps done before this one: at a multiple of `log_every` the previous
+  interval is over and the sums start from zero."""
+  fresh = step % log_every == 0
+  count = jnp.where(fresh, 0, sums["steps"]) + finite.astype(jnp.int32)
+  new = {"steps": count}
+  for key, value in values.items():
+    new[key] = jnp.where(fresh, 0.0, sums[key]) + jnp.where(finite, value, 0.0).astype(
+        sums[key].dtype)
+  means = {k: jnp.where(count > 0, new[k] / jnp.maximum(count, 1), jnp.nan) for k in values}
+  return new, means
 
 
 def make_eval_step(module, task: Task):
