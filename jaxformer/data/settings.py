@@ -73,7 +73,7 @@ class TextSettings(DataSettings):
                             doc="the training split of a dataset with named splits")
   eval_split: str = _field("validation", check=_name, want="a split name, e.g. 'validation'",
                            doc="the evaluation split of a dataset with named splits")
-  workers: int | None = _int(1, None, optional=True, note=" (or None: one per core)",
+  workers: int | None = _int(1, None, optional=True,
                              doc="processes that prepare the corpus (None: one per core)")
 
   _renamed = {"text_key": "text_field"}        # old key -> its new name (refused, named)
@@ -330,7 +330,7 @@ def for_run(kind: str, config, settings: run_settings.RunSettings | None = None
   """The typed data settings of `kind` for a run: `settings.data` where
   `train.config_checks.validate` already parsed it with that kind, else `config`'s data
   section parsed now (a caller with `run_settings.parse`'s shared settings only)."""
-  data = None if settings is None else settings.data
+  data = getattr(settings, "data", None)
   if data is not None and type(data) is get(kind).settings:
     return data
   return parse(kind, config)
@@ -346,12 +346,13 @@ def defaults(kind: str) -> dict:
 
 
 def _type_name(f) -> str:
-  return str(f.type).replace("Any", "int | tuple[int, int] | None")
+  return str(f.type).replace("Any", "int | tuple[int, int] | None").replace("|", "\\|")
 
 
-def table(kind: str) -> str:
-  """The Markdown table of `kind`'s own keys: key, type, default, range and what it does
-  (docs/data.md holds every kind's; tests/test_data_settings.py keeps them equal)."""
+def table(kind: str, tasks: tuple[str, ...] = ()) -> str:
+  """The Markdown table of `kind`'s own keys: key, type, default, range and what it does;
+  `tasks` name the tasks that read it (docs/data.md holds every kind's table;
+  tests/test_data_settings.py keeps them equal)."""
   entry = get(kind)
   inherited = [k for k, e in _KINDS.items() if e.settings is not entry.settings
                and e.settings is not DataSettings and issubclass(entry.settings, e.settings)]
@@ -361,14 +362,18 @@ def table(kind: str) -> str:
     if f.name in SHARED_KEYS or f.name in base:
       continue
     want = f.metadata["want"] + (" or None" if f.metadata["optional"] else "")
+    want = want.replace("|", "\\|")
     rows.append(f"| `{f.name}` | `{_type_name(f)}` | `{f.default!r}` | {want} | "
                 f"{f.metadata['doc']} |")
-  head = f"**`{kind}`** ({entry.label}): {entry.settings.__doc__.strip()}"
+  about = " ".join(entry.settings.__doc__.split())
+  head = f"**`{kind}`**" + (f" (tasks {', '.join(tasks)})" if tasks else "") + f": {about}"
   if inherited:
     head += " Also every key of " + ", ".join(f"`{k}`" for k in inherited) + "."
   return head + "\n\n" + "\n".join(rows)
 
 
-def tables() -> str:
-  """Every kind's table but the shared one's, in registry order (what docs/data.md holds)."""
-  return "\n\n".join(table(k) for k in _KINDS if k != "shared")
+def tables(tasks: Mapping[str, tuple[str, ...]] | None = None) -> str:
+  """Every kind's table but the shared one's, in registry order (what docs/data.md holds);
+  `tasks`: {kind: the tasks that read it}."""
+  tasks = tasks or {}
+  return "\n\n".join(table(k, tuple(tasks.get(k, ()))) for k in _KINDS if k != "shared")
