@@ -7,9 +7,10 @@ with its default and its valid range, in one place.
 `configs/common.py` writes the sections from these defaults (so `--config.train.<key>=...` can
 set any key, and grep finds every key here), `train`, `sample` and `sweep` read a config through
 `parse` (`train.config_checks.validate` calls it first), and no other module repeats a default.
-The `model` section has its own typed home: the family registry (`models.build`). A data
-source's own keys (`data.packing`, `data.augment`, ...) belong to its pipeline, which reads and
-checks them; `DataSettings` holds the keys every source shares.
+The `model` section has its own typed home: the family registry (`models.build`).
+`DataSettings` holds the keys every source shares; each kind of source extends it with its own
+keys (`data.packing`, `data.augment`, ...) in `jaxformer.data.settings`, whose registry
+`validate` parses the section with (the task names the kind), through `parse_fields` here.
 """
 
 from __future__ import annotations
@@ -165,9 +166,10 @@ class OptimSettings:
 
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
-  """`data`: the keys every source shares (see `jaxformer.data.pipeline` for the sources);
-  `data_dir` is the prepared-data cache (None: under ~/.cache), `eval_batches` the eval
-  windows of a text source (None: the whole split)."""
+  """`data`: the keys every source shares (see `jaxformer.data.pipeline` for the sources;
+  each kind's own keys: `jaxformer.data.settings`); `data_dir` is the prepared-data cache
+  (None: under ~/.cache), `eval_batches` the eval windows of a text source (None: the whole
+  split)."""
   source: str = _field(check=lambda v: isinstance(v, str) and bool(v),
                        want="a dataset name (see jaxformer.data.pipeline)")
   tokenizer: str | None = _typed(str, None, optional=True)
@@ -213,6 +215,8 @@ class PosttrainSettings:
 class RunSettings:
   train: TrainSettings
   optim: OptimSettings
+  # `parse`: the shared keys; `train.config_checks.validate`: the settings of the task's kind
+  # of source (a `DataSettings` subclass, `jaxformer.data.settings`)
   data: DataSettings
   mesh: MeshSettings
   posttrain: PosttrainSettings | None = None
