@@ -2,9 +2,9 @@
 
 `pip install -e .` is enough for the README's main job; SentencePiece/Hugging Face tokenizers
 (`[text]`), scikit-learn's bundled digits and sacrebleu's caption BLEU (`[vision]`), Hugging
-Face checkpoints (`[hf]`), Parquet / saved Hugging Face dataset sources (`[corpora]`) and the
-W&B and MLflow trackers (`[wandb]`, `[mlflow]`) come with extras (`[test]` installs all of
-them).
+Face checkpoints (`[hf]`), Parquet / saved Hugging Face dataset sources (`[corpora]`), the
+W&B and MLflow trackers (`[wandb]`, `[mlflow]`) and lm-evaluation-harness (`[eval]`) come
+with extras (`[test]` installs all of them).
 """
 
 from __future__ import annotations

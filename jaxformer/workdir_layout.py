@@ -21,3 +21,4 @@ TENSORBOARD_PREFIX = "events.out.tfevents"
 # The members that are directories (every other member is a file): `train.workdir` refuses a
 # workdir holding one of the other kind before any work.
 DIRECTORIES = (CHECKPOINTS, BEST, ATTENTION, PROFILE, LOGS)
+EVAL = "eval"                          # python -m jaxformer.evaluate: one JSON of results per name

@@ -6,9 +6,15 @@ compilation cache (conftest.py) serves one test's train and eval steps to the ne
 
 from __future__ import annotations
 
+import os
+
+import flax.linen as nn
+import jax
+import numpy as np
 from ml_collections import ConfigDict
 
 from configs import shakespeare_char
+from jaxformer.state import checkpoint, train_state
 
 
 def tiny_run_config(*, eval_batches: int = 2, **train) -> ConfigDict:
@@ -51,3 +57,24 @@ def on_one_device(monkeypatch) -> None:
     return _real(mesh_config, jax.devices()[:1] if devices is None else devices)
   monkeypatch.setattr(mesh, "make_mesh", make_mesh)
   monkeypatch.setattr(sharding, "make_mesh", make_mesh)
+
+
+def write_run(workdir, cfg, tokenizer, steps=(8,)) -> dict:
+  """A run directory as training leaves it: config.json, the tokenizer, and a checkpoint of
+  the initial train state at each of `steps` (step s's params scaled by 1 + s/8, so steps
+  differ). Returns {step: params}."""
+  os.makedirs(workdir)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(cfg.to_json(indent=2))
+  if tokenizer is not None:
+    tokenizer.save(workdir)
+  _, _, init_boxed = train_state.train_state_fns(cfg)
+  state = jax.device_get(nn.unbox(jax.jit(init_boxed)()))
+  ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"))
+  saved = {}
+  for step in steps:
+    params = jax.tree.map(lambda p, s=step: p * np.float32(1 + s / 8), state["params"])
+    ckpts.save(step, dict(state, params=params, step=np.int32(step)))
+    saved[step] = params
+  ckpts.close()
+  return saved

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import warnings
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -27,8 +26,7 @@ from jaxformer.convert import hf
 from jaxformer.convert.hf import tokenizer as hf_tokenizer
 from jaxformer.data import tokenizers
 from jaxformer.export import export_run, special_tokens
-from jaxformer.state import checkpoint, train_state
-from tests.runs import tiny_run_config
+from tests.runs import tiny_run_config, write_run
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -39,27 +37,6 @@ TEXT = open(os.path.join(ROOT, "jaxformer", "data", "assets", "tinyshakespeare.t
 CHARS = tokenizers.CharTokenizer(TEXT)
 # Text outside the training data too: accents, an emoji (byte fallback), runs of spaces, tabs.
 HARD_TEXT = TEXT[20_000:24_000] + "  Ünïcødé 😀  two  spaces\tand a tab \n\n end "
-
-
-def _write_run(workdir, cfg, tokenizer, steps=(8,)) -> dict:
-  """A run directory as training leaves it: config.json, the tokenizer, and a checkpoint of
-  the initial train state at each of `steps` (step s's params scaled by 1 + s/8, so steps
-  differ). Returns {step: params}."""
-  os.makedirs(workdir)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(cfg.to_json(indent=2))
-  if tokenizer is not None:
-    tokenizer.save(workdir)
-  _, _, init_boxed = train_state.train_state_fns(cfg)
-  state = jax.device_get(nn.unbox(jax.jit(init_boxed)()))
-  ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"))
-  saved = {}
-  for step in steps:
-    params = jax.tree.map(lambda p, s=step: p * np.float32(1 + s / 8), state["params"])
-    ckpts.save(step, dict(state, params=params, step=np.int32(step)))
-    saved[step] = params
-  ckpts.close()
-  return saved
 
 
 def _no_special_token_warnings(caplog, capfd, record):
@@ -73,7 +50,7 @@ def _no_special_token_warnings(caplog, capfd, record):
 def test_char_decoder_export_generates_jaxformers_greedy_text(tmp_path, caplog, capfd):
   run, out = str(tmp_path / "run"), str(tmp_path / "hf")
   cfg = tiny_run_config()
-  _write_run(run, cfg, CHARS)
+  write_run(run, cfg, CHARS)
   done = export_run(run, out)
   assert done.architecture == "GPT2LMHeadModel" and done.tokenizer == "char"
   assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors",
@@ -155,7 +132,7 @@ def test_llama_with_sentencepiece_and_a_padded_vocabulary(spm_tokenizers, tmp_pa
                    tie_embeddings=False)
   cfg.data.tokenizer = "spm:bpe:400"
   run, out = str(tmp_path / "run"), str(tmp_path / "hf")
-  params = _write_run(run, cfg, ours)[8]
+  params = write_run(run, cfg, ours)[8]
   done = export_run(run, out)
   assert done.architecture == "LlamaForCausalLM" and done.tokenizer == "spm"
   hc = json.load(open(os.path.join(out, "config.json")))
@@ -186,7 +163,7 @@ def test_bert_exports_its_appended_tokens_and_loads_with_automodel(tmp_path):
   text as NSP trained: fill-mask works on the export, its MLM logits equal jaxformer's."""
   cfg = bert_nsp_shakespeare.get_config("tiny")
   run, out = str(tmp_path / "run"), str(tmp_path / "hf")
-  params = _write_run(run, cfg, CHARS)[8]
+  params = write_run(run, cfg, CHARS)[8]
   done = export_run(run, out)
   assert done.architecture == "BertForPreTraining"
   assert "generation_config.json" not in done.files
@@ -209,7 +186,7 @@ def test_bert_exports_its_appended_tokens_and_loads_with_automodel(tmp_path):
 def test_electra_exports_its_discriminator_and_its_generator(tmp_path):
   cfg = electra_config.get_config("tiny")
   run, out = str(tmp_path / "run"), str(tmp_path / "hf")
-  _write_run(run, cfg, CHARS)
+  write_run(run, cfg, CHARS)
   done = export_run(run, out)
   assert done.architecture == "ElectraForPreTraining"
   assert {"config.json", "tokenizer.json", "generator/config.json",
@@ -272,7 +249,7 @@ def _user_error(capsys, fn, *fragments):
 
 def test_checkpoint_steps_and_user_errors(tmp_path, capsys):
   run, out = str(tmp_path / "run"), str(tmp_path / "hf")
-  saved = _write_run(run, tiny_run_config(), CHARS, steps=(4, 8))
+  saved = write_run(run, tiny_run_config(), CHARS, steps=(4, 8))
   _, params, _ = inference.load_run(run, which="4")
   jax.tree.map(np.testing.assert_array_equal, params, saved[4])
   _user_error(capsys, lambda: export_run(run, out, which=5), "no checkpoint of step 5",

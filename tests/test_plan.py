@@ -357,6 +357,57 @@ def test_the_search_can_vary_the_optimizer_state_levers():
     config_checks.validate(search.with_overrides(cfg, c))
 
 
+def test_memory_levers_are_not_compiled_where_a_sibling_fits_without_them():
+  """A candidate that fits with float32 moments on device makes its siblings that differ only
+  by bf16 or offloaded moments pointless: they wait while it compiles, and are pruned if it
+  fits (ViT-H's search compiled three siblings of one estimate before this)."""
+  from jaxformer.plan import search
+  cfg = _tiny()
+  found = [search.Candidate(c) for c in search.candidate_overrides(
+      cfg, 4, ["optimizer", "attention"])]
+  plain = {c.overrides["model.attention_impl"]: c for c in found
+           if search._levers_used(c.overrides) == 0}
+  for c in found:
+    impl = c.overrides["model.attention_impl"]
+    heavier = search._levers_used(c.overrides) > 0
+    assert search._heavier_sibling(c, plain[impl]) == heavier
+    for other in plain.values():
+      if other.overrides["model.attention_impl"] != impl:
+        assert not search._heavier_sibling(c, other)
+  bf16 = next(c for c in found if c.overrides["optim.state_dtype"] == "bfloat16"
+              and not c.overrides["optim.offload_state"]
+              and c.overrides["model.attention_impl"] == "xla")
+  offloaded = next(c for c in found if c.overrides["optim.offload_state"]
+                   and c.overrides["model.attention_impl"] == "xla")
+  assert search._heavier_sibling(offloaded, bf16) and not search._heavier_sibling(bf16, offloaded)
+  # equal rough estimates: the fewest levers compile first
+  for c in found:
+    c.rough_seconds = 1.0
+  order = sorted(found, key=search._order_key(search.Margin(), 2**40))
+  assert [search._levers_used(c.overrides) for c in order] == sorted(
+      search._levers_used(c.overrides) for c in found)
+
+
+def test_the_search_learns_what_accumulation_costs_beyond_its_rough_estimate():
+  from jaxformer.plan import search
+  def candidate(accum, rough, est=None):
+    c = search.Candidate({"optim.grad_accum": accum}, rough_seconds=rough)
+    if est is not None:
+      c.status, c.plan = "compiled", {"fits": True, "estimated_step_seconds": est}
+    return c
+  pace = search.Pace()
+  untried = [candidate(1, 1.0), candidate(4, 0.9)]
+  order = lambda: sorted(untried, key=search._order_key(search.Margin(), 2**40, pace))
+  assert [c.overrides["optim.grad_accum"] for c in order()] == [4, 1]   # rough order
+  pace.learn(candidate(4, 0.5, est=1.0))     # 4 micro-batches: 2x the rough estimate
+  pace.learn(candidate(1, 0.5, est=0.6))     # 1: 1.2x
+  assert pace.value(untried[1]) == 2.0 and pace.value(untried[0]) == 1.2
+  assert [c.overrides["optim.grad_accum"] for c in order()] == [1, 4]
+  assert pace.value(candidate(8, 1.0)) == 2.0 and pace.value(candidate(2, 1.0)) == 1.2
+  pace.learn(candidate(2, 1.0))              # not compiled: nothing learnt
+  assert pace.value(candidate(2, 1.0)) == 1.2
+
+
 def test_exposed_communication_is_what_a_scope_cannot_hide_behind_its_own_compute():
   """Per scope: synchronous collectives in full, asynchronous ones beyond the scope's compute;
   one scope's compute never hides another's collectives."""

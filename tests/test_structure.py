@@ -30,8 +30,8 @@ LAYERS = (
     ("posttrain",),                           # SFT / DPO data, DPO's loss, initialization
     ("tasks",),                               # one module per task + the task registry
     ("train",),                               # the training loop (samples through inference)
-    ("sample", "sweep", "plan", "export"),    # entry points over train and inference; plan:
-                                              # compile-only devices, HLO analysis, estimate,
+    ("sample", "sweep", "plan", "export",     # entry points over train and inference; plan:
+     "evaluate"),                             # compile-only devices, HLO analysis, estimate,
                                               # search
 )
 LEVEL = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
