@@ -181,7 +181,8 @@ def export_run(workdir: str, out: str, *, which="latest", overwrite: bool = Fals
   workdir, out = os.fspath(workdir), os.fspath(out)
   config, params, tokenizer = load_run(workdir, which=which)
   task = data_task(config.model)
-  data = run_data_settings(config)
+  from jaxformer import tasks
+  data = tasks.saved_run_data(config)
   written = []
   for sub, model_config, model_params in parts(config.model, params):
     where = os.path.join(out, sub) if sub else out
@@ -192,15 +193,6 @@ def export_run(workdir: str, out: str, *, which="latest", overwrite: bool = Fals
       architecture, ids = hf_core.architecture(model_config), token_ids
   return Exported(out, architecture, tuple(written),
                   None if tokenizer is None else tokenizer.kind, ids)
-
-
-def run_data_settings(config):
-  """The typed data settings of a saved run's config (its task's source kind), read as the
-  run wrote them: a key this version does not know is ignored (`strict=False`)."""
-  from jaxformer import run_settings, tasks
-  from jaxformer.data import settings as source_settings
-  kind = tasks.task_for_run(config, run_settings.parse(config)).data_kind
-  return source_settings.parse(kind, config, strict=False)
 
 
 def _export_model(model_config, params, tokenizer, task: str, data, out: str,
