@@ -39,13 +39,13 @@ def get_config(arg=None):
       attention_dropout_rate=0.0 if tiny else 0.1, dtype="float32" if tiny else "bfloat16")
   if tiny:
     return common.config(
-        model=model, data=common.data("tinyshakespeare", "char", 128, mask_prob=0.15),
+        model=model, data=common.data("tinyshakespeare", "char", 128, mask_rate=0.15),
         train=common.train(2000, 32, eval_every=200, log_every=20, checkpoint_every=500),
         optim=common.optim(1e-3, schedule="linear", warmup_steps=100, weight_decay=0.01,
                            b2=0.999, min_lr_ratio=0.0))
   return common.config(
       model=model,
-      data=common.data("wikipedia", "bert-base-uncased", 128, mask_prob=0.15),
+      data=common.data("wikipedia", "bert-base-uncased", 128, mask_rate=0.15),
       train=common.train(1_000_000, 256, eval_every=10_000, log_every=100,
                          checkpoint_every=10_000),
       optim=common.optim(1e-4, schedule="linear", warmup_steps=10_000, weight_decay=0.01,

@@ -52,12 +52,11 @@ def get_config(arg=None):
                            clip=1.0, b2=0.98, eps=1e-9))
   return common.config(
       model=model,
-      data=common.data("wmt14_translate/de-en", "bpe37000", 256, source_lang="en",
-                       target_lang="de"),
+      data=common.data("wmt14_translate/de-en", "bpe37000", 256),
       train=common.train(steps, 128, eval_every=2000, log_every=100, checkpoint_every=5000,
                          label_smoothing=0.1),
       optim=common.optim(peak_lr, schedule="rsqrt", warmup_steps=warmup, weight_decay=0.0,
                          clip=0.0, b2=0.98, eps=1e-9),
       reference=common.reference(round(params), source="Vaswani et al. 2017, Table 3 "
                                  "(approximate)", params_key="total",
-                                 batch_tokens=25_000))
+                                 batch_tokens=25_000, source_lang="en", target_lang="de"))

@@ -7,14 +7,16 @@ with its default and its valid range, in one place.
 `configs/common.py` writes the sections from these defaults (so `--config.train.<key>=...` can
 set any key, and grep finds every key here), `train`, `sample` and `sweep` read a config through
 `parse` (`train.config_checks.validate` calls it first), and no other module repeats a default.
-The `model` section has its own typed home: the family registry (`models.build`). A data
-source's own keys (`data.packing`, `data.augment`, ...) belong to its pipeline, which reads and
-checks them; `DataSettings` holds the keys every source shares.
+The `model` section has its own typed home: the family registry (`models.build`).
+`DataSettings` holds the keys every source shares; each kind of source extends it with its own
+keys (`data.packing`, `data.augment`, ...) in `jaxformer.data.settings`, whose registry
+`validate` parses the section with (the task names the kind), through `parse_fields` here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,28 +31,30 @@ def _is_number(v) -> bool:
 
 
 def _field(default: Any = dataclasses.MISSING, *, check: Callable[[Any], bool] | None = None,
-           want: str = "", optional: bool = False):
+           want: str = "", optional: bool = False, doc: str = ""):
   """A settings field with its range: `check(value)` must hold (None passes when `optional`);
-  `want` says what the value must be, for the error message."""
+  `want` says what the value must be, for the error message; `doc` what the key does, in
+  one line (the data sources' tables in docs/data.md are made from it)."""
   return dataclasses.field(default=default, metadata={"check": check, "want": want,
-                                                      "optional": optional})
+                                                      "optional": optional, "doc": doc})
 
 
 def _int(minimum: int, default: Any = dataclasses.MISSING, *, optional: bool = False,
-         note: str = ""):
+         note: str = "", doc: str = ""):
   return _field(default, check=lambda v: _is_int(v) and v >= minimum,
-                want=f"an int >= {minimum}{note}", optional=optional)
+                want=f"an int >= {minimum}{note}", optional=optional, doc=doc)
 
 
 def _number(check: Callable[[float], bool], want: str, default: Any = dataclasses.MISSING,
-            *, optional: bool = False):
+            *, optional: bool = False, doc: str = ""):
   return _field(default, check=lambda v: _is_number(v) and check(v), want=want,
-                optional=optional)
+                optional=optional, doc=doc)
 
 
-def _choice(options: tuple, default: Any):
+def _choice(options: tuple, default: Any, *, optional: bool = False, doc: str = ""):
   return _field(default, check=lambda v: v in options,
-                want="one of " + ", ".join(repr(o) for o in options))
+                want="one of " + ", ".join(repr(o) for o in options), optional=optional,
+                doc=doc)
 
 
 def _steps(v) -> bool:
@@ -66,9 +70,9 @@ def _trackers(v) -> bool:
           and len(set(v)) == len(v))
 
 
-def _typed(kind: type, default: Any, *, optional: bool = False):
+def _typed(kind: type, default: Any, *, optional: bool = False, doc: str = ""):
   return _field(default, check=lambda v: isinstance(v, kind), want=f"a {kind.__name__}",
-                optional=optional)
+                optional=optional, doc=doc)
 
 
 BEST_METRICS = ("eval_loss", "eval_accuracy")
@@ -180,9 +184,10 @@ class OptimSettings:
 
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
-  """`data`: the keys every source shares (see `jaxformer.data.pipeline` for the sources);
-  `data_dir` is the prepared-data cache (None: under ~/.cache), `eval_batches` the eval
-  windows of a text source (None: the whole split)."""
+  """`data`: the keys every source shares (see `jaxformer.data.pipeline` for the sources;
+  each kind's own keys: `jaxformer.data.settings`); `data_dir` is the prepared-data cache
+  (None: under ~/.cache), `eval_batches` the eval windows of a text source (None: the whole
+  split)."""
   source: str = _field(check=lambda v: isinstance(v, str) and bool(v),
                        want="a dataset name (see jaxformer.data.pipeline)")
   tokenizer: str | None = _typed(str, None, optional=True)
@@ -228,6 +233,8 @@ class PosttrainSettings:
 class RunSettings:
   train: TrainSettings
   optim: OptimSettings
+  # `parse`: the shared keys; `train.config_checks.validate`: the settings of the task's kind
+  # of source (a `DataSettings` subclass, `jaxformer.data.settings`)
   data: DataSettings
   mesh: MeshSettings
   posttrain: PosttrainSettings | None = None
@@ -254,15 +261,27 @@ def parse_section(section: str, values: Mapping[str, Any] | None, *,
                   strict: bool = False):
   """`values` (a config section, a dict of a saved config.json) as typed settings: missing keys
   at their defaults, every value checked. Keys the settings do not name are a source's own
-  (`data`) or from a newer version; `strict` refuses them (train, optim and mesh)."""
-  kind = SECTIONS[section]
+  (`data`: `jaxformer.data.settings` parses them with the task's source kind) or from a newer
+  version; `strict` refuses them (train, optim and mesh)."""
+  return parse_fields(SECTIONS[section], values, section=section, strict=strict)
+
+
+def parse_fields(kind: type, values: Mapping[str, Any] | None, *, section: str,
+                 strict: bool = False, what: str | None = None):
+  """`values` as the settings dataclass `kind` (the machinery of `parse_section`, for any
+  dataclass whose fields are made with `_field`): missing keys at their defaults, every value
+  checked, errors naming `<section>.<key>` and the fix. `strict` refuses a key `kind` does not
+  name, listing the ones it does (`what` names them in the message: "a <what> setting",
+  default `section`)."""
   values = dict(values.items()) if values is not None else {}
-  names = {f.name for f in dataclasses.fields(kind)}
+  names = [f.name for f in dataclasses.fields(kind)]
   if strict:
-    unknown = sorted(set(values) - names)
+    unknown = sorted(set(values) - set(names))
     if unknown:
-      raise ValueError(f"{section}.{unknown[0]} is not a {section} setting; the settings are "
-                       f"{sorted(names)}")
+      near = difflib.get_close_matches(unknown[0], names, n=1)
+      hint = f" (did you mean {section}.{near[0]}?)" if near else ""
+      raise ValueError(f"{section}.{unknown[0]} is not a {what or section} setting{hint}; the "
+                       f"settings are {sorted(names)}")
   chosen = {}
   for f in dataclasses.fields(kind):
     if f.name not in values:

@@ -246,7 +246,7 @@ def test_describe_is_one_line(cache):
     (dict(jitter=-1), r"data\.jitter=-1"),
     (dict(digit_size=2.5), r"data\.digit_size=2\.5"),
     (dict(num_eval=0), r"data\.num_eval=0"),
-    (dict(grids=4), r"data\.grids is not a captioning field"),
+    (dict(grids=4), r"data\.grids is not a captioning data setting \(did you mean data\.grid\?\)"),
 ])
 def test_bad_fields_are_value_errors_naming_them(cache, fields, match):
   for call in (lambda: captions.image_size(_config(**fields)),

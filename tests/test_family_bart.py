@@ -138,11 +138,11 @@ def test_denoising_batches_are_corrupted_text_in_original_out(pipeline):
 
 def test_denoising_options_are_checked():
   with pytest.raises(ValueError, match=r"data.mask_ratio=0.6 must be in \[0, 0.5\]"):
-    denoising.noise_options({"mask_ratio": 0.6})
-  with pytest.raises(ValueError, match="data.poisson_lambda=0 must be > 0"):
-    denoising.noise_options({"poisson_lambda": 0})
+    denoising.noise_options({"source": "tinyshakespeare", "mask_ratio": 0.6})
+  with pytest.raises(ValueError, match=r"data.poisson_lambda=0(\.0)? must be > 0"):
+    denoising.noise_options({"source": "tinyshakespeare", "poisson_lambda": 0})
   with pytest.raises(ValueError, match="data.sentence_delimiters=3 must be a string"):
-    denoising.noise_options({"sentence_delimiters": 3})
+    denoising.noise_options({"source": "tinyshakespeare", "sentence_delimiters": 3})
 
 
 # --- the model against transformers ----------------------------------------------------------

@@ -141,16 +141,17 @@ def test_importing_inference_loads_no_training_module():
 
 
 # --- one typed configuration -----------------------------------------------------------------
-# The `train`, `optim`, `mesh` and `posttrain` sections and the `data` keys every source shares
-# are read through the typed settings (`run_settings.parse`, which `train.config_checks.validate`
-# returns); a raw read of them from a config is allowed only in the settings layer itself. A
-# data source's own keys (`data.packing`, `data.eval_source`, ...) and the `data` section
-# handed whole to a source's pipeline stay raw: the pipeline reads and checks them.
+# The `train`, `optim`, `mesh` and `posttrain` sections and every `data` key (the shared ones
+# and each source's own) are read through the typed settings (`run_settings.parse`, and the
+# source kind's `jaxformer.data.settings`, which `train.config_checks.validate` returns); a
+# raw read of them from a config is allowed only in the settings layer itself. The `data`
+# section handed whole (to the parser) is not a read of a key.
 TYPED_SECTIONS = ("train", "optim", "mesh", "posttrain")
-SHARED_DATA_KEYS = ("source", "tokenizer", "seq_len", "data_dir", "eval_batches")
-SETTINGS_LAYER = ("jaxformer/run_settings.py",)
+SETTINGS_LAYER = ("jaxformer/run_settings.py", "jaxformer/data/settings.py")
 # what names a config: `config`, `cfg`, `self.config`, `point.config`, `src_config`, ...
 _CONFIG_NAMES = ("config", "cfg", "conf")
+# what names a data section itself: `data_config`, `data_cfg` (any key read from it is raw)
+_DATA_SECTION_NAMES = ("data_config", "data_cfg")
 
 
 def _names_a_config(node: ast.AST) -> bool:
@@ -159,9 +160,17 @@ def _names_a_config(node: ast.AST) -> bool:
   return name is not None and (name in _CONFIG_NAMES or name.endswith(("_config", "_cfg")))
 
 
+def _names_a_data_section(node: ast.AST) -> bool:
+  name = node.id if isinstance(node, ast.Name) else (
+      node.attr if isinstance(node, ast.Attribute) else None)
+  return name in _DATA_SECTION_NAMES
+
+
 def _section_read(node: ast.AST) -> str | None:
   """The section `node` reads from a config (`config.train`, `config.get("train")`,
   `config["train"]`, `getattr(config, "train")`), or None."""
+  if _names_a_data_section(node):
+    return "data"                  # `data_config` is the section: `data_config.packing` a key
   if isinstance(node, ast.Attribute) and _names_a_config(node.value):
     return node.attr
   if isinstance(node, ast.Subscript) and _names_a_config(node.value) and isinstance(
@@ -194,7 +203,7 @@ def _key_read(node: ast.AST, section_node: ast.AST) -> str | None:
 
 
 def raw_setting_reads(source: str) -> list[tuple[int, str]]:
-  """(line, what) of each raw read of a typed section (or a shared data key) from a config in
+  """(line, what) of each raw read of a typed section (or of any data key) from a config in
   `source`. Assignments (`cfg.train.steps = 3`: a config built or overridden) are not reads."""
   tree = ast.parse(source)
   parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
@@ -212,7 +221,7 @@ def raw_setting_reads(source: str) -> list[tuple[int, str]]:
       if isinstance(parent, ast.Attribute) and parent.attr == "get":
         parent = parents.get(parent)           # config.data.get("seq_len"): the Call
       key = _key_read(parent, node) if parent is not None else None
-      if key in SHARED_DATA_KEYS and not isinstance(getattr(parent, "ctx", None), ast.Store):
+      if isinstance(key, str) and not isinstance(getattr(parent, "ctx", None), ast.Store):
         found.append((node.lineno, f"data.{key}"))
   return sorted(found)
 
@@ -234,13 +243,18 @@ def test_typed_sections_are_read_only_through_the_settings():
     "x = point.config.data.seq_len", "config.data.get('source')", "config.get('posttrain')",
     "config['optim']['lr']", "getattr(config, 'mesh')", "src_config.train.batch_size",
     "x = config.data['tokenizer']",
+    # a source's own keys too, from a config or from the data section itself
+    "mode = config.data.get('packing')", "cfg.data.mask_rate", "config.data['augment']",
+    "data_config.get('eval_source')", "data_config.noise_density", "data_config['image_key']",
+    "self.data_config.get('num_train')",
 ])
 def test_the_settings_rule_catches_every_spelling(source):
   assert raw_setting_reads(source), source
 
 
-def test_the_settings_rule_allows_source_keys_and_writes():
-  ok = ("make_pipeline(config.data, seed=1)\nmode = config.data.get('packing')\n"
+def test_the_settings_rule_allows_the_section_handed_whole_and_writes():
+  ok = ("parse('text', config.data)\nsource_settings.parse(kind, config)\n"
         "cfg.train.steps = 3\nsettings.train.steps\nconfig.model.d_model\n"
-        "cfg.data.seq_len = 8\n")
+        "cfg.data.seq_len = 8\nsettings.data.packing\ndata.mask_rate\n"
+        "coerce('images', data_config)\n")
   assert raw_setting_reads(ok) == []

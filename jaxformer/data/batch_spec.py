@@ -10,32 +10,31 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxformer import run_settings
+from jaxformer.data import settings as source_settings
 
 # The LM batch of packed documents adds where each document starts (data/text.py).
 _PACKED_KEYS = ("segment_ids", "positions")
 
 
-def lm_packing(config, settings: run_settings.RunSettings) -> str:
+def lm_packing(data: source_settings.TextSettings) -> str:
   """'stream' or 'packed': `data.packing`, else what the source implies (a single text file
   streams). A source this machine cannot reach (a bucket, a cluster path) is taken as a
   document corpus, which packs."""
-  mode = config.data.get("packing")
-  if mode is not None:
-    return mode
+  if data.packing is not None:
+    return data.packing
   from jaxformer.data.corpus import sources
   try:
-    return "stream" if sources.resolve(settings.data.source).one_text else "packed"
+    return "stream" if sources.resolve(data.source).one_text else "packed"
   except ValueError:
     return "packed"
 
 
-def text_batch_spec(config, settings: run_settings.RunSettings,
+def text_batch_spec(data: source_settings.TextSettings, batch_size: int,
                     kind: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
   """{key: (global shape, dtype)} of the train batch of `text.make_text_pipeline(data, kind)`
-  (kind 'lm' | 'mlm' | 'mlm_nsp')."""
-  b = settings.train.batch_size
-  t = settings.data.seq_len
+  (kind 'lm' | 'mlm' | 'mlm_nsp') for a global batch of `batch_size` rows."""
+  b = batch_size
+  t = data.seq_len
   if t is None:
     raise ValueError("data.seq_len is not set; a text source needs it: set "
                      "--config.data.seq_len=<tokens per example>")
@@ -45,6 +44,6 @@ def text_batch_spec(config, settings: run_settings.RunSettings,
     spec["weights"] = ((b, t), np.dtype(np.float32))
   if kind == "mlm_nsp":                        # sentence pairs (data/text.py NSPPipeline)
     spec.update(token_type_ids=tokens, nsp_labels=((b,), np.dtype(np.int32)))
-  elif lm_packing(config, settings) == "packed":
+  elif lm_packing(data) == "packed":
     spec.update({k: tokens for k in _PACKED_KEYS}, weights=((b, t), np.dtype(np.float32)))
   return spec

@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxformer.data import settings as source_settings
 from jaxformer.data import tokenizers
 from jaxformer.data.text import _KeyedWindowsMixin, _TextPipeline
 
-DEFAULTS = dict(mask_ratio=0.3, poisson_lambda=3.0, permute_sentences=True,
-                sentence_delimiters=".!?")
+# the objective's own keys and their defaults (`settings.DenoisingSettings`)
+DEFAULTS = {k: v for k, v in source_settings.defaults("denoising").items()
+            if k in ("mask_ratio", "poisson_lambda", "permute_sentences", "sentence_delimiters")}
 
 
 def span_lengths(rng: np.random.Generator, num_to_mask: int, lam: float) -> np.ndarray:
@@ -128,36 +130,23 @@ def denoising_example(original: np.ndarray, corrupted: np.ndarray, *, start_id: 
           "tgt_out": np.asarray(original, np.int32), "weights": np.ones(n, np.float32)}
 
 
-def noise_options(data_config) -> dict:
-  """The objective's `data.*` keys, checked (errors name the key and the fix)."""
-  get = lambda key: DEFAULTS[key] if data_config.get(key) is None else data_config.get(key)
-  ratio, lam = get("mask_ratio"), get("poisson_lambda")
-  if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 0.5:
-    raise ValueError(f"data.mask_ratio={ratio!r} must be in [0, 0.5] (BART: 0.3); above 0.5 "
-                     "the spans no longer fit between unmasked tokens")
-  if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam > 0:
-    raise ValueError(f"data.poisson_lambda={lam!r} must be > 0 (BART: 3.0, the mean span "
-                     "length)")
-  permute, delimiters = get("permute_sentences"), get("sentence_delimiters")
-  if not isinstance(permute, bool):
-    raise ValueError(f"data.permute_sentences={permute!r} must be True or False")
-  if not isinstance(delimiters, str):
-    raise ValueError(f"data.sentence_delimiters={delimiters!r} must be a string of the "
-                     "characters that end a sentence, e.g. '.!?'")
-  return dict(mask_ratio=float(ratio), lam=float(lam), permute=permute,
-              delimiters=delimiters)
+def noise_options(data) -> dict:
+  """The objective's keys of the typed settings (or of a data section, parsed and checked:
+  errors name the key and the fix)."""
+  data = source_settings.coerce("denoising", data)
+  return dict(mask_ratio=float(data.mask_ratio), lam=float(data.poisson_lambda),
+              permute=data.permute_sentences, delimiters=data.sentence_delimiters)
 
 
 class DenoisingPipeline(_KeyedWindowsMixin, _TextPipeline):
   """BART denoising batches on stream windows of `data.seq_len` tokens (module docstring)."""
   task = "bart_denoising"
+  data_kind = "denoising"
 
-  def __init__(self, data_config, **kw):
-    if data_config.get("packing") == "packed":
-      raise ValueError("data.packing='packed' is for task 'lm'; BART's denoising reads stream "
-                       "windows (set data.packing='stream' or leave it unset)")
-    options = noise_options(data_config)
-    super().__init__(data_config, **kw)
+  def __init__(self, data, **kw):
+    data = source_settings.coerce(self.data_kind, data)
+    options = noise_options(data)
+    super().__init__(data, **kw)
     tok = self.tokenizer
     ids, size = tokenizers.special_ids(tok, tokenizers.TASK_SPECIAL_IDS[self.task])
     self.mask_id, self.start_id, self.pad_id = ids["mask_id"], ids["bos_id"], ids["pad_id"]
@@ -167,7 +156,7 @@ class DenoisingPipeline(_KeyedWindowsMixin, _TextPipeline):
       ids = tok.encode(char)
       if len(ids) != 1:
         raise ValueError(f"data.sentence_delimiters: {char!r} is {len(ids)} tokens of "
-                         f"data.tokenizer={data_config.tokenizer!r}, not one; give delimiters "
+                         f"data.tokenizer={data.tokenizer!r}, not one; give delimiters "
                          "the tokenizer keeps as single tokens (or "
                          "data.permute_sentences=False)")
       self.delimiter_ids.append(int(ids[0]))

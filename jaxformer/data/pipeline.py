@@ -13,6 +13,7 @@ batches; `data.source` picks where the examples come from:
 - image captioning (captioning): "mnist:<dir>" or "digits", digits composed into captioned
   images (`jaxformer.data.images.captions`);
 - post-training (sft, dpo): JSONL records (`jaxformer.posttrain.data`).
+Each task's kind of source (`Task.data_kind`) types its `data` keys: `jaxformer.data.settings`.
 """
 
 from __future__ import annotations

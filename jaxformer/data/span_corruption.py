@@ -18,8 +18,8 @@ top ids of the data's vocabulary: sentinel k is `vocab_size - 1 - k`, with `num_
 has none, a pad id (T5's decoder start id) and an EOS id before them. The decoder input is
 the target shifted right behind the pad id (T5's `decoder_start_token_id`).
 
-`data` keys: `noise_density` (0.15), `mean_noise_span_length` (3.0), `num_sentinels` (100);
-the text source keys of `jaxformer.data.text`. Batches: {'src', 'src_mask', 'tgt_in',
+`data` keys (`settings.SpanCorruptionSettings`): `noise_density` (0.15),
+`mean_noise_span_length` (3.0), `num_sentinels` (100), and the text source's keys. Batches: {'src', 'src_mask', 'tgt_in',
 'tgt_out', 'weights'} (the seq2seq layout); a pure function of (seed, split, step, row).
 """
 
@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxformer.data import settings as source_settings
 from jaxformer.data import tokenizers
 from jaxformer.data.text import _KeyedWindowsMixin, _TextPipeline
 
-NOISE_DENSITY, MEAN_NOISE_SPAN_LENGTH, NUM_SENTINELS = 0.15, 3.0, 100
+_DEFAULTS = source_settings.defaults("span_corruption")
+NOISE_DENSITY, MEAN_NOISE_SPAN_LENGTH, NUM_SENTINELS = (
+    _DEFAULTS["noise_density"], _DEFAULTS["mean_noise_span_length"], _DEFAULTS["num_sentinels"])
 
 
 def span_counts(length: int, noise_density: float = NOISE_DENSITY,
@@ -125,30 +128,21 @@ def example(tokens: np.ndarray, rng: np.random.Generator, *, vocab_size: int, eo
           "weights": np.ones(tgt.shape, np.float32)}
 
 
-def options(data_config) -> tuple[float, float, int]:
-  """(noise_density, mean_noise_span_length, num_sentinels) from `data`, checked."""
-  density = data_config.get("noise_density", NOISE_DENSITY)
-  mean = data_config.get("mean_noise_span_length", MEAN_NOISE_SPAN_LENGTH)
-  sentinels = data_config.get("num_sentinels", NUM_SENTINELS)
-  if not isinstance(density, (int, float)) or not 0.0 < density < 1.0:
-    raise ValueError(f"data.noise_density={density!r} must be in (0, 1), e.g. 0.15 (T5)")
-  if not isinstance(mean, (int, float)) or not mean >= 1.0:
-    raise ValueError(f"data.mean_noise_span_length={mean!r} must be >= 1, e.g. 3 (T5)")
-  if isinstance(sentinels, bool) or not isinstance(sentinels, int) or sentinels < 1:
-    raise ValueError(f"data.num_sentinels={sentinels!r} must be an int >= 1 (T5: 100)")
-  return float(density), float(mean), sentinels
+def options(data) -> tuple[float, float, int]:
+  """(noise_density, mean_noise_span_length, num_sentinels) of the typed settings (or a data
+  section, parsed)."""
+  data = source_settings.coerce("span_corruption", data)
+  return data.noise_density, data.mean_noise_span_length, data.num_sentinels
 
 
 class SpanCorruptionPipeline(_KeyedWindowsMixin, _TextPipeline):
   """T5 span corruption on random stream windows of `data.seq_len` tokens (see module)."""
   task = "span_corruption"
+  data_kind = "span_corruption"
 
-  def __init__(self, data_config, **kw):
-    super().__init__(data_config, **kw)
-    if data_config.get("packing") == "packed":
-      raise ValueError("data.packing='packed' is for task 'lm'; span corruption reads stream "
-                       "windows (set data.packing='stream')")
-    self.noise_density, self.mean_span, self.num_sentinels = options(data_config)
+  def __init__(self, data, **kw):
+    super().__init__(data, **kw)
+    self.noise_density, self.mean_span, self.num_sentinels = options(self.data)
     noise, spans = span_counts(self.seq_len, self.noise_density, self.mean_span)
     if spans > self.num_sentinels:
       raise ValueError(f"data.num_sentinels={self.num_sentinels} is fewer than the {spans} "

@@ -22,21 +22,13 @@ import grain
 import numpy as np
 
 from jaxformer.data import batching
+from jaxformer.data import settings as source_settings
 
 PAD, BOS, EOS = 0, 1, 2
 NUM_SPECIAL = 3
 TASKS = ("copy", "reverse", "recall")
 _SPLIT_IDS = {"train": 0, "eval": 1}
-DEFAULTS = {"vocab_size": 16, "min_len": 1, "max_len": 16, "num_train": 100_000,
-            "num_eval": 1_000}
-
-
-def _int_field(data_config, name: str, minimum: int) -> int:
-  value = data_config.get(name)
-  value = DEFAULTS[name] if value is None else value
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise ValueError(f"data.{name}={value!r} must be an int >= {minimum}")
-  return value
+DEFAULTS = source_settings.defaults("synthetic")     # settings.SyntheticSettings
 
 
 def _parse_task(source) -> str:
@@ -47,12 +39,12 @@ def _parse_task(source) -> str:
   return task
 
 
-def task_generator(data_config, seed: int = 0) -> "SyntheticTask":
-  """The example generator `config.data` describes (its lengths fix the batch shapes)."""
-  return SyntheticTask(
-      _parse_task(data_config.get("source")), vocab_size=_int_field(data_config, "vocab_size", 1),
-      min_len=_int_field(data_config, "min_len", 1),
-      max_len=_int_field(data_config, "max_len", 1), seed=seed)
+def task_generator(data, seed: int = 0) -> "SyntheticTask":
+  """The example generator the typed settings `data` (`settings.SyntheticSettings`, or a data
+  section to parse) describe (its lengths fix the batch shapes)."""
+  data = source_settings.coerce("synthetic", data)
+  return SyntheticTask(_parse_task(data.source), vocab_size=data.vocab_size,
+                       min_len=data.min_len, max_len=data.max_len, seed=seed)
 
 
 class SyntheticTask:
@@ -134,14 +126,14 @@ class SyntheticPipeline(batching.SplitPipeline):
   """Seq2seq batches of a synthetic task (see the module docstring)."""
   task = "seq2seq"
 
-  def __init__(self, data_config, *, seed: int, global_batch_size: int, eval_batch_size: int,
+  def __init__(self, data, *, seed: int, global_batch_size: int, eval_batch_size: int,
                process_index: int = 0, process_count: int = 1, workdir: str | None = None,
                data_dir: str | None = None):
     del workdir, data_dir                # generated on the fly: nothing to read or cache
-    self.source = data_config.get("source")
-    self.generator = task_generator(data_config, seed)
-    self.num_train = _int_field(data_config, "num_train", 1)
-    self.num_eval = _int_field(data_config, "num_eval", 1)
+    self.data = source_settings.coerce("synthetic", data)
+    self.source = self.data.source
+    self.generator = task_generator(self.data, seed)
+    self.num_train, self.num_eval = self.data.num_train, self.data.num_eval
     self.info = {"vocab_size": self.generator.vocab_size + NUM_SPECIAL,
                  "src_len": self.generator.src_len, "tgt_len": self.generator.tgt_len}
     kw = dict(seed=seed, global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
@@ -153,11 +145,11 @@ class SyntheticPipeline(batching.SplitPipeline):
     return grain.MapDataset.range(size).map(lambda i: self.generator.record(split, int(i)))
 
 
-def make_synthetic_pipeline(data_config, *, seed: int, global_batch_size: int,
+def make_synthetic_pipeline(data, *, seed: int, global_batch_size: int,
                             eval_batch_size: int, process_index: int = 0,
                             process_count: int = 1, workdir: str | None = None,
                             data_dir: str | None = None) -> SyntheticPipeline:
-  return SyntheticPipeline(data_config, seed=seed, global_batch_size=global_batch_size,
+  return SyntheticPipeline(data, seed=seed, global_batch_size=global_batch_size,
                            eval_batch_size=eval_batch_size, process_index=process_index,
                            process_count=process_count, workdir=workdir, data_dir=data_dir)
 

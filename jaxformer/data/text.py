@@ -11,9 +11,9 @@ and .parquet (optionally .gz), a saved Hugging Face dataset, a TFDS catalog data
 `tfds:<name>`, or `tinyshakespeare`. Each is tokenized once into sharded token files under
 `data.data_dir` (corpus/prepare.py) that every run then reads by offset; the tokenizer
 (`data.tokenizer`, see tokenizers.py) is made once and saved in the workdir. The source's
-own keys: `text_field` (records; default 'text'), `train_fraction` (default 0.9), `train_split`
-/ `eval_split` (datasets with named splits), `workers` (preparation processes; default one per
-core), `packing`.
+own keys (`text_field`, `train_fraction`, `train_split` / `eval_split`, `workers`, `packing`,
+and MLM's `mask_rate`) are typed in `jaxformer.data.settings` (`TextSettings`,
+`MaskedTextSettings`), which the pipelines take.
 
 Splits: a single .txt file is one text whose first `train_fraction` of the characters train
 (nanoGPT); otherwise every document (a .txt file, a JSON line, a row) goes to train or
@@ -41,39 +41,24 @@ from typing import Iterable
 import grain
 import numpy as np
 
-from jaxformer import run_settings
 from jaxformer.data import batching, tokenizers
+from jaxformer.data import settings as source_settings
 from jaxformer.data.corpus import prepare, sources
 from jaxformer.data.corpus.tokens import TokenStream
 from jaxformer.data.corpus.work import ROLES
 
 SPLIT_IDS = dict(zip(ROLES, (0, 1)))         # the split_id of the window RNG
 EVAL_SEED = 0                                 # eval windows and masks: the same for every run seed
-PACKING_MODES = ("stream", "packed")
+PACKING_MODES = source_settings.PACKING_MODES
 TASKS = ("lm", "mlm", "mlm_nsp")
 MLM_MASK_FRACTION, MLM_RANDOM_FRACTION = 0.8, 0.1    # of the selected positions (BERT)
 
 
-def corpus_options(data_config) -> prepare.Options:
-  """The source's own reading keys, checked."""
-  if "text_key" in data_config:
-    raise ValueError("data.text_key is now data.text_field; rename it")
-  field = data_config.get("text_field", "text")
-  if not isinstance(field, str) or not field:
-    raise ValueError(f"data.text_field={field!r} must be the name of the text field, e.g. "
-                     "'text'")
-  fraction = data_config.get("train_fraction", 0.9)
-  if not isinstance(fraction, (int, float)) or not 0.0 < fraction < 1.0:
-    raise ValueError(f"data.train_fraction={fraction!r} must be in (0, 1), e.g. 0.9")
-  names = (data_config.get("train_split", "train"), data_config.get("eval_split", "validation"))
-  for key, name in zip(("data.train_split", "data.eval_split"), names):
-    if not isinstance(name, str) or not name:
-      raise ValueError(f"{key}={name!r} must be a split name, e.g. 'train'")
-  workers = data_config.get("workers")
-  if workers is not None and (not isinstance(workers, int) or workers < 1):
-    raise ValueError(f"data.workers={workers!r} must be an int >= 1 (or None: one per core)")
-  return prepare.Options(text_field=field, train_fraction=float(fraction), split_names=names,
-                         workers=workers)
+def corpus_options(data: source_settings.TextSettings) -> prepare.Options:
+  """The source's own reading keys, as the corpus preparation takes them."""
+  return prepare.Options(text_field=data.text_field, train_fraction=float(data.train_fraction),
+                         split_names=(data.train_split, data.eval_split),
+                         workers=data.workers)
 
 
 def stream_windows(stream: TokenStream, *, seed: int, split_id: int, step: int,
@@ -106,27 +91,28 @@ def bert_mask(tokens: np.ndarray, rng: np.random.Generator, *, rate: float, mask
           "weights": selected.astype(np.float32)}
 
 
-def _check_data_config(data_config):
-  """The shared keys through their typed settings, then what a text source needs besides."""
-  if run_settings.parse_section("data", data_config).seq_len is None:
+def _check_data(data: source_settings.TextSettings):
+  """What a text source needs besides its typed keys."""
+  if data.seq_len is None:
     raise ValueError("data.seq_len is not set; a text source needs it: set "
                      "--config.data.seq_len=<tokens per example>")
-  packing_mode = data_config.get("packing")
-  if packing_mode is not None and packing_mode not in PACKING_MODES:
-    raise ValueError(f"data.packing={packing_mode!r} must be one of {PACKING_MODES}")
-  if data_config.get("tokenizer") is None:
+  if data.tokenizer is None:
     raise ValueError("data.tokenizer is not set; use 'char', 'spm:bpe:<vocab_size>', "
                      "'spm:unigram:<vocab_size>' or 'hf:<path>'")
 
 
 class _TextPipeline:
-  """Shared construction: config checks, source, tokenizer, batch sizes, process slice."""
+  """Shared construction: config checks, source, tokenizer, batch sizes, process slice.
+  `data`: the typed settings of the pipeline's source kind (`data_kind`), or a data section
+  to parse with it."""
   task = "lm"
+  data_kind = "text"
 
-  def __init__(self, data_config, *, seed: int, global_batch_size: int, eval_batch_size: int,
+  def __init__(self, data, *, seed: int, global_batch_size: int, eval_batch_size: int,
                process_index: int = 0, process_count: int = 1, workdir: str | os.PathLike,
                data_dir: str | os.PathLike | None = None):
-    _check_data_config(data_config)
+    data = source_settings.coerce(self.data_kind, data)
+    _check_data(data)
     self.local_batch_size = batching.local_batch_size(global_batch_size, process_count)
     if not isinstance(eval_batch_size, int) or eval_batch_size < 1 or (
         eval_batch_size % process_count):
@@ -134,12 +120,12 @@ class _TextPipeline:
                        f"the {process_count} processes")
     if not 0 <= process_index < process_count:
       raise ValueError(f"process_index={process_index} must be in [0, {process_count})")
-    self.config, self.seed = data_config, int(seed)
-    self.seq_len = data_config.seq_len
+    self.data, self.seed = data, int(seed)
+    self.seq_len = data.seq_len
     self.global_batch_size, self.eval_batch_size = global_batch_size, eval_batch_size
     self.process_index, self.process_count = process_index, process_count
-    self.corpus = prepare.prepare(data_config.source, data_config.tokenizer,
-                                  options=corpus_options(data_config), workdir=workdir,
+    self.corpus = prepare.prepare(data.source, data.tokenizer,
+                                  options=corpus_options(data), workdir=workdir,
                                   data_dir=sources.resolve_data_dir(data_dir))
     self.tokenizer = self.corpus.tokenizer
     self.info = {"vocab_size": self.tokenizer.vocab_size}
@@ -159,7 +145,7 @@ class _StreamMixin:
     for role, ids in self.streams.items():
       if len(ids) <= window:
         raise ValueError(f"data.seq_len={self.seq_len} is longer than the {role} split of "
-                         f"data.source={self.config.source!r} ({len(ids)} tokens); lower "
+                         f"data.source={self.data.source!r} ({len(ids)} tokens); lower "
                          "data.seq_len")
 
   def _windows(self, role: str, step: int, batch_size: int) -> np.ndarray:
@@ -178,7 +164,7 @@ class _StreamMixin:
         lambda i: self._example(ids.read(int(i) * stride, self.window), int(i)))
 
   def eval_batches(self) -> Iterable[dict[str, np.ndarray]]:
-    num = self.config.get("eval_batches")
+    num = self.data.eval_batches
     if num is None:
       return batching.eval_batches(self._consecutive_windows(),
                                    global_batch_size=self.eval_batch_size,
@@ -218,8 +204,8 @@ class _KeyedWindowsMixin(_StreamMixin):
 class LMStreamPipeline(_StreamMixin, _TextPipeline):
   """Next-token prediction on random windows of the token stream: {'inputs', 'targets'}."""
 
-  def __init__(self, data_config, **kw):
-    super().__init__(data_config, **kw)
+  def __init__(self, data, **kw):
+    super().__init__(data, **kw)
     self._load_streams(self.seq_len + 1)
 
   def _example(self, window: np.ndarray, index: int) -> dict[str, np.ndarray]:
@@ -240,16 +226,11 @@ class MLMPipeline(_KeyedWindowsMixin, _TextPipeline):
   'weights' (1 at selected positions)}. Masking is a pure function of (seed, split, step,
   global row), so it does not depend on the process count either."""
   task = "mlm"
+  data_kind = "masked_text"
 
-  def __init__(self, data_config, **kw):
-    super().__init__(data_config, **kw)
-    if data_config.get("packing") == "packed":
-      raise ValueError("data.packing='packed' is for task 'lm'; MLM reads stream windows "
-                       "(set data.packing='stream')")
-    rate = data_config.get("mask_rate", 0.15)
-    if not isinstance(rate, (int, float)) or not 0.0 < rate <= 1.0:
-      raise ValueError(f"data.mask_rate={rate!r} must be in (0, 1], e.g. 0.15")
-    self.mask_rate = float(rate)
+  def __init__(self, data, **kw):
+    super().__init__(data, **kw)
+    self.mask_rate = float(self.data.mask_rate)
     ids, size = tokenizers.special_ids(self.tokenizer, tokenizers.TASK_SPECIAL_IDS["mlm"])
     self.mask_id = ids["mask_id"]                # else a [MASK] id after the vocabulary
     self.info = {"vocab_size": size}
@@ -277,9 +258,9 @@ class NSPPipeline(MLMPipeline):
   Evaluation needs `data.eval_batches` (random pairs drawn with the eval seed)."""
   task = "mlm_nsp"
 
-  def __init__(self, data_config, **kw):
-    super().__init__(data_config, **kw)
-    if data_config.get("eval_batches") is None:
+  def __init__(self, data, **kw):
+    super().__init__(data, **kw)
+    if self.data.eval_batches is None:
       raise ValueError("data.eval_batches is not set: next-sentence prediction evaluates on "
                        "random sentence pairs; set --config.data.eval_batches=<batches>")
     if self.seq_len < 5:
@@ -338,8 +319,8 @@ class LMPackedPipeline(_TextPipeline):
   'positions', 'weights'} with weight 0 on padding and where the target starts the next
   document. Rows are read with grain through the prepared corpus's row index."""
 
-  def __init__(self, data_config, **kw):
-    super().__init__(data_config, **kw)
+  def __init__(self, data, **kw):
+    super().__init__(data, **kw)
     self.records = {role: self.corpus.packed(role, self.seq_len + 1).map(_packed_example)
                     for role in SPLIT_IDS}
     self._train = batching.train_batches(
@@ -354,18 +335,18 @@ class LMPackedPipeline(_TextPipeline):
                                  global_batch_size=self.eval_batch_size,
                                  process_index=self.process_index,
                                  process_count=self.process_count,
-                                 max_batches=self.config.get("eval_batches"))
+                                 max_batches=self.data.eval_batches)
 
 
-def make_text_pipeline(data_config, task: str = "lm", **kw) -> _TextPipeline:
-  """The pipeline for `task` ('lm' | 'mlm' | 'mlm_nsp') and `data.packing` (default: 'stream' for a
-  single text file, 'packed' for documents); `kw` are the constructor's keyword arguments."""
+def make_text_pipeline(data, task: str = "lm", **kw) -> _TextPipeline:
+  """The pipeline for `task` ('lm' | 'mlm' | 'mlm_nsp') and `data.packing` (default: 'stream'
+  for a single text file, 'packed' for documents); `data` is the typed settings
+  (`source_settings.TextSettings`, `MaskedTextSettings` for mlm) or a data section to parse;
+  `kw` are the constructor's keyword arguments."""
   if task not in TASKS:
     raise ValueError(f"task={task!r} must be one of {TASKS}")
   if task in ("mlm", "mlm_nsp"):
-    return (MLMPipeline if task == "mlm" else NSPPipeline)(data_config, **kw)
-  mode = data_config.get("packing") or (
-      "stream" if sources.resolve(data_config.get("source")).one_text else "packed")
-  if mode not in PACKING_MODES:
-    raise ValueError(f"data.packing={mode!r} must be one of {PACKING_MODES}")
-  return (LMPackedPipeline if mode == "packed" else LMStreamPipeline)(data_config, **kw)
+    return (MLMPipeline if task == "mlm" else NSPPipeline)(data, **kw)
+  data = source_settings.coerce("text", data)
+  mode = data.packing or ("stream" if sources.resolve(data.source).one_text else "packed")
+  return (LMPackedPipeline if mode == "packed" else LMStreamPipeline)(data, **kw)

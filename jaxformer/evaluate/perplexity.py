@@ -19,13 +19,13 @@ have, and char, BPE and SentencePiece runs compare on the same bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
 import numpy as np
-from ml_collections import ConfigDict
 
-from jaxformer import run_settings
+from jaxformer import run_settings, tasks
 from jaxformer.data import text as text_data
 from jaxformer.data.corpus import prepare, sources
 from jaxformer.evaluate.scoring import Scorer, concatenate, rolling_rows
@@ -34,13 +34,12 @@ SPLITS = ("train", "validation")
 DECODE_CHUNK = 1 << 20            # tokens decoded at a time when counting bytes
 
 
-def data_config(config, source: str | None) -> ConfigDict:
-  """The run's data section, with `source` in place of its data.source (and the packing
-  the new source defaults to)."""
-  data = ConfigDict(config.data.to_dict())
+def data_config(config, source: str | None):
+  """The run's typed data settings (`tasks.saved_run_data`), with `source` in place of its
+  data.source (and the packing the new source defaults to)."""
+  data = tasks.saved_run_data(config)
   if source is not None:
-    data.source = source
-    data.packing = None
+    data = dataclasses.replace(data, source=source, packing=None)
   return data
 
 
@@ -58,15 +57,13 @@ def prepared_split(config, tokenizer, workdir: str, *, source: str | None, split
   run's tokenizer."""
   data = data_config(config, source)
   options = text_data.corpus_options(data)
-  spec = data.get("tokenizer")
+  spec = data.tokenizer
   corpus = prepare.prepare(data.source, spec, options=options, workdir=workdir,
-                           data_dir=sources.resolve_data_dir(
-                               run_settings.parse_section("data", data).data_dir))
+                           data_dir=sources.resolve_data_dir(data.data_dir))
   if corpus.tokenizer.fingerprint() != tokenizer.fingerprint():
     raise ValueError(f"data.tokenizer={spec!r} of the run gives a tokenizer other than the "
                      f"run's tokenizer.json in {workdir}; the run's files do not match")
-  mode = data.get("packing") or ("stream" if sources.resolve(data.source).one_text
-                                 else "packed")
+  mode = data.packing or ("stream" if sources.resolve(data.source).one_text else "packed")
   return corpus.stream(split), mode == "stream", data.source
 
 

@@ -17,6 +17,7 @@ one jitted loop: deterministic, no scikit-learn needed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxformer import models, paths, run_settings
+from jaxformer import models, paths, run_settings, tasks
 
 TEXT_FAMILIES = ("bert", "roberta", "deberta")
 IMAGE_FAMILIES = ("vit",)
@@ -176,13 +177,11 @@ def _probe(x_train, y_train, x_test, y_test, num_classes: int, l2: float) -> dic
 def evaluate_images(config, params, *, source: str | None = None,
                     max_examples: int | None = None, l2: float = 1e-2) -> dict:
   from jaxformer.data.images.pipeline import open_source
-  data = config.data.to_dict()
+  data = tasks.saved_run_data(config)          # ImageSettings of a classification run
   if source is not None:
-    data["source"] = source
-  src = open_source(type(config.data)(data),
-                    data_dir=run_settings.parse_section("data", config.data).data_dir)
-  train_split = data.get("train_split") or "train"
-  test_split = data.get("eval_split") or "test"
+    data = dataclasses.replace(data, source=source)
+  src = open_source(data, data_dir=data.data_dir)
+  train_split, test_split = data.train_split, data.eval_split
   src.check_split(train_split, "data.train_split")
   src.check_split(test_split, "data.eval_split")
   mean, std = src.stats(train_split)

@@ -128,11 +128,13 @@ def parts(model_config, params=None) -> list[tuple[str, object, object]]:
   return [("", *split["discriminator"]), ("generator", *split["generator"])]
 
 
-def special_tokens(tokenizer, task: str, data_config, model_vocab: int
+def special_tokens(tokenizer, task: str, data, model_vocab: int
                    ) -> tuple[dict, int, list[str], list[str]]:
   """What the exported tokenizer adds to the run's: ({role: id} of bos/eos/pad/mask, None
   where the run has none; the vocabulary size with the ids the task appends; the names of
-  those ids in id order; the names among them that are T5's sentinels)."""
+  those ids in id order; the names among them that are T5's sentinels). `data`: the run's
+  typed data settings (a span-corruption run's give its sentinels; a saved data section is
+  read as they were, `strict=False`)."""
   ids = {role: getattr(tokenizer, role) for role in _ATTRIBUTES}
   task_ids, size = tokenizers.special_ids(tokenizer, tokenizers.TASK_SPECIAL_IDS.get(task, ()))
   ids.update(task_ids)
@@ -141,8 +143,8 @@ def special_tokens(tokenizer, task: str, data_config, model_vocab: int
               if i >= tokenizer.vocab_size]
   sentinels = []
   if task == "span_corruption":             # sentinel k is the k-th id from the top
-    from jaxformer.data import span_corruption
-    count = span_corruption.options(data_config)[2]
+    from jaxformer.data import settings as source_settings
+    count = source_settings.coerce("span_corruption", data, strict=False).num_sentinels
     sentinels = [f"<extra_id_{count - 1 - k}>" for k in range(count)]
     size += count
   if size > model_vocab:
@@ -175,10 +177,12 @@ def export_run(workdir: str, out: str, *, which="latest", overwrite: bool = Fals
   workdir, out = os.fspath(workdir), os.fspath(out)
   config, params, tokenizer = load_run(workdir, which=which)
   task = data_task(config.model)
+  from jaxformer import tasks
+  data = tasks.saved_run_data(config)
   written = []
   for sub, model_config, model_params in parts(config.model, params):
     where = os.path.join(out, sub) if sub else out
-    files, token_ids = _export_model(model_config, model_params, tokenizer, task, config.data,
+    files, token_ids = _export_model(model_config, model_params, tokenizer, task, data,
                                      where, overwrite)
     written += [os.path.join(sub, f) for f in files]
     if not sub:
@@ -187,13 +191,13 @@ def export_run(workdir: str, out: str, *, which="latest", overwrite: bool = Fals
                   None if tokenizer is None else tokenizer.kind, ids)
 
 
-def _export_model(model_config, params, tokenizer, task: str, data_config, out: str,
+def _export_model(model_config, params, tokenizer, task: str, data, out: str,
                   overwrite: bool) -> tuple[list[str], dict]:
   """One model (and the run's tokenizer) into `out`: (the files written, the token ids)."""
   m = models.with_defaults(model_config)
   size, token_ids = m.get("vocab_size"), {}
   if tokenizer is not None:
-    ids, size, appended, sentinels = special_tokens(tokenizer, task, data_config,
+    ids, size, appended, sentinels = special_tokens(tokenizer, task, data,
                                                     m["vocab_size"])
     token_ids = config_token_ids(task, ids)
   hf.save(model_config, params, out, overwrite=overwrite, token_ids=token_ids)

@@ -34,7 +34,8 @@ accuracy 0); both are counted in one printed line. A split with no pair left is 
 before training.
 
 Splits: `data.source` (train) and `data.eval_source` (optional; else a record goes to eval
-when a hash of its line falls in the last 1 - `data.train_fraction` (default 0.9)).
+when a hash of its line falls in the last 1 - `data.train_fraction` (default 0.9)); the keys
+are typed in `jaxformer.data.settings.PosttrainRecordsSettings`, which the pipelines take.
 Everything is read and packed in memory when the pipeline is made (fine for the CPU-sized
 sets this was built for; a large set needs the prepared-corpus path of data/corpus).
 """
@@ -49,6 +50,7 @@ import numpy as np
 
 from jaxformer import paths
 from jaxformer.data import batching, packing
+from jaxformer.data import settings as source_settings
 
 SFT_FIELDS = ("prompt", "response")
 DPO_FIELDS = ("prompt", "chosen", "rejected")
@@ -163,13 +165,15 @@ def _in_eval(line: str, train_fraction: float) -> bool:
   return (zlib.crc32(line.encode()) % 10_000) >= train_fraction * 10_000
 
 
-def split_records(data_config) -> dict[str, list[tuple[str, dict]]]:
-  """{'train': [(where, record)], 'validation': [...]} from data.source / data.eval_source."""
-  source = data_config.source
-  eval_source = data_config.get("eval_source")
-  fraction = data_config.get("train_fraction", 0.9)
-  if not isinstance(fraction, (int, float)) or not 0.0 < fraction < 1.0:
-    raise ValueError(f"data.train_fraction={fraction!r} must be in (0, 1), e.g. 0.9")
+def _records_settings(data) -> source_settings.PosttrainRecordsSettings:
+  return source_settings.coerce("posttrain_records", data)
+
+
+def split_records(data) -> dict[str, list[tuple[str, dict]]]:
+  """{'train': [(where, record)], 'validation': [...]} from data.source / data.eval_source
+  (`data`: the typed settings, or a data section to parse)."""
+  data = _records_settings(data)
+  source, eval_source, fraction = data.source, data.eval_source, data.train_fraction
   named = lambda src, key: [(f"{key}={src!r} line {n}", r) for n, r in read_jsonl(src, key)]
   train = named(source, "data.source")
   if eval_source:
@@ -181,11 +185,11 @@ def split_records(data_config) -> dict[str, list[tuple[str, dict]]]:
   return split
 
 
-def _split_source(data_config, role: str) -> str:
+def _split_source(data, role: str) -> str:
   """The config field (and file) a split's records come from."""
-  if role == "validation" and data_config.get("eval_source"):
-    return f"data.eval_source={data_config.eval_source!r}"
-  return f"data.source={data_config.source!r}"
+  if role == "validation" and data.eval_source:
+    return f"data.eval_source={data.eval_source!r}"
+  return f"data.source={data.source!r}"
 
 
 def dropped_summary(pipeline, what: str, why: str) -> str | None:
@@ -196,12 +200,12 @@ def dropped_summary(pipeline, what: str, why: str) -> str | None:
   return f"{pipeline.task} data: dropped {' and '.join(parts)} {what} ({why})"
 
 
-def _check_split(data_config, role: str, items: list, total: int):
+def _check_split(data, role: str, items: list, total: int):
   """After every record of a split was read (so a bad field is reported first)."""
   if not items:
-    raise ValueError(f"data.source={data_config.source!r}: the {role} split is empty "
+    raise ValueError(f"data.source={data.source!r}: the {role} split is empty "
                      f"({total} records, data.train_fraction="
-                     f"{data_config.get('train_fraction', 0.9)}); add records or set "
+                     f"{data.train_fraction}); add records or set "
                      "data.eval_source")
 
 
@@ -210,22 +214,24 @@ class SFTPipeline(batching.SplitPipeline):
   and independent of the process count (`batching.train_batches`)."""
   task = "sft"
 
-  def _start(self, data_config, tokenizer):
-    if data_config.get("seq_len") is None:
+  def _start(self, data, tokenizer):
+    data = _records_settings(data)
+    if data.seq_len is None:
       raise ValueError("data.seq_len is not set: set --config.data.seq_len=<tokens per row>")
-    self.config, self.tokenizer = data_config, tokenizer
-    self.seq_len = int(data_config.seq_len)
+    self.data, self.tokenizer = data, tokenizer
+    self.seq_len = int(data.seq_len)
+    return data
 
-  def __init__(self, data_config, tokenizer, *, seed: int, global_batch_size: int,
+  def __init__(self, data, tokenizer, *, seed: int, global_batch_size: int,
                eval_batch_size: int, process_index: int = 0, process_count: int = 1):
-    self._start(data_config, tokenizer)
+    data = self._start(data, tokenizer)
     truncated, weighted, self.records, self.dropped = 0, 0, {}, {}
-    splits = split_records(data_config)
+    splits = split_records(data)
     encoded = {role: [(where, encode_pieces(tokenizer, sft_pieces(r, where), where))
                       for where, r in records] for role, records in splits.items()}
     total = sum(len(r) for r in splits.values())
     for role, records in encoded.items():
-      _check_split(data_config, role, records, total)
+      _check_split(data, role, records, total)
       examples = []
       for where, (ids, w) in records:
         truncated += len(ids) - 1 > self.seq_len
@@ -236,7 +242,7 @@ class SFTPipeline(batching.SplitPipeline):
       self.dropped[role] = (len(records) - len(examples), len(records))
       if not examples:
         raise ValueError(
-            f"{_split_source(data_config, role)}: no {role} example has a response token to "
+            f"{_split_source(data, role)}: no {role} example has a response token to "
             f"train on ({len(records)} records, each response empty or cut away by "
             f"data.seq_len={self.seq_len}"
             + ("" if tokenizer.eos_id is not None else "; the tokenizer has no eos to learn")
@@ -249,7 +255,7 @@ class SFTPipeline(batching.SplitPipeline):
     self._batch_splits(self.records["train"], self.records["validation"], seed=seed,
                        global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
                        process_index=process_index, process_count=process_count,
-                       max_eval_batches=data_config.get("eval_batches"))
+                       max_eval_batches=data.eval_batches)
 
 
 def dpo_pair(tokenizer, record: dict, where: str, seq_len: int) -> dict[str, np.ndarray] | None:
@@ -285,17 +291,17 @@ class DPOPipeline(SFTPipeline):
   """Preference pairs (see the module docstring), batched like every pipeline."""
   task = "dpo"
 
-  def __init__(self, data_config, tokenizer, *, seed: int, global_batch_size: int,
+  def __init__(self, data, tokenizer, *, seed: int, global_batch_size: int,
                eval_batch_size: int, process_index: int = 0, process_count: int = 1):
-    self._start(data_config, tokenizer)
+    data = self._start(data, tokenizer)
     dropped, identical, self.records, self.dropped = 0, 0, {}, {}
-    splits = split_records(data_config)
+    splits = split_records(data)
     encoded = {role: [dpo_pair(tokenizer, r, where, self.seq_len) for where, r in records]
                for role, records in splits.items()}
     total = sum(len(r) for r in splits.values())
     for role, pairs in encoded.items():
-      _check_split(data_config, role, pairs, total)
-      where = _split_source(data_config, role)
+      _check_split(data, role, pairs, total)
+      where = _split_source(data, role)
       cut = [p for p in pairs if p is not None]
       if not cut:
         raise ValueError(f"{where}: no {role} pair has a completion within "
@@ -315,22 +321,24 @@ class DPOPipeline(SFTPipeline):
     self._batch_splits(self.records["train"], self.records["validation"], seed=seed,
                        global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
                        process_index=process_index, process_count=process_count,
-                       max_eval_batches=data_config.get("eval_batches"))
+                       max_eval_batches=data.eval_batches)
 
 
 def make_pipeline(config, task: str, *, workdir: str, seed: int, global_batch_size: int,
                   eval_batch_size: int, process_index: int = 0, process_count: int = 1,
-                  data_dir=None):
+                  data_dir=None, data=None):
   """The SFT (or DPO) pipeline of `config`, with the tokenizer of `posttrain.init_from`,
   saved into `workdir` too (so sampling the post-trained run finds it, and a resume reads that
-  copy, not the source: `start.run_tokenizer`)."""
+  copy, not the source: `start.run_tokenizer`). `data`: the typed data settings
+  (`PosttrainRecordsSettings`; None: `config`'s data section parsed)."""
   from jaxformer.posttrain import start
   if task not in ("sft", "dpo"):
     raise ValueError(f"task={task!r} has no post-training pipeline (sft, dpo)")
   tokenizer = start.run_tokenizer(config, workdir)
   kw = dict(seed=seed, global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
             process_index=process_index, process_count=process_count)
-  pipeline = (SFTPipeline if task == "sft" else DPOPipeline)(config.data, tokenizer, **kw)
+  data = source_settings.coerce("posttrain_records", config if data is None else data)
+  pipeline = (SFTPipeline if task == "sft" else DPOPipeline)(data, tokenizer, **kw)
   if process_index == 0:                  # after the data passed its checks
     tokenizer.save(workdir)
     line = (dropped_summary(pipeline, "examples with no response token to learn",

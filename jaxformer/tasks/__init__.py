@@ -13,8 +13,8 @@ from jaxformer.tasks import (captioning, classification, dpo, lm, mlm, replaced_
                              seq2seq, sft)
 from jaxformer.tasks.base import LossContext, LossSums, Task
 from jaxformer.tasks.cross_entropy import CrossEntropyTask, cross_entropy, head_sums
-from jaxformer.tasks.registry import (get, names, register, task_for, task_for_run,
-                                      unregister)
+from jaxformer.tasks.registry import (get, names, register, saved_run_data, task_for,
+                                      task_for_run, unregister)
 
 for _module in (lm, mlm, classification, seq2seq, replaced_token_detection, captioning, sft,
                 dpo):
@@ -22,4 +22,5 @@ for _module in (lm, mlm, classification, seq2seq, replaced_token_detection, capt
     register(_task)
 
 __all__ = ["Task", "LossContext", "LossSums", "CrossEntropyTask", "cross_entropy", "head_sums",
-           "get", "names", "register", "unregister", "task_for", "task_for_run"]
+           "get", "names", "register", "unregister", "task_for", "task_for_run",
+           "saved_run_data"]

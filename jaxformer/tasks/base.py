@@ -111,6 +111,9 @@ class Task:
   # The loss is the cross-entropy of the model's vocabulary head (`cross_entropy.head_sums`):
   # the step may then take the chunked loss (`train.loss_chunk`, `step.loss_mode`).
   head_loss: bool = False
+  # The kind of source its data section is (`jaxformer.data.settings`): `validate` parses the
+  # section with it, refusing a key the kind does not name; "shared": the shared keys only.
+  data_kind: str = "shared"
 
   # --- what a subclass states -------------------------------------------------------------
 
@@ -119,6 +122,12 @@ class Task:
     """The data pipeline (`data.batching.Pipeline`) of this task for `config`, whose typed
     sections are `settings`."""
     raise NotImplementedError
+
+  def data_settings(self, config, settings):
+    """The typed `data` settings of this task's source kind: `settings.data` where
+    `validate` parsed it (the run's `RunSettings`), else `config.data` parsed now."""
+    from jaxformer.data import settings as source_settings
+    return source_settings.for_run(self.data_kind, config, settings)
 
   def batch_spec(self, config, settings, model: dict) -> dict[str, tuple[tuple[int, ...],
                                                                           np.dtype]]:

@@ -14,15 +14,17 @@ from jaxformer.tasks.cross_entropy import CrossEntropyTask
 
 @dataclasses.dataclass(frozen=True)
 class Captioning(CrossEntropyTask):
+  data_kind: str = "captions"
 
   def make_pipeline(self, config, settings, **kw):
     from jaxformer.data.images.captions import make_caption_pipeline
-    return make_caption_pipeline(config.data, **pipeline.pipeline_kwargs(settings, **kw))
+    return make_caption_pipeline(self.data_settings(config, settings),
+                                 **pipeline.pipeline_kwargs(settings, **kw))
 
   def batch_spec(self, config, settings, model):
-    from jaxformer.data.images import captions
     b = settings.train.batch_size
-    size, length = captions.image_size(config.data), captions.caption_length(config.data)
+    data = self.data_settings(config, settings)
+    size, length = data.image_size, data.caption_length
     tokens = ((b, length), np.dtype(np.int32))
     return {"images": ((b, size, size, 1), np.dtype(np.float32)), "tgt_in": tokens,
             "tgt_out": tokens, "weights": ((b, length), np.dtype(np.float32))}

@@ -13,10 +13,12 @@ from jaxformer.tasks.cross_entropy import CrossEntropyTask
 
 @dataclasses.dataclass(frozen=True)
 class Classification(CrossEntropyTask):
+  data_kind: str = "images"
 
   def make_pipeline(self, config, settings, **kw):
     from jaxformer.data.images.pipeline import make_image_pipeline
-    return make_image_pipeline(config.data, **pipeline.pipeline_kwargs(settings, **kw))
+    return make_image_pipeline(self.data_settings(config, settings),
+                               **pipeline.pipeline_kwargs(settings, **kw))
 
   def batch_spec(self, config, settings, model):
     b, size, channels = settings.train.batch_size, model["image_size"], model.get("channels", 3)

@@ -44,13 +44,15 @@ def _rows(batch):
 class DirectPreference(Task):
   beta: float = 0.1
   label_smoothing: float = 0.0
+  data_kind: str = "posttrain_records"
 
   def for_posttrain(self, settings):
     return dataclasses.replace(self, beta=float(settings.beta),
                                label_smoothing=float(settings.label_smoothing))
 
   def make_pipeline(self, config, settings, **kw):
-    return posttrain_pipeline(config, settings, "dpo", **kw)
+    return posttrain_pipeline(config, settings, "dpo", self.data_settings(config, settings),
+                              **kw)
 
   def batch_spec(self, config, settings, model):
     b, t = settings.train.batch_size, seq_len(settings)

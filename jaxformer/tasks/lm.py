@@ -11,13 +11,16 @@ from jaxformer.tasks.cross_entropy import CrossEntropyTask
 
 @dataclasses.dataclass(frozen=True)
 class NextToken(CrossEntropyTask):
+  data_kind: str = "text"
 
   def make_pipeline(self, config, settings, **kw):
-    return text.make_text_pipeline(config.data, "lm", **pipeline.pipeline_kwargs(settings, **kw))
+    return text.make_text_pipeline(self.data_settings(config, settings), "lm",
+                                   **pipeline.pipeline_kwargs(settings, **kw))
 
   def batch_spec(self, config, settings, model):
     del model
-    return batch_spec.text_batch_spec(config, settings, "lm")
+    return batch_spec.text_batch_spec(self.data_settings(config, settings),
+                                      settings.train.batch_size, "lm")
 
 
 TASKS = (NextToken("lm", inputs=("inputs",),

@@ -25,14 +25,16 @@ NSP_LABELS = "nsp_labels"    # the batch key of the per-example next-sentence la
 @dataclasses.dataclass(frozen=True)
 class MaskedLM(CrossEntropyTask):
   kind: str = "mlm"          # the text pipeline's layout (data/text.py)
+  data_kind: str = "masked_text"
 
   def make_pipeline(self, config, settings, **kw):
-    return text.make_text_pipeline(config.data, self.kind,
+    return text.make_text_pipeline(self.data_settings(config, settings), self.kind,
                                    **pipeline.pipeline_kwargs(settings, **kw))
 
   def batch_spec(self, config, settings, model):
     del model
-    return batch_spec.text_batch_spec(config, settings, self.kind)
+    return batch_spec.text_batch_spec(self.data_settings(config, settings),
+                                      settings.train.batch_size, self.kind)
 
   def for_model(self, model_config):
     return NSP if model_config.get("nsp") else self     # BERT with its next-sentence head

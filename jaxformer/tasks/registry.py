@@ -61,3 +61,12 @@ def task_for_run(config, settings: run_settings.RunSettings | None = None) -> Ta
   if post.method not in _TASKS:
     raise ValueError(f"posttrain.method={post.method!r} has no task")
   return _TASKS[post.method].for_posttrain(post)
+
+
+def saved_run_data(config):
+  """The typed data settings of a saved run's config (its config.json): the settings of its
+  task's kind of source (`jaxformer.data.settings`), read as the run wrote them: a key this
+  version does not know is ignored (`strict=False`), every key it knows is checked."""
+  from jaxformer.data import settings as source_settings
+  kind = task_for_run(config, run_settings.parse(config)).data_kind
+  return source_settings.parse(kind, config, strict=False)

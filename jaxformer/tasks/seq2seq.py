@@ -28,32 +28,36 @@ def _spec(b: int, src_len: int, tgt_len: int) -> dict:
 @dataclasses.dataclass(frozen=True)
 class Synthetic(CrossEntropyTask):
   """The synthetic copy / reverse / recall tasks."""
+  data_kind: str = "synthetic"
 
   def make_pipeline(self, config, settings, **kw):
     kw = pipeline.pipeline_kwargs(settings, **kw)
-    source = settings.data.source
+    data = self.data_settings(config, settings)
+    source = data.source
     if not source.startswith("synthetic:"):
       raise ValueError(f"data.source={source!r}: seq2seq models train on the synthetic tasks "
                        "'synthetic:copy', 'synthetic:reverse' or 'synthetic:recall'")
     from jaxformer.data.synthetic import make_synthetic_pipeline
-    return make_synthetic_pipeline(config.data, **kw)
+    return make_synthetic_pipeline(data, **kw)
 
   def batch_spec(self, config, settings, model):
     from jaxformer.data.synthetic import task_generator
-    generator = task_generator(config.data)
+    generator = task_generator(self.data_settings(config, settings))
     return _spec(settings.train.batch_size, generator.src_len, generator.tgt_len)
 
 
 @dataclasses.dataclass(frozen=True)
 class Denoising(CrossEntropyTask):
   """BART's text infilling + sentence permutation: windows of seq_len on both sides."""
+  data_kind: str = "denoising"
 
   def make_pipeline(self, config, settings, **kw):
     from jaxformer.data.denoising import DenoisingPipeline
-    return DenoisingPipeline(config.data, **pipeline.pipeline_kwargs(settings, **kw))
+    return DenoisingPipeline(self.data_settings(config, settings),
+                             **pipeline.pipeline_kwargs(settings, **kw))
 
   def batch_spec(self, config, settings, model):
-    t = settings.data.seq_len
+    t = self.data_settings(config, settings).seq_len
     if t is None:
       raise ValueError("data.seq_len is not set; a text source needs it: set "
                        "--config.data.seq_len=<tokens per example>")
@@ -66,18 +70,21 @@ class Denoising(CrossEntropyTask):
 @dataclasses.dataclass(frozen=True)
 class SpanCorruption(CrossEntropyTask):
   """T5's span corruption: noise spans of the text replaced by sentinels in, the spans out."""
+  data_kind: str = "span_corruption"
 
   def make_pipeline(self, config, settings, **kw):
     from jaxformer.data.span_corruption import SpanCorruptionPipeline
-    return SpanCorruptionPipeline(config.data, **pipeline.pipeline_kwargs(settings, **kw))
+    return SpanCorruptionPipeline(self.data_settings(config, settings),
+                                  **pipeline.pipeline_kwargs(settings, **kw))
 
   def batch_spec(self, config, settings, model):
     from jaxformer.data import span_corruption
-    if settings.data.seq_len is None:
+    data = self.data_settings(config, settings)
+    if data.seq_len is None:
       raise ValueError("data.seq_len is not set; span corruption needs it: set "
                        "--config.data.seq_len=<text tokens per example>")
-    density, mean, _ = span_corruption.options(config.data)
-    src_len, tgt_len = span_corruption.lengths(settings.data.seq_len, density, mean)
+    src_len, tgt_len = span_corruption.lengths(data.seq_len, data.noise_density,
+                                               data.mean_noise_span_length)
     return _spec(settings.train.batch_size, src_len, tgt_len)
 
 

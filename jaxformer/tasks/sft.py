@@ -12,10 +12,12 @@ from jaxformer.data import pipeline
 from jaxformer.tasks.lm import NextToken
 
 
-def posttrain_pipeline(config, settings, method: str, **kw):
-  """The post-training pipeline of `method` ('sft' | 'dpo'), `posttrain/data.py`."""
+def posttrain_pipeline(config, settings, method: str, data, **kw):
+  """The post-training pipeline of `method` ('sft' | 'dpo') on the typed `data` settings,
+  `posttrain/data.py`."""
   from jaxformer.posttrain import data as posttrain_data
-  return posttrain_data.make_pipeline(config, method, **pipeline.pipeline_kwargs(settings, **kw))
+  return posttrain_data.make_pipeline(config, method, data=data,
+                                      **pipeline.pipeline_kwargs(settings, **kw))
 
 
 def seq_len(settings) -> int:
@@ -27,9 +29,11 @@ def seq_len(settings) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class SupervisedFineTuning(NextToken):
+  data_kind: str = "posttrain_records"
 
   def make_pipeline(self, config, settings, **kw):
-    return posttrain_pipeline(config, settings, "sft", **kw)
+    return posttrain_pipeline(config, settings, "sft", self.data_settings(config, settings),
+                              **kw)
 
   def batch_spec(self, config, settings, model):
     b, t = settings.train.batch_size, seq_len(settings)

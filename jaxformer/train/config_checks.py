@@ -7,6 +7,7 @@ produces; `check_workdir_config` refuses to resume a workdir holding a different
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -15,16 +16,21 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer import models, paths, workdir_layout, run_settings, tasks
+from jaxformer.data import settings as source_settings
 from jaxformer.state import optim, train_state
 from jaxformer.train import profiling, trackers
 
 
 def validate(config) -> run_settings.RunSettings:
   """Config checks that need no data and no compilation: the typed settings of every section
-  (`run_settings.parse`, returned), the task, the checks across sections, and the model's own
-  fields (`models.build`)."""
+  (`run_settings.parse`), the task, the data section as the settings of the task's source
+  kind (`jaxformer.data.settings`: a key the kind does not name is refused), the checks
+  across sections, and the model's own fields (`models.build`). Returns the typed settings,
+  `data` the source kind's (what the pipelines and batch layouts read)."""
   settings = run_settings.parse(config)
-  tasks.task_for_run(config, settings)
+  task = tasks.task_for_run(config, settings)
+  settings = dataclasses.replace(settings,
+                                 data=source_settings.parse(task.data_kind, config))
   t, o = settings.train, settings.optim
   if t.batch_size % (o.grad_accum * jax.process_count()):
     raise ValueError(f"train.batch_size={t.batch_size} must be divisible by "

@@ -103,14 +103,16 @@ def _files_fingerprint(specs: list[str]) -> dict | None:
 def fingerprint(config, pipeline, settings: run_settings.RunSettings | None = None
                 ) -> dict | None:
   """The fingerprint of the data `pipeline` reads for `config` (None: not known; see the
-  module docstring). Compared by its "sha256". `settings`: `run_settings.parse(config)`
-  unless given."""
+  module docstring). Compared by its "sha256". `settings`: the run's typed settings
+  (`config_checks.validate`'s), parsed here unless given."""
   index = getattr(getattr(pipeline, "corpus", None), "index", None)
   if isinstance(index, dict) and index.get("sha256"):
     return {"kind": "text", "sha256": index["sha256"]}
-  source = (settings or run_settings.parse(config)).data.source
-  return _files_fingerprint([source, config.data.get("eval_source")])   # eval_source: a
-                                                                          # source's own key
+  from jaxformer import tasks
+  settings = settings or run_settings.parse(config)
+  data = tasks.task_for_run(config, settings).data_settings(config, settings)
+  # eval_source: the post-training records' own key
+  return _files_fingerprint([data.source, getattr(data, "eval_source", None)])
 
 
 def read(workdir: str) -> dict | None:

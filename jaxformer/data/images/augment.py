@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-AUGMENTATIONS = ("none", "shift")
+from jaxformer.data.settings import AUGMENTATIONS     # data.augment's values (ImageSettings)
 _SHIFT_STREAM = 0x5348           # separates augmentation draws from other seeded streams
 
 

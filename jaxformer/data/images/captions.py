@@ -21,14 +21,13 @@ PAD-padded to `caption_length` = 3 * max_digits - 1 (the longest caption, 3n - 2
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Iterable, Sequence
 
 import grain
 import numpy as np
 
-from jaxformer import run_settings
 from jaxformer.data import batching
+from jaxformer.data import settings as source_settings
 from jaxformer.data.synthetic import BOS, EOS, NUM_SPECIAL, PAD, pad_target
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -37,12 +36,7 @@ VOCAB_SIZE = NUM_SPECIAL + len(WORDS)
 SAME_ROW, LOWER_ROW = ("left", "of"), ("above",)
 _WORD_IDS = {word: NUM_SPECIAL + i for i, word in enumerate(WORDS)}
 _SPLITS = {"train": (0, "train"), "eval": (1, "test")}     # split -> (rng split id, source split)
-SOURCE_FORMS = "'mnist:<dir>' or 'digits'"
-# data.<field>: (default, minimum); digit_size's default depends on the source (see _options)
-FIELDS = {"grid": (3, 1), "digit_size": (None, 1), "jitter": (2, 0), "min_digits": (2, 1),
-          "max_digits": (6, 1), "num_train": (1_000_000, 1), "num_eval": (1_000, 1)}
-_NATIVE_DIGIT_SIZE = {"mnist": 14, "digits": 8}      # default digit_size per source kind
-_SHARED_KEYS = {f.name for f in dataclasses.fields(run_settings.DataSettings)}
+SOURCE_FORMS = source_settings.CAPTION_SOURCES
 
 
 # --- captions ---------------------------------------------------------------------------------
@@ -89,72 +83,26 @@ def decode(token_ids: Iterable[int]) -> list[str]:
 # --- config -----------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class CaptionOptions:
-  """The checked `data.*` fields of a captioning config."""
-  source: str
-  grid: int
-  digit_size: int
-  jitter: int
-  min_digits: int
-  max_digits: int
-  num_train: int
-  num_eval: int
-
-  @property
-  def cell_size(self) -> int:
-    return self.digit_size + self.jitter
-
-  @property
-  def image_size(self) -> int:
-    return self.grid * self.cell_size
-
-  @property
-  def caption_length(self) -> int:
-    return 3 * self.max_digits - 1
+# The checked `data.*` fields of a captioning config: `settings.CaptionSettings` (its defaults,
+# ranges and checks across fields; digit_size resolved from the source when None).
+CaptionOptions = source_settings.CaptionSettings
+_source_kind = source_settings.caption_source_kind
 
 
-def _source_kind(source, *, need_dir: bool = True) -> str:
-  """'mnist' or 'digits'; `need_dir=False` accepts a bare 'mnist:' (a config built before the
-  user named the directory still has sizes; opening it fails)."""
-  kind, _, arg = str(source).partition(":")
-  if source == "digits" or (kind == "mnist" and (arg or not need_dir)):
-    return kind
-  raise ValueError(f"data.source={source!r}: captioning composes digits from {SOURCE_FORMS}")
+def options(data) -> CaptionOptions:
+  """The typed caption settings of `data` (returned as they are, or a data section parsed):
+  a ValueError names the first bad field."""
+  return source_settings.coerce("captions", data)
 
 
-def options(data_config) -> CaptionOptions:
-  """`data_config`'s caption fields, checked: a ValueError names the first bad field."""
-  kind = _source_kind(data_config.get("source"), need_dir=False)
-  unknown = sorted(set(data_config.keys()) - _SHARED_KEYS - set(FIELDS))
-  if unknown:
-    raise ValueError(f"data.{unknown[0]} is not a captioning field; they are {sorted(FIELDS)} "
-                     f"(and the shared {sorted(_SHARED_KEYS)})")
-  values = {}
-  for name, (default, minimum) in FIELDS.items():
-    value = data_config.get(name)
-    if value is None:
-      value = _NATIVE_DIGIT_SIZE[kind] if name == "digit_size" else default
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-      raise ValueError(f"data.{name}={value!r} must be an int >= {minimum}")
-    values[name] = value
-  lo, hi, cells = values["min_digits"], values["max_digits"], values["grid"] ** 2
-  if lo > hi:
-    raise ValueError(f"data.min_digits={lo} > data.max_digits={hi}; lower data.min_digits")
-  if hi > cells:
-    raise ValueError(f"data.max_digits={hi} > data.grid**2={cells} cells; lower "
-                     f"data.max_digits to <= {cells} or raise data.grid")
-  return CaptionOptions(source=data_config.get("source"), **values)
-
-
-def image_size(data_config) -> int:
+def image_size(data) -> int:
   """Side of the square composite: grid * (digit_size + jitter)."""
-  return options(data_config).image_size
+  return options(data).image_size
 
 
-def caption_length(data_config) -> int:
+def caption_length(data) -> int:
   """Tokens of tgt_in / tgt_out: the longest caption (3 * max_digits - 2 words) + EOS."""
-  return options(data_config).caption_length
+  return options(data).caption_length
 
 
 # --- composites -------------------------------------------------------------------------------
@@ -185,11 +133,11 @@ def _area_weights(n_in: int, n_out: int) -> np.ndarray:
 class CaptionTask:
   """The example generator `data.*` describes: (split, index) -> composite and its caption."""
 
-  def __init__(self, data_config, *, seed: int = 0, data_dir: str | None = None):
+  def __init__(self, data, *, seed: int = 0, data_dir: str | None = None):
     from jaxformer.data.images.pipeline import open_source
-    _source_kind(data_config.get("source"))
-    self.options, self.seed = options(data_config), seed
-    source = open_source(data_config, data_dir=data_dir)
+    self.options, self.seed = options(data), seed
+    _source_kind(self.options.source)
+    source = open_source(self.options, data_dir=data_dir)
     if source.image_shape[-1] != 1:
       raise ValueError(f"data.source={source.name!r} has {source.image_shape[-1]} channels; "
                        "captioning composes grayscale digits")
@@ -245,11 +193,11 @@ class CaptionPipeline(batching.SplitPipeline):
   weights [B, L] float32 (eval batches add `valid`)."""
   task = "captioning"
 
-  def __init__(self, data_config, *, seed: int, global_batch_size: int, eval_batch_size: int,
+  def __init__(self, data, *, seed: int, global_batch_size: int, eval_batch_size: int,
                process_index: int = 0, process_count: int = 1, workdir: str | None = None,
                data_dir: str | None = None):
     del workdir                          # the source's cache lives under data_dir
-    self.generator = CaptionTask(data_config, seed=seed, data_dir=data_dir)
+    self.generator = CaptionTask(data, seed=seed, data_dir=data_dir)
     o = self.generator.options
     self.num_train, self.num_eval = o.num_train, o.num_eval
     self.info = {"vocab_size": VOCAB_SIZE, "image_size": o.image_size,
@@ -263,11 +211,11 @@ class CaptionPipeline(batching.SplitPipeline):
     return grain.MapDataset.range(size).map(lambda i: self.generator.record(split, int(i)))
 
 
-def make_caption_pipeline(data_config, *, seed: int, global_batch_size: int,
+def make_caption_pipeline(data, *, seed: int, global_batch_size: int,
                           eval_batch_size: int, process_index: int = 0, process_count: int = 1,
                           workdir: str | None = None,
                           data_dir: str | None = None) -> CaptionPipeline:
-  return CaptionPipeline(data_config, seed=seed, global_batch_size=global_batch_size,
+  return CaptionPipeline(data, seed=seed, global_batch_size=global_batch_size,
                          eval_batch_size=eval_batch_size, process_index=process_index,
                          process_count=process_count, workdir=workdir, data_dir=data_dir)
 

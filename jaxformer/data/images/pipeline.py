@@ -2,7 +2,8 @@
 
 Batches follow `jaxformer.data.batching`: `images` float32 [B, H, W, C] ((uint8 / 255 - mean)
 / std) and `labels` int32 [B]; eval batches add the `valid` row mask. The mean and std are the
-train split's (stats.py); only training batches are augmented (augment.py).
+train split's (stats.py); only training batches are augmented (augment.py). The `data` keys
+are typed in `jaxformer.data.settings.ImageSettings`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Iterable
 import numpy as np
 
 from jaxformer.data import batching
-from jaxformer.data.images.augment import AUGMENTATIONS, draw_shifts, shift_images
+from jaxformer.data import settings as source_settings
+from jaxformer.data.images.augment import draw_shifts, shift_images
 from jaxformer.data.images.cache import DEFAULT_DATA_DIR
 from jaxformer.data.images.digits import digits_source
 from jaxformer.data.images.folders import folder_source
@@ -25,17 +27,14 @@ from jaxformer.data.images.tfds import tfds_source
 SOURCE_FORMS = "'digits', 'mnist:<dir>', 'images:<root>' or 'tfds:<name>[/<config>][:<version>]'"
 
 
-def _field(data_config, name: str, default):
-  """`data.<name>`, with unset and None both meaning the default."""
-  value = data_config.get(name)
-  return default if value is None else value
-
-
-def open_source(data_config, *, data_dir: str | None = None) -> ImageSource:
-  """`data.source` -> a prepared ImageSource (converting into the cache on first use)."""
-  source = data_config.get("source")
-  if not isinstance(source, str) or not source:
-    raise ValueError(f"data.source={source!r} must be one of {SOURCE_FORMS}")
+def open_source(data, *, data_dir: str | None = None) -> ImageSource:
+  """`data.source` -> a prepared ImageSource (converting into the cache on first use); `data`
+  is the typed settings of an image source (`ImageSettings`, or `CaptionSettings`, whose
+  split and feature keys are the defaults), or a data section, whose image keys are read
+  (others ignored)."""
+  if not isinstance(data, (source_settings.ImageSettings, source_settings.CaptionSettings)):
+    data = source_settings.coerce("images", data, strict=False)
+  source = data.source
   cache_root = pathlib.Path(os.path.expanduser(data_dir or DEFAULT_DATA_DIR))
   kind, _, arg = source.partition(":")
   if source == "digits":
@@ -49,22 +48,23 @@ def open_source(data_config, *, data_dir: str | None = None) -> ImageSource:
     if kind == "mnist":
       return mnist_source(pathlib.Path(arg), cache_root)
     if kind == "images":
-      return folder_source(pathlib.Path(arg), _field(data_config, "train_split", "train"),
+      return folder_source(pathlib.Path(arg), getattr(data, "train_split", _IMAGE.train_split),
                            cache_root)
     return tfds_source(arg, data_dir, cache_root,
-                       image_key=_field(data_config, "image_key", "image"),
-                       label_key=_field(data_config, "label_key", "label"))
+                       image_key=getattr(data, "image_key", _IMAGE.image_key),
+                       label_key=getattr(data, "label_key", _IMAGE.label_key))
   raise ValueError(f"data.source={source!r} must be one of {SOURCE_FORMS}")
 
 
-def _expected_size(data_config) -> tuple[int, int] | None:
-  size = data_config.get("image_size")
+_IMAGE = source_settings.ImageSettings(source="-")     # the defaults of the image keys
+
+
+def _expected_size(data: source_settings.ImageSettings) -> tuple[int, int] | None:
+  size = data.image_size
   if size is None:
     return None
   if isinstance(size, int):
     return (size, size)
-  if len(size) != 2:
-    raise ValueError(f"data.image_size={size!r} must be an int or (height, width)")
   return tuple(int(s) for s in size)
 
 
@@ -72,25 +72,20 @@ class ImagePipeline:
   """Classification batches over a prepared image source (see the module docstring)."""
   task = "classification"
 
-  def __init__(self, data_config, *, seed: int, global_batch_size: int, eval_batch_size: int,
+  def __init__(self, data, *, seed: int, global_batch_size: int, eval_batch_size: int,
                process_index: int = 0, process_count: int = 1, workdir: str | None = None,
                data_dir: str | None = None):
     del workdir                          # the cache lives under data_dir, shared across runs
-    self.augment = _field(data_config, "augment", "none")
-    self.shift_pixels = _field(data_config, "shift_pixels", 2)
-    if self.augment not in AUGMENTATIONS:
-      raise ValueError(f"data.augment={self.augment!r} must be one of {AUGMENTATIONS}")
-    if not isinstance(self.shift_pixels, int) or self.shift_pixels < 0:
-      raise ValueError(f"data.shift_pixels={self.shift_pixels!r} must be an int >= 0")
-    train_split = _field(data_config, "train_split", "train")
-    eval_split = _field(data_config, "eval_split", "test")
-    self.source = open_source(data_config, data_dir=data_dir)
+    data = self.data = source_settings.coerce("images", data)
+    self.augment, self.shift_pixels = data.augment, data.shift_pixels
+    train_split, eval_split = data.train_split, data.eval_split
+    self.source = open_source(data, data_dir=data_dir)
     self.source.check_split(train_split, "data.train_split")
     self.source.check_split(eval_split, "data.eval_split")
-    expected = _expected_size(data_config)
+    expected = _expected_size(data)
     h, w, c = self.source.image_shape
     if expected is not None and expected != (h, w):
-      raise ValueError(f"data.image_size={data_config.get('image_size')!r} but the images of "
+      raise ValueError(f"data.image_size={data.image_size!r} but the images of "
                        f"data.source={self.source.name!r} are {h}x{w} (HxW); set "
                        f"data.image_size to {h if h == w else (h, w)}")
     self.seed, self.global_batch_size = seed, global_batch_size
@@ -131,10 +126,10 @@ class ImagePipeline:
     return self._eval
 
 
-def make_image_pipeline(data_config, *, seed: int, global_batch_size: int,
+def make_image_pipeline(data, *, seed: int, global_batch_size: int,
                         eval_batch_size: int, process_index: int = 0, process_count: int = 1,
                         workdir: str | None = None, data_dir: str | None = None) -> ImagePipeline:
-  return ImagePipeline(data_config, seed=seed, global_batch_size=global_batch_size,
+  return ImagePipeline(data, seed=seed, global_batch_size=global_batch_size,
                        eval_batch_size=eval_batch_size, process_index=process_index,
                        process_count=process_count, workdir=workdir, data_dir=data_dir)
 
