@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from jaxformer.inference.beam import beam_search, greedy_decode
 from jaxformer.inference.captions import attention_maps, caption_images, caption_metrics
-from jaxformer.inference.decode import filter_logits, generate
+from jaxformer.inference.decode import filter_logits, generate, generate_ragged
 from jaxformer.inference.restore import load_run
 from jaxformer.inference.text import sample_text
 
-__all__ = ["filter_logits", "generate", "load_run", "sample_text", "beam_search",
+__all__ = ["filter_logits", "generate", "generate_ragged", "load_run", "sample_text", "beam_search",
            "greedy_decode", "caption_images", "attention_maps", "caption_metrics"]
