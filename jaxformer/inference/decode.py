@@ -215,7 +215,7 @@ def generate_ragged(model_config: Any, params, prompts, lengths, *, max_new_toke
   call, then one token per step is fed, a row's own prompt token while it has one left (teacher
   forced) and its sample after that, so every token sits at its true position and the
   positions past a row's prompt are its own samples: the logits equal those of the row alone.
-  W + max_new_tokens - prefill steps in all. The key of row r's i-th new token is
+  W + max_new_tokens - 1 - prefill steps and a cache of W + max_new_tokens - 1 positions. The key of row r's i-th new token is
   fold_in(fold_in(key(seed), i), rows[r]) (`rows` default arange(B)): a row's tokens do not
   depend on its batch, its padding or the other rows' lengths. Sampling as `generate`
   (temperature 0: greedy; top-k, top-p, vocab_limit)."""
@@ -243,11 +243,11 @@ def generate_ragged(model_config: Any, params, prompts, lengths, *, max_new_toke
     prefill = max(int(lengths.min()) // 16 * 16, 1)
   if not 1 <= prefill <= int(lengths.min()):
     raise ValueError(f"prefill={prefill} must be in [1, min(lengths)={int(lengths.min())}]")
-  cache_len = width + int(max_new_tokens)
+  cache_len = width + int(max_new_tokens) - 1     # the last token is sampled, never fed
   cfg["decode"] = True
   model = models.build(cfg)
   if model.positions == "learned" and cache_len > model.max_len:
-    raise ValueError(f"prompt width {width} + max_new_tokens {max_new_tokens} exceeds the "
+    raise ValueError(f"prompt width {width} + max_new_tokens {max_new_tokens} - 1 exceeds the "
                      f"model's learned position table, model.max_len={model.max_len}")
   if isinstance(params, Mapping) and "params" in params:
     params = params["params"]
@@ -271,7 +271,8 @@ def generate_ragged(model_config: Any, params, prompts, lengths, *, max_new_toke
 def _generate_ragged(model, params, prompts, lengths, rows, temperature, seed, *,
                      max_new_tokens, prefill, greedy, top_k, top_p, vocab_limit):
   batch, width = prompts.shape
-  cache_len = width + max_new_tokens
+  slots = width + max_new_tokens
+  cache_len = slots - 1               # every slot but the last is fed
   shapes = jax.eval_shape(
       functools.partial(model.init, positions=jnp.arange(cache_len)[None]),
       jax.random.key(0), jnp.zeros((batch, cache_len), jnp.int32))["cache"]
@@ -305,10 +306,10 @@ def _generate_ragged(model, params, prompts, lengths, rows, temperature, seed, *
     logits, cache = forward(cache, tok[:, None], j)
     return cache, seq, logits
 
-  # the last slot any row needs is max(lengths) + max_new_tokens - 1 <= cache_len - 1; its
-  # token needs no forward, so the loop stops one short and samples it after
-  cache, seq, logits = jax.lax.fori_loop(prefill, cache_len - 1, body, (cache, seq, logits))
-  j = cache_len - 1
+  # the last slot any row needs is max(lengths) + max_new_tokens - 1 <= slots - 1; its token
+  # needs no forward, so the loop stops one short and samples it after
+  cache, seq, logits = jax.lax.fori_loop(prefill, slots - 1, body, (cache, seq, logits))
+  j = slots - 1
   tok = jnp.where(j < lengths, seq[:, j], sample(logits, j - lengths))
   seq = seq.at[:, j].set(tok)
   at = lengths[:, None] + jnp.arange(max_new_tokens)[None]
