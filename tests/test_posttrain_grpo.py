@@ -3,6 +3,7 @@ inputs (value and gradient with respect to the policy log-probabilities), agains
 NumPy reference with rows the mask leaves empty, and its group advantages."""
 
 import collections
+import json
 import types
 
 import jax
@@ -151,3 +152,113 @@ def test_group_advantages():
     grpo.group_advantages(r, 4, scale_rewards="std")
   with pytest.raises(ValueError, match="groups of 3"):
     grpo.group_advantages(r, 3)
+
+
+# ---------------------------------------------------------------- the grpo task, without a run
+
+from ml_collections import ConfigDict  # noqa: E402
+
+from jaxformer import models, run_settings  # noqa: E402
+from jaxformer.data.tokenizers import CharTokenizer  # noqa: E402
+from jaxformer.posttrain import data as pdata  # noqa: E402
+from jaxformer.posttrain import rewards  # noqa: E402
+from jaxformer.tasks import grpo as grpo_task  # noqa: E402
+from jaxformer.tasks import registry  # noqa: E402
+from tests.user_errors import user_error  # noqa: E402
+
+TOK = CharTokenizer("\nabcdefghijklmnopqrstuvwxyz :")
+MODEL = dict(family="decoder", vocab_size=TOK.vocab_size, d_model=16, num_layers=1, num_heads=2,
+             mlp_dim=32, max_len=32)
+
+
+def _settings(**post):
+  values = dict(method="grpo", init_from="x", reward="first_line_exact", stop="\n",
+                num_generations=4, max_new_tokens=5, beta=0.1, loss_type="grpo")
+  return run_settings.PosttrainSettings(**{**values, **post})
+
+
+@pytest.mark.slow                # ~8 s of CPU (sampler + forward compiles); ~35 s wall under load
+def test_rollout_builds_the_step_batch_and_the_task_loss_is_the_objective(tmp_path):
+  """k completions per prompt sampled, cut at the stop (kept), scored by the registered
+  reward on the decoded text and the record, group advantages; the weights mark exactly the
+  completion's targets; the task's loss / weight is grpo_loss on those tokens."""
+  path = tmp_path / "prompts.jsonl"
+  path.write_text("".join(json.dumps({"prompt": p, "answer": "a"}) + "\n"
+                          for p in ("say a:", "ab:", "say b please:")))
+  data = ConfigDict(dict(source=str(path), eval_source=str(path), seq_len=20))
+  pipe = pdata.GRPOPipeline(data, TOK, max_new_tokens=5, seed=0, global_batch_size=3,
+                            eval_batch_size=3)
+  seen = []
+  rewards.register("test_count_a", lambda text, record: (seen.append((text, record)),
+                                                         float(text.count("a")))[1])
+  try:
+    task = registry.get("grpo").for_posttrain(_settings(reward="test_count_a"))
+    module = models.build(MODEL)
+    params = module.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
+    config = ConfigDict(dict(model=MODEL, train=dict(seed=0)))
+    batch = task.rollout(config, pipe, params, params, pipe.train_batch(0), step=0, train=True)
+  finally:
+    rewards.unregister("test_count_a")
+  n, t = 12, 20
+  spec = task.batch_spec(None, types.SimpleNamespace(train=types.SimpleNamespace(batch_size=n),
+                                                     data=types.SimpleNamespace(seq_len=t)), MODEL)
+  assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {k: s for k, s in spec.items()}
+  assert len(seen) == n
+  lengths = np.repeat(pipe.train_batch(0)["prompt_len"], 4)
+  for i, (text, record) in enumerate(seen):
+    w = batch["weights"][i]
+    start = lengths[i] - 1
+    assert np.all(w[:start] == 0) and w[start] == 1          # the first completion token
+    tokens = batch["targets"][i][w == 1]
+    assert TOK.decode(tokens.tolist()) == text                # what the reward read
+    assert "\n" not in text[:-1] and (text.endswith("\n") or len(text) == 5)
+    assert batch["rewards"][i] == text.count("a") and record["answer"] == "a"
+    np.testing.assert_array_equal(batch["inputs"][i, 1:], batch["targets"][i, :-1])
+  np.testing.assert_allclose(batch["advantages"],
+                             grpo.group_advantages(batch["rewards"], 4), atol=1e-6)
+  # the task's loss (as the step divides it) is the objective on those tokens
+  from jaxformer.tasks.base import LossContext
+  ctx = LossContext(module, params, jax.random.key(1), extra=params)
+  sums = task.loss(ctx, batch)
+  logits = module.apply({"params": params}, batch["inputs"])
+  lp = grpo_task.token_logps(logits, batch["targets"])
+  want, _ = grpo.grpo_loss(lp, lp, lp, batch["advantages"], batch["weights"], loss_type="grpo",
+                           beta=0.1)
+  assert abs(float(sums.weighted / task.weight(batch)) - float(want)) < 1e-6
+  assert float(sums.metrics["reward"]) == pytest.approx(batch["rewards"].mean())
+
+
+def test_completion_mask_keeps_the_first_stop_and_nothing_after():
+  tokens = np.array([[1, 2, 0, 3, 0], [4, 4, 4, 4, 4], [0, 1, 1, 1, 1]])
+  np.testing.assert_array_equal(grpo_task.completion_mask(tokens, (0,)),
+                                [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+  assert grpo_task.completion_mask(tokens, ()).all()
+
+
+def _grpo_config(**post):
+  base = dict(method="grpo", init_from="x", reward="first_line_exact")
+  return ConfigDict(dict(posttrain={**base, **post}, data=dict(source="p.jsonl", seq_len=64),
+                         train=dict(steps=1, batch_size=8), optim=dict(lr=1e-5)))
+
+
+@pytest.mark.parametrize("post,parts", [
+    (dict(num_generations=1), ["posttrain.num_generations=1", "an int >= 2"]),
+    (dict(loss_type="ppo"), ["posttrain.loss_type='ppo'", "'dr_grpo'"]),
+    (dict(scale_rewards=True), ["posttrain.scale_rewards=True", "'none'"]),
+    (dict(epsilon=1.5), ["posttrain.epsilon=1.5"]),
+    (dict(temperature=0), ["posttrain.temperature=0"]),
+    (dict(beta=-0.1), ["posttrain.beta=-0.1", ">= 0"]),
+    (dict(reward=None), ["posttrain.reward is not set"]),
+    (dict(num_generations=3), ["train.batch_size=8", "posttrain.num_generations=3"]),
+    (dict(max_new_tokens=64), ["data.seq_len=64", "posttrain.max_new_tokens=64"]),
+])
+def test_bad_grpo_settings_are_one_line_errors(post, parts):
+  text = user_error(lambda: run_settings.parse(_grpo_config(**post)), *parts)
+  assert "\n" not in text
+
+
+def test_an_unknown_reward_and_a_stop_of_several_tokens_are_refused():
+  user_error(lambda: registry.get("grpo").for_posttrain(_settings(reward="nope")),
+             "posttrain.reward='nope'", "first_line_exact")
+  user_error(lambda: grpo_task.stop_ids(TOK, "\n\n"), "posttrain.stop", "exactly one token")
+  assert registry.get("grpo").for_posttrain(_settings()).beta == 0.1
