@@ -352,6 +352,7 @@ class GRPOPipeline(SFTPipeline):
                global_batch_size: int, eval_batch_size: int, process_index: int = 0,
                process_count: int = 1):
     self._start(data_config, tokenizer)
+    self.seed = seed                     # the rollout's sampling seeds derive from it
     self.width = self.seq_len + 1 - max_new_tokens
     self.records, self.dropped, self.raw = {}, {}, {}
     splits = split_records(data_config)
@@ -385,8 +386,8 @@ class GRPOPipeline(SFTPipeline):
 
 def make_pipeline(config, task: str, *, workdir: str, seed: int, global_batch_size: int,
                   eval_batch_size: int, process_index: int = 0, process_count: int = 1,
-                  data_dir=None):
-  """The SFT (DPO, GRPO) pipeline of `config`, with the tokenizer of `posttrain.init_from`,
+                  data_dir=None, posttrain=None):
+  """The SFT (DPO, GRPO: `posttrain` its PosttrainSettings) pipeline of `config`, with the tokenizer of `posttrain.init_from`,
   saved into `workdir` too (so sampling the post-trained run finds it, and a resume reads that
   copy, not the source: `start.run_tokenizer`)."""
   from jaxformer.posttrain import start
@@ -396,8 +397,7 @@ def make_pipeline(config, task: str, *, workdir: str, seed: int, global_batch_si
   kw = dict(seed=seed, global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
             process_index=process_index, process_count=process_count)
   if task == "grpo":                      # batches of prompts: k completions each
-    post = config.posttrain
-    k, max_new = post.get("num_generations", 4), post.get("max_new_tokens", 32)
+    k, max_new = posttrain.num_generations, posttrain.max_new_tokens
     kw.update(global_batch_size=global_batch_size // k, eval_batch_size=eval_batch_size // k)
     pipeline = GRPOPipeline(config.data, tokenizer, max_new_tokens=max_new, **kw)
   else:

@@ -122,8 +122,7 @@ class GroupRelative(Task):
     n, width = prompts.shape
     tokenizer = pipeline.tokenizer
     vocab = int(config.model.vocab_size)
-    base = int(config.train.get("seed", 0))
-    seed = int(np.random.SeedSequence([base, step, int(train)]).generate_state(1)[0])
+    seed = int(np.random.SeedSequence([pipeline.seed, step, int(train)]).generate_state(1)[0])
     new = generate_ragged(config.model, params, prompts, lengths, max_new_tokens=m,
                           temperature=self.temperature, seed=seed,
                           vocab_limit=min(tokenizer.vocab_size, vocab))

@@ -13,9 +13,10 @@ from jaxformer.tasks.lm import NextToken
 
 
 def posttrain_pipeline(config, settings, method: str, **kw):
-  """The post-training pipeline of `method` ('sft' | 'dpo'), `posttrain/data.py`."""
+  """The post-training pipeline of `method` ('sft' | 'dpo' | 'grpo'), `posttrain/data.py`."""
   from jaxformer.posttrain import data as posttrain_data
-  return posttrain_data.make_pipeline(config, method, **pipeline.pipeline_kwargs(settings, **kw))
+  return posttrain_data.make_pipeline(config, method, posttrain=settings.posttrain,
+                                      **pipeline.pipeline_kwargs(settings, **kw))
 
 
 def seq_len(settings) -> int:
