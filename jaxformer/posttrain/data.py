@@ -33,6 +33,10 @@ ids are needed. A pair whose chosen or rejected completion is cut away entirely 
 accuracy 0); both are counted in one printed line. A split with no pair left is refused
 before training.
 
+GRPO records: {"prompt", ...} (any other field, e.g. 'answer', is for the reward): each gives
+a right-padded prompt row (`GRPOPipeline`); the completions are sampled during training
+(jaxformer/tasks/grpo.py).
+
 Splits: `data.source` (train) and `data.eval_source` (optional; else a record goes to eval
 when a hash of its line falls in the last 1 - `data.train_fraction` (default 0.9)).
 Everything is read and packed in memory when the pipeline is made (fine for the CPU-sized
