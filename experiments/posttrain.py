@@ -1,5 +1,6 @@
-"""Post-training on CPU, checked by a program: SFT then DPO teach the README's char-level
-Shakespeare GPT to answer "<line>\\nLAST WORD:" with " <the line's last word>\\n".
+"""Post-training on CPU, checked by a program: SFT, DPO, then RLVR (GRPO with the checker as
+the reward) teach the README's char-level Shakespeare GPT to answer "<line>\\nLAST WORD:" with
+" <the line's last word>\\n".
 
     python -m experiments.posttrain [--pretrained=WORKDIR] [--workdir=runs/posttrain]
     python -m experiments.posttrain --report_only       # the report again from its JSON
@@ -19,13 +20,17 @@ Stages, each a workdir under --workdir; a finished one is reused, an interrupted
    (the gold response where none does), rejected = the likeliest (under the SFT model) of
    those it rejects (prompts with none dropped).
    `dpo`: configs/dpo.py from the SFT run on those pairs.
-5. The same held-out prompts scored for the pretrained, SFT and DPO models, greedy and sampled
+5. `rlvr`: configs/grpo.py from the DPO run (Tulu 3's order: SFT, DPO, RLVR) on
+   --grpo_prompts train prompts ({"prompt", "answer": the word}), reward `first_line_exact`
+   (the checker, jaxformer/posttrain/rewards.py), completions ended by "\\n", --k_rl samples
+   per prompt; its logged reward is the reward curve.
+6. The same held-out prompts scored for the pretrained, SFT, DPO and RLVR models, greedy and sampled
    at temperature 1 (several samples per prompt), with Wilson 95% intervals (the samples of
    one prompt are correlated, so the sampled intervals are somewhat too narrow); the KL of the
    DPO policy from its reference (the SFT model) as the on-policy Monte-Carlo estimate
    mean_y~pi [log pi(y|x) - log ref(y|x)] per response (y = the sampled tokens up to the
-   first newline, or all of them; the same for SFT against the pretrained model); DPO's logged
-   reward accuracy and margins.
+   first newline, or all of them; the same for SFT against the pretrained model, and RLVR
+   against the SFT model); DPO's logged reward accuracy and margins.
 Writes experiments/results/posttrain.{md,json,png}; every number is measured.
 """
 
@@ -50,21 +55,23 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
 
 from configs import dpo as dpo_config  # noqa: E402
+from configs import grpo as grpo_config  # noqa: E402
 from configs import sft as sft_config  # noqa: E402
 from configs import shakespeare_char  # noqa: E402
 from experiments import report_check  # noqa: E402
 from jaxformer import models  # noqa: E402
 from jaxformer.data.corpus import sources  # noqa: E402
 from jaxformer.inference import load_run  # noqa: E402
+from jaxformer.posttrain import rewards  # noqa: E402
 from jaxformer.posttrain.score import response_logps  # noqa: E402
 from jaxformer.scaling import stats  # noqa: E402
 from jaxformer.train import loop  # noqa: E402
 from jaxformer.train.metrics import read as read_metrics  # noqa: E402
 
 OUT = report_check.RESULTS / "posttrain"
-FORMAT = 1
+FORMAT = 2
 QUESTION = "\nLAST WORD:"
-MODELS = ("pretrained", "sft", "dpo")
+MODELS = ("pretrained", "sft", "dpo", "rlvr")
 MAX_NEW = 12              # tokens sampled per response: a 10-letter word, its space and newline
 WORD = re.compile(r"[A-Za-z]+")
 TRAIL = ".,;:!?'\"-)"
@@ -93,12 +100,13 @@ def example(line: str) -> dict | None:
 
 def answer(response: str) -> str:
   """What the checker reads: the response before its first newline, stripped."""
-  return response.split("\n", 1)[0].strip()
+  return rewards.first_line(response)
 
 
 def accepts(word: str, response: str) -> bool:
-  """The checker: the answer is exactly the word (case included)."""
-  return answer(response) == word
+  """The checker: the answer is exactly the word (case included); the library's reward
+  `first_line_exact` on the record {'answer': word}."""
+  return rewards.first_line_exact(response, {"answer": word}) == 1.0
 
 
 def corpus_lines(text: str, train_fraction: float) -> tuple[list[str], list[str]]:
@@ -291,6 +299,35 @@ def preference_tune(args, sft_dir: str, pairs: str, *, beta: float, lr: float,
   return run_dir
 
 
+def reinforce(args, dpo_dir: str, train: list[dict]) -> str:
+  """GRPO from the DPO run on train prompts, the checker as the reward (module docstring)."""
+  data = os.path.join(args.workdir, "grpo_prompts.jsonl")
+  write_jsonl(data, [{"prompt": e["prompt"], "answer": e["word"]}
+                     for e in train[-args.grpo_prompts:]])
+  cfg = grpo_config.get_config(dpo_dir)
+  cfg.data.source, cfg.data.eval_batches, cfg.data.seq_len = data, 2, args.grpo_seq_len
+  cfg.posttrain.update(reward="first_line_exact", stop="\n", max_new_tokens=MAX_NEW,
+                       num_generations=args.k_rl, beta=args.rl_beta, temperature=1.0)
+  cfg.train.update(steps=args.rl_steps, batch_size=args.rl_batch,
+                   eval_every=max(args.rl_steps // 4, 1), checkpoint_every=max(args.rl_steps // 8, 1),
+                   log_every=max(args.rl_steps // 40, 1))
+  cfg.optim.update(lr=args.rl_lr, warmup_steps=min(10, args.rl_steps // 4))
+  run_dir = os.path.join(args.workdir, "rlvr")
+  loop.train(cfg, run_dir)
+  return run_dir
+
+
+def rlvr_logged(run_dir: str) -> dict:
+  """The RLVR run's reward curve: train records (reward, kl, completion length) and evals."""
+  records = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+  train = [{k: r[k] for k in ("step", "reward", "kl", "completion_length",
+                              "frac_reward_zero_std", "loss") if k in r}
+           for r in records if "reward" in r]
+  evals = [{k: r[k] for k in ("step", "eval_reward", "eval_kl", "eval_completion_length")
+            if k in r} for r in records if "eval_reward" in r]
+  return {"train": train, "eval": evals}
+
+
 def parse_sweep(text: str) -> list[tuple[float, float]]:
   """'0.1:1e-5,0.5:5e-6' -> [(beta, lr), ...]; a ValueError names the bad entry."""
   out = []
@@ -339,7 +376,7 @@ def evaluate(args, runs: dict, held_out: list[dict], max_new: int) -> dict:
   for name, run in loaded.items():
     greedy, sampled, out[name] = responses_and_rates(args, run, prompts, words, max_new)
     responses[name] = (greedy, sampled)
-  for policy, reference in (("sft", "pretrained"), ("dpo", "sft")):
+  for policy, reference in (("sft", "pretrained"), ("dpo", "sft"), ("rlvr", "sft")):
     out[policy]["kl_to_" + reference] = on_policy_kl(
         args, loaded[policy], loaded[reference], prompts, responses[policy][1])
   shown = [{"prompt": prompts[i], "word": words[i],
@@ -401,7 +438,7 @@ def render(results: dict) -> str:
   kl_dpo, kl_sft = s["dpo"]["kl_to_sft"], s["sft"]["kl_to_pretrained"]
   logged = results["dpo_logged"]
   lines = [
-      "# Post-training on CPU: SFT then DPO, checked by a program", "",
+      "# Post-training on CPU: SFT, DPO, then RLVR, checked by a program", "",
       f"Task: `<line>{QUESTION.encode('unicode_escape').decode()}` -> ` <last word>\\n` on "
       f"tiny Shakespeare lines; the checker accepts a response whose text before its first "
       f"newline, stripped, is exactly the line's last word. {setup['eval_prompts']} held-out "
@@ -415,7 +452,11 @@ def render(results: dict) -> str:
       f"accepted; {pairs['all_accepted']} prompts had no rejected sample and were dropped; "
       f"{pairs['none_accepted']} had no accepted one and use the gold response as chosen), "
       f"{setup['dpo_steps']} steps, batch {setup['dpo_batch']}, lr {setup['dpo_lr']:g}, "
-      f"beta {setup['beta']:g}.", "",
+      f"beta {setup['beta']:g}. RLVR: GRPO from the DPO model on {setup['grpo_prompts']} train "
+      f"prompts, reward = the checker (`first_line_exact`), {setup['k_rl']} completions per "
+      f"prompt at temperature 1 (ended by a newline, at most {setup['max_new_tokens']} tokens), "
+      f"{setup['rl_steps']} steps of {setup['rl_batch']} completions, lr {setup['rl_lr']:g}, "
+      f"KL weight beta {setup['rl_beta']:g} (k3, to the DPO model), loss_type dapo.", "",
       f"Checker pass rate with Wilson 95% intervals; sampled = temperature 1, "
       f"{setup['eval_samples']} samples per prompt (correlated within a prompt, so its "
       "interval is somewhat too narrow).", "",
@@ -429,7 +470,10 @@ def render(results: dict) -> str:
       f"- DPO policy vs its reference (the SFT model): {kl_dpo['mean']:.3f} ± "
       f"{kl_dpo['sem']:.3f} nats (n={kl_dpo['n']})",
       f"- SFT model vs the pretrained model: {kl_sft['mean']:.3f} ± {kl_sft['sem']:.3f} nats "
-      f"(n={kl_sft['n']})", "",
+      f"(n={kl_sft['n']})",
+      f"- RLVR policy vs the SFT model: {s['rlvr']['kl_to_sft']['mean']:.3f} ± "
+      f"{s['rlvr']['kl_to_sft']['sem']:.3f} nats (n={s['rlvr']['kl_to_sft']['n']})", "",
+      *_rlvr_lines(results),
       "DPO as logged by the trainer (its eval = the pairs' hash-held-out 10%; its `logratio` is the "
       "log-ratio monitor on offline pairs, not an on-policy KL):", "",
       "| | step | reward accuracy | rewards margin | logratio (monitor) |", "|---|---:|---:|---:|---:|"]
@@ -452,6 +496,27 @@ def render(results: dict) -> str:
   return "\n".join(lines)
 
 
+def _rlvr_lines(results: dict) -> list[str]:
+  """The reward curve as a table (first, middle and last logged steps) and the evals."""
+  logged = results["rlvr_logged"]
+  train = logged["train"]
+  picks = sorted({0, len(train) // 4, len(train) // 2, 3 * len(train) // 4, len(train) - 1})
+  lines = ["RLVR as logged by the trainer (train reward = the mean checker score of the step's "
+           "completions, sampled from the policy being trained; the figure plots every logged "
+           "step; kl = token mean of k3 to the DPO model):", "",
+           "| step | train reward | completions with no signal (group all equal) | kl |",
+           "|---:|---:|---:|---:|"]
+  for i in picks:
+    r = train[i]
+    lines.append(f"| {r['step']} | {r['reward']:.3f} | {r['frac_reward_zero_std']:.2f} | "
+                 f"{r['kl']:.4f} |")
+  lines += ["", "| eval step | eval reward (train-split prompts held out by hash) | eval kl |",
+            "|---:|---:|---:|"]
+  lines += [f"| {e['step']} | {e['eval_reward']:.3f} | {e['eval_kl']:.4f} |"
+            for e in logged["eval"]]
+  return lines + [""]
+
+
 def _sweep_lines(results: dict) -> list[str]:
   """The DPO settings table (only in a report run with --sweep)."""
   if "sweep" not in results:
@@ -470,8 +535,8 @@ def _sweep_lines(results: dict) -> list[str]:
 
 
 def plot(results: dict, path: str) -> None:
-  """Pass rate (with its interval) per model, greedy and sampled."""
-  fig, ax = plt.subplots(figsize=(6, 3.5))
+  """Pass rate (with its interval) per model, greedy and sampled; the RLVR reward curve."""
+  fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
   x = np.arange(len(MODELS))
   for j, mode in enumerate(("greedy", "sampled")):
     r = [results["scores"][m][mode] for m in MODELS]
@@ -483,6 +548,19 @@ def plot(results: dict, path: str) -> None:
          title="LAST WORD task, held-out prompts")
   ax.legend()
   ax.grid(axis="y", alpha=0.3)
+  logged = results["rlvr_logged"]
+  steps = [r["step"] for r in logged["train"]]
+  ax2.plot(steps, [r["reward"] for r in logged["train"]], ".-", alpha=0.6,
+           label="train reward (step's samples)")
+  if logged["eval"]:
+    ax2.plot([e["step"] for e in logged["eval"]], [e["eval_reward"] for e in logged["eval"]],
+             "o-", label="eval reward (hash-held-out train prompts)")
+  dpo = results["scores"]["dpo"]["sampled"]["rate"]
+  ax2.axhline(dpo, color="gray", ls="--", lw=1, label="DPO, sampled, held-out")
+  ax2.set(xlabel="GRPO step", ylabel="reward (checker pass rate)", ylim=(0, 1.05),
+          title="RLVR reward curve")
+  ax2.legend(fontsize=8)
+  ax2.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -519,6 +597,15 @@ def main(argv=None):
   parser.add_argument("--dpo_batch", type=int, default=32)
   parser.add_argument("--dpo_lr", type=float, default=5e-6)
   parser.add_argument("--beta", type=float, default=0.5)
+  parser.add_argument("--grpo_prompts", type=int, default=2048,
+                      help="train prompts of the RLVR stage (the last ones of the train set)")
+  parser.add_argument("--grpo_seq_len", type=int, default=128,
+                      help="RLVR rows: prompt + completion tokens (longer prompts dropped)")
+  parser.add_argument("--k_rl", type=int, default=8, help="GRPO completions per prompt")
+  parser.add_argument("--rl_steps", type=int, default=160)
+  parser.add_argument("--rl_batch", type=int, default=64, help="completions per GRPO step")
+  parser.add_argument("--rl_lr", type=float, default=2e-5)
+  parser.add_argument("--rl_beta", type=float, default=0.04)
   parser.add_argument("--sweep", default="",
                       help="more DPO settings on the same pairs, beta:lr,... (e.g. 0.1:1e-5)")
   parser.add_argument("--eval_prompts", type=int, default=200)
@@ -544,8 +631,9 @@ def main(argv=None):
   pairs_path, pairs = preference_pairs(args, sft_dir, train, max_new)
   print(f"pairs: {pairs}")
   dpo_dir = preference_tune(args, sft_dir, pairs_path, beta=args.beta, lr=args.dpo_lr)
-  evaluated = evaluate(args, {"pretrained": pretrained, "sft": sft_dir, "dpo": dpo_dir},
-                       held_out, max_new)
+  rlvr_dir = reinforce(args, dpo_dir, train)
+  evaluated = evaluate(args, {"pretrained": pretrained, "sft": sft_dir, "dpo": dpo_dir,
+                              "rlvr": rlvr_dir}, held_out, max_new)
   main_point = {"beta": args.beta, "lr": args.dpo_lr, "steps": args.dpo_steps,
                 **{k: evaluated["scores"]["dpo"][k] for k in ("greedy", "sampled")},
                 "kl_to_sft": evaluated["scores"]["dpo"]["kl_to_sft"]}
@@ -559,11 +647,15 @@ def main(argv=None):
                 "sft_steps": args.sft_steps, "sft_batch": args.sft_batch,
                 "sft_lr": args.sft_lr, "dpo_steps": args.dpo_steps,
                 "dpo_batch": args.dpo_batch, "dpo_lr": args.dpo_lr, "beta": args.beta,
-                "eval_samples": args.eval_samples, "seed": args.seed},
+                "eval_samples": args.eval_samples, "seed": args.seed,
+                "grpo_prompts": args.grpo_prompts, "k_rl": args.k_rl,
+                "rl_steps": args.rl_steps, "rl_batch": args.rl_batch, "rl_lr": args.rl_lr,
+                "rl_beta": args.rl_beta},
       "pairs": pairs, **evaluated,
       **({"sweep": sorted([main_point, *swept], key=lambda r: (r["beta"], r["lr"]))}
          if swept else {}),
       "sft_logged": sft_logged(sft_dir), "dpo_logged": dpo_logged(dpo_dir),
+      "rlvr_logged": rlvr_logged(rlvr_dir),
       "command": " ".join(["python -m experiments.posttrain",
                            *(argv if argv is not None else sys.argv[1:])]),
       "wall_s": time.perf_counter() - start, "device": f"{jax.devices()[0].platform} "

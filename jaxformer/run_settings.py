@@ -213,10 +213,15 @@ class MeshSettings:
   replica: int = _int(1, 1)
 
 
-POSTTRAIN_METHODS = ("sft", "dpo")
+POSTTRAIN_METHODS = ("sft", "dpo", "grpo")
+# the methods whose train state keeps the starting params, frozen, as 'reference'
+REFERENCE_METHODS = ("dpo", "grpo")
 # what each post-training method reads from data.source (posttrain/data.py)
 POSTTRAIN_RECORDS = {"sft": "{'prompt', 'response'} (or chat 'messages')",
-                     "dpo": "{'prompt', 'chosen', 'rejected'}"}
+                     "dpo": "{'prompt', 'chosen', 'rejected'}",
+                     "grpo": "{'prompt', ...} (the fields posttrain.reward reads, e.g. 'answer')"}
+GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")       # posttrain/grpo.py LOSS_TYPES
+GRPO_SCALE_REWARDS = ("group", "batch", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,8 +230,21 @@ class PosttrainSettings:
   `init_from` (a training workdir, or 'hf:DIR'); see jaxformer/posttrain/start.py."""
   method: str
   init_from: str | None = None
-  beta: float = 0.1                 # DPO's KL weight
+  beta: float = 0.1                 # DPO's KL weight; GRPO's (>= 0) on the k3 KL to the reference
   label_smoothing: float = 0.0      # conservative DPO's eps
+  # GRPO (posttrain/grpo.py, tasks/grpo.py): k completions per prompt (train.batch_size counts
+  # completions), sampled with the KV cache at `temperature`, at most max_new_tokens each,
+  # ended by the tokenizer's eos or the one-token text `stop`; scored by the registered
+  # `reward` (posttrain/rewards.py)
+  num_generations: int = 4
+  max_new_tokens: int = 32
+  temperature: float = 1.0
+  reward: str | None = None
+  stop: str | None = None
+  loss_type: str = "dapo"           # grpo | bnpo | dr_grpo | dapo, as trl's
+  scale_rewards: str = "group"      # group | batch | none (Dr. GRPO: no division by the std)
+  epsilon: float = 0.2              # the clip's lower epsilon
+  epsilon_high: float | None = None   # its upper one (None: epsilon; DAPO: 0.28)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,11 +332,53 @@ def parse_posttrain(config) -> PosttrainSettings | None:
   s = PosttrainSettings(**values)
   if s.method not in POSTTRAIN_METHODS:
     raise ValueError(f"posttrain.method={s.method!r} must be one of {POSTTRAIN_METHODS}")
-  if not isinstance(s.beta, (int, float)) or s.beta <= 0:
+  if s.method == "grpo":
+    if not _is_number(s.beta) or s.beta < 0:
+      raise ValueError(f"posttrain.beta={s.beta!r} must be a number >= 0 (GRPO's KL weight; "
+                       "0: no KL term)")
+  elif not isinstance(s.beta, (int, float)) or s.beta <= 0:
     raise ValueError(f"posttrain.beta={s.beta!r} must be > 0 (DPO's KL weight, e.g. 0.1)")
   if not 0.0 <= s.label_smoothing < 0.5:
     raise ValueError(f"posttrain.label_smoothing={s.label_smoothing!r} must be in [0, 0.5)")
+  checks = (
+      ("num_generations", _is_int(s.num_generations) and s.num_generations >= 2,
+       "an int >= 2 (completions per prompt: a group of one has no relative advantage)"),
+      ("max_new_tokens", _is_int(s.max_new_tokens) and s.max_new_tokens >= 1, "an int >= 1"),
+      ("temperature", _is_number(s.temperature) and s.temperature > 0, "a number > 0"),
+      ("reward", s.reward is None or (isinstance(s.reward, str) and bool(s.reward)),
+       "the name of a registered reward (jaxformer/posttrain/rewards.py)"),
+      ("stop", s.stop is None or (isinstance(s.stop, str) and bool(s.stop)),
+       "a non-empty string (the text of one token), or None"),
+      ("loss_type", s.loss_type in GRPO_LOSS_TYPES,
+       "one of " + ", ".join(map(repr, GRPO_LOSS_TYPES))),
+      ("scale_rewards", s.scale_rewards in GRPO_SCALE_REWARDS,
+       "one of " + ", ".join(map(repr, GRPO_SCALE_REWARDS))),
+      ("epsilon", _is_number(s.epsilon) and 0 <= s.epsilon < 1, "a number in [0, 1)"),
+      ("epsilon_high", s.epsilon_high is None or (_is_number(s.epsilon_high)
+                                                  and s.epsilon_high >= 0),
+       "a number >= 0, or None (= posttrain.epsilon)"))
+  for name, ok, want in checks:
+    if not ok:
+      raise ValueError(f"posttrain.{name}={getattr(s, name)!r} must be {want}; set "
+                       f"--config.posttrain.{name}=<value>")
+  if s.method == "grpo" and s.reward is None:
+    raise ValueError("posttrain.reward is not set: GRPO scores completions with a registered "
+                     "reward; set --config.posttrain.reward=NAME (e.g. first_line_exact)")
   return s
+
+
+def _check_grpo(post: PosttrainSettings, train: TrainSettings, data: DataSettings) -> None:
+  """GRPO's checks across sections: whole groups in every batch, room for the completions."""
+  k = post.num_generations
+  for key, value in (("batch_size", train.batch_size),
+                     ("eval_batch_size", train.eval_batch_size or train.batch_size)):
+    if value % k:
+      raise ValueError(f"train.{key}={value} must be a multiple of posttrain.num_generations"
+                       f"={k} (it counts completions: {k} per prompt)")
+  if data.seq_len is not None and data.seq_len <= post.max_new_tokens:
+    raise ValueError(f"data.seq_len={data.seq_len} leaves no room for a prompt before "
+                     f"posttrain.max_new_tokens={post.max_new_tokens}; raise data.seq_len or "
+                     "lower posttrain.max_new_tokens")
 
 
 def parse(config, only: tuple[str, ...] | None = None) -> RunSettings:
@@ -339,9 +399,12 @@ def parse(config, only: tuple[str, ...] | None = None) -> RunSettings:
     if not post.init_from:
       raise ValueError("posttrain.init_from is not set: pass the trained workdir to start "
                        "from, e.g. --config=configs/sft.py:WORKDIR")
-  return RunSettings(**{name: parse_section(name, _section(config, name),
-                                            strict=name != "data")
-                        for name in SECTIONS}, posttrain=post)
+  settings = RunSettings(**{name: parse_section(name, _section(config, name),
+                                                strict=name != "data")
+                            for name in SECTIONS}, posttrain=post)
+  if post is not None and post.method == "grpo":
+    _check_grpo(post, settings.train, settings.data)
+  return settings
 
 
 def _section(config, name: str):

@@ -283,3 +283,28 @@ def test_long_sample_compiles_twice_and_equals_chunk_by_chunk_generation():
                     vocab_limit=26)[len(ids):].tolist()
     chunk, ids = chunk + 1, np.array(out[-8:])
   assert text == _Chars().decode(out)
+
+
+def test_generate_ragged_rows_equal_each_prompt_alone(model_params):
+  """Ragged prompts through one cache: a row's tokens (greedy, and sampled with its row id)
+  equal `generate` on its prompt alone, whatever the other rows and the padding."""
+  _, params = model_params("gpt")
+  prompts = [np.array([3, 1, 4, 1, 5, 9, 2]), np.array([9, 2]), np.array([6, 5, 3, 5])]
+  width = 9
+  padded = np.full((3, width), 36, np.int32)        # padding past a row's length is never read
+  for r, p in enumerate(prompts):
+    padded[r, :len(p)] = p
+  lengths = np.array([len(p) for p in prompts])
+  greedy = gen_lib.generate_ragged(GPT, params, padded, lengths, max_new_tokens=5,
+                                   temperature=0.0)
+  assert greedy.shape == (3, 5)
+  for r, p in enumerate(prompts):
+    alone = generate(GPT, params, p, max_new_tokens=5, temperature=0.0)[len(p):]
+    np.testing.assert_array_equal(greedy[r], alone)
+  # sampled: a row with row id 0 draws the keys `generate` gives its only row
+  got = gen_lib.generate_ragged(GPT, params, padded, lengths, max_new_tokens=5,
+                                temperature=1.0, seed=11, rows=np.array([7, 0, 9]), prefill=1)
+  alone = generate(GPT, params, prompts[1], max_new_tokens=5, temperature=1.0, seed=11)[2:]
+  np.testing.assert_array_equal(got[1], alone)
+  with pytest.raises(ValueError, match="lengths"):
+    gen_lib.generate_ragged(GPT, params, padded, np.array([0, 2, 3]), max_new_tokens=2)

@@ -96,9 +96,9 @@ def one_step(config: ConfigDict) -> dict:
 def test_every_registered_family_is_tested_here():
   assert set(models.names()) == set(SMALL)
   # every registered task is some family's (mlm_nsp: bert with model.nsp=True), or chosen by
-  # a config's posttrain section (sft, dpo: tasks.task_for_run)
+  # a config's posttrain section (sft, dpo, grpo: tasks.task_for_run)
   trained = {tasks.task_for(dict(SMALL[f], family=f)).name for f in SMALL}
-  assert trained | {"sft", "dpo"} == set(tasks.names())
+  assert trained | {"sft", "dpo", "grpo"} == set(tasks.names())
 
 
 # Families whose training through `loop.train` (the same train-state builder, task and train

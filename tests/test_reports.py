@@ -77,10 +77,10 @@ def test_the_captioning_report_pairs_each_attention_model_with_its_pooled_twin()
     assert (report_check.RESULTS / results["attention_figures"][name]).is_file()
 
 
-def test_the_posttrain_report_scores_three_models_on_the_same_held_out_prompts():
-  """posttrain: pretrained, SFT and DPO checked on one prompt set (greedy: one response per
-  prompt; sampled: eval_samples each), the pretrained base rate near 0, both on-policy KLs
-  and DPO's logged reward accuracy present."""
+def test_the_posttrain_report_scores_four_models_on_the_same_held_out_prompts():
+  """posttrain: pretrained, SFT, DPO and RLVR checked on one prompt set (greedy: one response
+  per prompt; sampled: eval_samples each), the pretrained base rate near 0, the on-policy KLs,
+  DPO's logged reward accuracy and RLVR's reward curve present."""
   from experiments import posttrain
   results = report_check.load(report_check.RESULTS / "posttrain")
   setup, scores = results["setup"], results["scores"]
@@ -93,6 +93,10 @@ def test_the_posttrain_report_scores_three_models_on_the_same_held_out_prompts()
   assert 0 <= results["dpo_logged"]["eval_last"]["eval_accuracy"] <= 1
   assert results["pairs"]["pairs"] == results["pairs"]["prompts"] - results["pairs"][
       "all_accepted"]
+  assert scores["rlvr"]["kl_to_sft"]["n"] == scores["dpo"]["kl_to_sft"]["n"]
+  curve, evals = results["rlvr_logged"]["train"], results["rlvr_logged"]["eval"]
+  assert len(curve) >= 2 and all(0 <= r["reward"] <= 1 for r in curve)
+  assert curve[-1]["step"] == evals[-1]["step"] == setup["rl_steps"]
 
 
 def test_check_names_a_stale_report_and_a_moved_estimate(tmp_path):

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from jaxformer.inference.beam import beam_search, greedy_decode
 from jaxformer.inference.captions import attention_maps, caption_images, caption_metrics
-from jaxformer.inference.decode import filter_logits, generate
+from jaxformer.inference.decode import filter_logits, generate, generate_ragged
 from jaxformer.inference.restore import load_run
 from jaxformer.inference.text import sample_text
 from jaxformer.inference import predict  # noqa: E402  (after the modules it uses)
 
-__all__ = ["filter_logits", "generate", "load_run", "sample_text", "beam_search",
-           "greedy_decode", "caption_images", "attention_maps", "caption_metrics", "predict"]
+__all__ = ["filter_logits", "generate", "generate_ragged", "load_run", "sample_text",
+           "beam_search", "greedy_decode", "caption_images", "attention_maps", "caption_metrics",
+           "predict"]

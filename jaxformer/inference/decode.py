@@ -202,4 +202,118 @@ def _generate(model, params, prompt, temperature, seed, *, max_new_tokens, cache
   return jnp.concatenate([prompt, new], axis=1)
 
 
-__all__ = ["generate", "filter_logits"]
+def generate_ragged(model_config: Any, params, prompts, lengths, *, max_new_tokens: int,
+                    temperature: float = 1.0, top_k: int | None = None,
+                    top_p: float | None = None, seed: int = 0, rows=None,
+                    vocab_limit: int | None = None, prefill: int | None = None) -> np.ndarray:
+  """`max_new_tokens` tokens after each of a batch of prompts of different lengths, with the
+  KV cache: int32 [B, max_new_tokens] (row r's tokens follow its `lengths[r]` prompt tokens).
+
+  `prompts` int [B, W] right-padded (what lies past a row's length is never read), `lengths`
+  [B] in [1, W]. Every row shares the cache index: the common first `prefill` tokens (default
+  min(lengths), rounded down to a multiple of 16 so a few shapes compile) fill the cache in one
+  call, then one token per step is fed, a row's own prompt token while it has one left (teacher
+  forced) and its sample after that, so every token sits at its true position and the
+  positions past a row's prompt are its own samples: the logits equal those of the row alone.
+  W + max_new_tokens - 1 - prefill steps and a cache of W + max_new_tokens - 1 positions. The key of row r's i-th new token is
+  fold_in(fold_in(key(seed), i), rows[r]) (`rows` default arange(B)): a row's tokens do not
+  depend on its batch, its padding or the other rows' lengths. Sampling as `generate`
+  (temperature 0: greedy; top-k, top-p, vocab_limit)."""
+  cfg = models.config_as_dict(model_config)
+  if cfg.get("family") != "decoder":
+    raise ValueError(f"model_config.family={cfg.get('family')!r}: generate_ragged needs "
+                     "family='decoder'")
+  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or (
+      max_new_tokens < 1):
+    raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
+  if not (isinstance(temperature, numbers.Real) and math.isfinite(temperature)
+          and temperature >= 0):
+    raise ValueError(f"temperature={temperature!r} must be a finite number >= 0")
+  _check_top_k(top_k)
+  _check_top_p(top_p)
+  tokens = np.asarray(prompts)
+  lengths = np.asarray(lengths)
+  if tokens.ndim != 2 or tokens.dtype.kind not in "iu":
+    raise ValueError(f"prompts must be an int [batch, width] array; got {tokens.dtype} "
+                     f"{tokens.shape}")
+  b, width = tokens.shape
+  if lengths.shape != (b,) or lengths.min() < 1 or lengths.max() > width:
+    raise ValueError(f"lengths must be [{b}] ints in [1, {width}]")
+  if prefill is None:
+    prefill = max(int(lengths.min()) // 16 * 16, 1)
+  if not 1 <= prefill <= int(lengths.min()):
+    raise ValueError(f"prefill={prefill} must be in [1, min(lengths)={int(lengths.min())}]")
+  cache_len = width + int(max_new_tokens) - 1     # the last token is sampled, never fed
+  cfg["decode"] = True
+  model = models.build(cfg)
+  if model.positions == "learned" and cache_len > model.max_len:
+    raise ValueError(f"prompt width {width} + max_new_tokens {max_new_tokens} - 1 exceeds the "
+                     f"model's learned position table, model.max_len={model.max_len}")
+  if isinstance(params, Mapping) and "params" in params:
+    params = params["params"]
+  params = nn.unbox(params)
+  greedy = temperature == 0
+  rows = np.arange(b) if rows is None else np.asarray(rows)
+  out = _generate_ragged(model, params, jnp.asarray(tokens, jnp.int32),
+                         jnp.asarray(lengths, jnp.int32), jnp.asarray(rows, jnp.uint32),
+                         jnp.float32(temperature if not greedy else 1.0),
+                         jnp.uint32(int(seed) % 2**32), max_new_tokens=int(max_new_tokens),
+                         prefill=int(prefill), greedy=greedy,
+                         top_k=None if greedy or top_k is None else int(top_k),
+                         top_p=None if greedy or top_p is None or top_p == 1 else float(top_p),
+                         vocab_limit=None if vocab_limit is None
+                         or vocab_limit == cfg.get("vocab_size") else int(vocab_limit))
+  return np.asarray(out, np.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "prefill", "greedy",
+                                             "top_k", "top_p", "vocab_limit"))
+def _generate_ragged(model, params, prompts, lengths, rows, temperature, seed, *,
+                     max_new_tokens, prefill, greedy, top_k, top_p, vocab_limit):
+  batch, width = prompts.shape
+  slots = width + max_new_tokens
+  cache_len = slots - 1               # every slot but the last is fed
+  shapes = jax.eval_shape(
+      functools.partial(model.init, positions=jnp.arange(cache_len)[None]),
+      jax.random.key(0), jnp.zeros((batch, cache_len), jnp.int32))["cache"]
+  cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  key = jax.random.key(seed)
+  seq = jnp.concatenate([prompts, jnp.zeros((batch, max_new_tokens), jnp.int32)], axis=1)
+
+  def forward(cache, toks, start):
+    positions = start + jnp.arange(toks.shape[1])[None]
+    logits, state = model.apply({"params": params, "cache": cache}, toks, positions=positions,
+                                mutable=["cache"])
+    return logits[:, -1], state["cache"]
+
+  def sample(logits, index):           # index [B]: the new token's index in its row
+    if vocab_limit is not None:
+      logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_limit, logits, -jnp.inf)
+    if greedy:
+      return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logits = filter_logits(logits / temperature, top_k=top_k, top_p=top_p)
+    keys = jax.vmap(lambda i, r: jax.random.fold_in(jax.random.fold_in(key, i), r))(
+        jnp.maximum(index, 0), rows)
+    return jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
+
+  logits, cache = forward(cache, prompts[:, :prefill], 0)
+
+  def body(j, carry):                  # slot j gets a token, then it is fed
+    cache, seq, logits = carry
+    own = jax.lax.dynamic_slice_in_dim(seq, j, 1, axis=1)[:, 0]
+    tok = jnp.where(j < lengths, own, sample(logits, j - lengths))
+    seq = jax.lax.dynamic_update_slice_in_dim(seq, tok[:, None], j, axis=1)
+    logits, cache = forward(cache, tok[:, None], j)
+    return cache, seq, logits
+
+  # the last slot any row needs is max(lengths) + max_new_tokens - 1 <= slots - 1; its token
+  # needs no forward, so the loop stops one short and samples it after
+  cache, seq, logits = jax.lax.fori_loop(prefill, slots - 1, body, (cache, seq, logits))
+  j = slots - 1
+  tok = jnp.where(j < lengths, seq[:, j], sample(logits, j - lengths))
+  seq = seq.at[:, j].set(tok)
+  at = lengths[:, None] + jnp.arange(max_new_tokens)[None]
+  return jnp.take_along_axis(seq, at, axis=1)
+
+
+__all__ = ["generate", "generate_ragged", "filter_logits"]

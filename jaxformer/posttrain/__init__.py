@@ -1,5 +1,6 @@
 """Post-training on top of a trained run (issue #32): supervised fine-tuning (SFT) on
-prompt/response data and direct preference optimization (DPO) on preference pairs.
+prompt/response data, direct preference optimization (DPO) on preference pairs, and GRPO
+with verifiable rewards (RLVR; `grpo.py`, `rewards.py`, task `jaxformer/tasks/grpo.py`).
 
 Both reuse the training loop: SFT is the decoder's `lm` objective on packed prompt/response
 rows whose weights are 1 on response tokens only (`data.py`); DPO's loss (`dpo.py`) is

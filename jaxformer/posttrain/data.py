@@ -33,6 +33,10 @@ ids are needed. A pair whose chosen or rejected completion is cut away entirely 
 accuracy 0); both are counted in one printed line. A split with no pair left is refused
 before training.
 
+GRPO records: {"prompt", ...} (any other field, e.g. 'answer', is for the reward): each gives
+a right-padded prompt row (`GRPOPipeline`); the completions are sampled during training
+(jaxformer/tasks/grpo.py).
+
 Splits: `data.source` (train) and `data.eval_source` (optional; else a record goes to eval
 when a hash of its line falls in the last 1 - `data.train_fraction` (default 0.9)); the keys
 are typed in `jaxformer.data.settings.PosttrainRecordsSettings`, which the pipelines take.
@@ -324,21 +328,93 @@ class DPOPipeline(SFTPipeline):
                        max_eval_batches=data.eval_batches)
 
 
+def grpo_prompt(tokenizer, record: dict, where: str, width: int) -> dict | None:
+  """The right-padded prompt row of one GRPO record (None: longer than `width` tokens)."""
+  ids = encode_prompt(tokenizer, record, where)
+  if len(ids) > width:
+    return None
+  row = np.zeros(width, np.int32)
+  row[:len(ids)] = ids
+  return {"prompt": row, "prompt_len": np.int32(len(ids))}
+
+
+def encode_prompt(tokenizer, record: dict, where: str) -> np.ndarray:
+  prompt = _text(record, "prompt", where)
+  if not prompt:
+    raise ValueError(f"{where}: field 'prompt' is empty; a completion needs a prompt to follow")
+  try:
+    return np.asarray(tokenizer.encode(prompt), np.int32)
+  except ValueError as e:
+    raise ValueError(f"{where}: {e}") from None
+
+
+class GRPOPipeline(SFTPipeline):
+  """Prompts for GRPO (task "grpo"): {"prompt": str, ...} records; a row is {'prompt' [W]
+  int32 right-padded, 'prompt_len', 'index' (the record's place in its split, so the reward
+  finds the whole record: `records_of`)}, W = data.seq_len + 1 - posttrain.max_new_tokens
+  (prompt and completion fill one row of seq_len predictions). A prompt longer than W tokens
+  is dropped and counted (`info['dropped_prompts']`, one printed line); a split with none
+  left is refused. Batches hold `global_batch_size` prompts (the task samples
+  posttrain.num_generations completions of each: train.batch_size / k prompts per step)."""
+  task = "grpo"
+
+  def __init__(self, data_config, tokenizer, *, max_new_tokens: int, seed: int,
+               global_batch_size: int, eval_batch_size: int, process_index: int = 0,
+               process_count: int = 1):
+    self._start(data_config, tokenizer)
+    self.seed = seed                     # the rollout's sampling seeds derive from it
+    self.width = self.seq_len + 1 - max_new_tokens
+    self.records, self.dropped, self.raw = {}, {}, {}
+    splits = split_records(data_config)
+    total = sum(len(r) for r in splits.values())
+    for role, records in splits.items():
+      _check_split(data_config, role, records, total)
+      rows, kept = [], []
+      for where, record in records:
+        row = grpo_prompt(tokenizer, record, where, self.width)
+        if row is not None:
+          rows.append({**row, "index": np.int32(len(kept))})
+          kept.append(record)
+      self.dropped[role] = (len(records) - len(kept), len(records))
+      if not kept:
+        raise ValueError(f"{_split_source(data_config, role)}: no {role} prompt fits "
+                         f"{self.width} tokens (data.seq_len={self.seq_len} + 1 - "
+                         f"posttrain.max_new_tokens={max_new_tokens}); raise data.seq_len")
+      self.raw[role] = kept
+      self.records[role] = grain.MapDataset.source(rows)
+    self.info = {"vocab_size": tokenizer.vocab_size,
+                 "dropped_prompts": sum(d for d, _ in self.dropped.values())}
+    self._batch_splits(self.records["train"], self.records["validation"], seed=seed,
+                       global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
+                       process_index=process_index, process_count=process_count,
+                       max_eval_batches=data_config.get("eval_batches"))
+
+  def records_of(self, train: bool) -> list[dict]:
+    """The records of the train (or validation) split, as the rows' 'index' numbers them."""
+    return self.raw["train" if train else "validation"]
+
+
 def make_pipeline(config, task: str, *, workdir: str, seed: int, global_batch_size: int,
                   eval_batch_size: int, process_index: int = 0, process_count: int = 1,
-                  data_dir=None, data=None):
-  """The SFT (or DPO) pipeline of `config`, with the tokenizer of `posttrain.init_from`,
+                  data_dir=None, data=None, posttrain=None):
+  """The SFT, DPO or GRPO pipeline of `config` (`posttrain`: its PosttrainSettings), with the
+  tokenizer of `posttrain.init_from`,
   saved into `workdir` too (so sampling the post-trained run finds it, and a resume reads that
   copy, not the source: `start.run_tokenizer`). `data`: the typed data settings
   (`PosttrainRecordsSettings`; None: `config`'s data section parsed)."""
   from jaxformer.posttrain import start
-  if task not in ("sft", "dpo"):
-    raise ValueError(f"task={task!r} has no post-training pipeline (sft, dpo)")
+  if task not in ("sft", "dpo", "grpo"):
+    raise ValueError(f"task={task!r} has no post-training pipeline (sft, dpo, grpo)")
   tokenizer = start.run_tokenizer(config, workdir)
   kw = dict(seed=seed, global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
             process_index=process_index, process_count=process_count)
   data = source_settings.coerce("posttrain_records", config if data is None else data)
-  pipeline = (SFTPipeline if task == "sft" else DPOPipeline)(data, tokenizer, **kw)
+  if task == "grpo":                      # batches of prompts: k completions each
+    k, max_new = posttrain.num_generations, posttrain.max_new_tokens
+    kw.update(global_batch_size=global_batch_size // k, eval_batch_size=eval_batch_size // k)
+    pipeline = GRPOPipeline(data, tokenizer, max_new_tokens=max_new, **kw)
+  else:
+    pipeline = (SFTPipeline if task == "sft" else DPOPipeline)(data, tokenizer, **kw)
   if process_index == 0:                  # after the data passed its checks
     tokenizer.save(workdir)
     line = (dropped_summary(pipeline, "examples with no response token to learn",
@@ -346,7 +422,9 @@ def make_pipeline(config, task: str, *, workdir: str, seed: int, global_batch_si
             if task == "sft" else
             dropped_summary(pipeline, "pairs with no preference to learn",
                             "chosen equal to rejected, or a completion cut away by "
-                            "data.seq_len"))
+                            "data.seq_len") if task == "dpo" else
+            dropped_summary(pipeline, "prompts too long to leave room for a completion",
+                            "longer than data.seq_len + 1 - posttrain.max_new_tokens tokens"))
     if line:
       print(line, flush=True)
   return pipeline

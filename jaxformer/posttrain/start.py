@@ -2,12 +2,14 @@
 (`posttrain.init_from`). The `posttrain` section is typed in `run_settings`
 (`PosttrainSettings`, `RunSettings.posttrain`; None for a pretraining run):
 
-    posttrain.method     'sft' | 'dpo'
+    posttrain.method     'sft' | 'dpo' | 'grpo'
     posttrain.init_from  a training workdir (its latest checkpoint's params and its tokenizer)
                          or 'hf:DIR', a Hugging Face checkpoint directory (`convert.hf.load`;
                          its tokenizer.json, run by the `tokenizers` library)
     posttrain.beta       DPO's beta (default 0.1)
     posttrain.label_smoothing  conservative DPO's eps (default 0)
+    posttrain.num_generations, max_new_tokens, temperature, reward, stop, loss_type,
+      scale_rewards, epsilon, epsilon_high   GRPO's (run_settings.PosttrainSettings)
 
 The params are copied into the new run's fresh state when the new workdir has no checkpoint
 yet; from then on the new run resumes from its own checkpoints like any run. What the config
@@ -195,7 +197,7 @@ def init_state(config, plan, state, abstract_boxed, run_workdir: str):
 
 def _with_params(state, params):
   state = {**state, "params": params}
-  if "reference" in state:       # DPO: the frozen reference is the source (SFT) model
+  if "reference" in state:       # DPO, GRPO: the frozen reference is the source model
     state["reference"] = jax.tree.map(lambda x: x.copy(), params)
   return state
 

@@ -76,13 +76,14 @@ def train_state_fns(config, settings: run_settings.RunSettings | None = None):
   tx = optim.make_optimizer(settings.optim, settings.train.steps,
                             lr_multipliers=lr_multipliers(module, init_params))
 
-  reference = settings.posttrain is not None and settings.posttrain.method == "dpo"
+  reference = settings.posttrain is not None and (settings.posttrain.method
+                                                   in run_settings.REFERENCE_METHODS)
 
   def init_boxed():
     params = init_params()
     state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
              "skipped": jnp.zeros((), jnp.int32), LOG_SUMS: zero_log_sums()}
-    if reference:           # DPO's frozen reference model (posttrain/dpo.py), never trained
+    if reference:           # DPO's / GRPO's frozen reference model, never trained
       state["reference"] = params
     return state
 

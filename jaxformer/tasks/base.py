@@ -14,13 +14,16 @@ A `Task` states, in one object,
   eval step pass it as `ctx.extra` / `eval_sums`' `extra`;
 - what throughput and MFU count: `unit`, `units_per_batch`, `rows`, `token_lengths`,
   `flops_scale`;
+- optional rollout: `rolls_out` and `rollout(config, pipeline, params, extra, batch, step,
+  train)`, a host-side stage that turns the pipeline's batch into the step's with the current
+  params (GRPO: sample completions, score them with a Python reward);
 - what evaluation and inference can do with it: `text` (ids of a text tokenizer: eval
   perplexity, labelled attention maps), `samples` (a language model: text is sampled at evals
   and at the end), `step_accuracy` (each logged step records its accuracy).
 
 Which task a run trains: the model family's registry entry names it (`for_model` turns it into
 a variant the model config asks for, e.g. BERT with next-sentence prediction), and a config's
-`posttrain.method` picks SFT or DPO (`for_posttrain`). The registry is `jaxformer.tasks`:
+`posttrain.method` picks SFT, DPO or GRPO (`for_posttrain`). The registry is `jaxformer.tasks`:
 adding a task is one module and one entry there (docs/design/tasks.md).
 """
 
@@ -114,6 +117,9 @@ class Task:
   # The kind of source its data section is (`jaxformer.data.settings`): `validate` parses the
   # section with it, refusing a key the kind does not name; "shared": the shared keys only.
   data_kind: str = "shared"
+  # A host-side stage between the pipeline and the step (`rollout`): RL samples completions
+  # from the current policy and scores them there. False: the pipeline's batch is the step's.
+  rolls_out: bool = False
 
   # --- what a subclass states -------------------------------------------------------------
 
@@ -145,6 +151,15 @@ class Task:
   def finalize(self, totals: dict) -> dict:
     """The eval record's metrics (`eval_loss`, ...) from the sums of every eval batch."""
     raise NotImplementedError
+
+  def rollout(self, config, pipeline, params, extra, batch: dict, *, step: int,
+              train: bool) -> dict:
+    """The batch the step (train, or eval where not `train`) takes at `step`, made on the host
+    from the pipeline's `batch` and the current `params` (and extra state); called by the loop
+    and the evaluation only where `rolls_out`, before `plan.global_batch`. `batch_spec` gives
+    the shapes of what this returns."""
+    del config, pipeline, params, extra, step, train
+    return batch
 
   # --- variants -----------------------------------------------------------------------------
 

@@ -13,10 +13,10 @@ from jaxformer.tasks.lm import NextToken
 
 
 def posttrain_pipeline(config, settings, method: str, data, **kw):
-  """The post-training pipeline of `method` ('sft' | 'dpo') on the typed `data` settings,
-  `posttrain/data.py`."""
+  """The post-training pipeline of `method` ('sft' | 'dpo' | 'grpo') on the typed `data`
+  settings, `posttrain/data.py`."""
   from jaxformer.posttrain import data as posttrain_data
-  return posttrain_data.make_pipeline(config, method, data=data,
+  return posttrain_data.make_pipeline(config, method, data=data, posttrain=settings.posttrain,
                                       **pipeline.pipeline_kwargs(settings, **kw))
 
 

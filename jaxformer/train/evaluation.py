@@ -14,10 +14,12 @@ from jax.experimental import multihost_utils
 from jaxformer import inference, paths, workdir_layout
 from jaxformer.parallel import watchdog
 from jaxformer.train import attention_maps
+from jaxformer.train import run_builder
 from jaxformer.train.run_builder import Run, Steps, Writers
 
 
-def evaluate(eval_step, params, pipeline, task, plan, extra=None, *, step: int = 0) -> dict:
+def evaluate(eval_step, params, pipeline, task, plan, extra=None, *, step: int = 0,
+             prepare=None) -> dict:
   """Split-level eval metrics from per-batch sums (padded rows carry zero weight); `extra`:
   the train-state entry the task also reads (`Task.extra_state`), passed to the eval step.
 
@@ -32,6 +34,8 @@ def evaluate(eval_step, params, pipeline, task, plan, extra=None, *, step: int =
   for i, batch in enumerate(pipeline.eval_batches()):
     watchdog.beat("evaluation", step, compiling=i == 0)
     args = () if task.extra_state is None else (extra,)
+    if prepare is not None:              # a task's host-side rollout (Task.rolls_out)
+      batch = prepare(batch)
     sums = jax.device_get(eval_step(params, plan.global_batch(batch), *args))
     totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
   return task.finalize(totals)
@@ -70,8 +74,10 @@ class Evaluator:
     params = state["params"]
     extra = state[run.task.extra_state] if run.task.extra_state is not None else None
     with bar.paused():
+      prepare = ((lambda b: run_builder.prepare(run, state, b, done, train=False))
+                 if run.task.rolls_out else None)
       record = {"step": done, **evaluate(self.steps.eval_step, params, run.pipeline, run.task,
-                                         run.plan, extra, step=done)}
+                                         run.plan, extra, step=done, prepare=prepare)}
       if self.show_attention:
         png, entropy = attention_maps.write_attention_map(
             self.snapshot_fn, params, self.steps.example, step=done, workdir=run.workdir,

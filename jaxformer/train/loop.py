@@ -109,8 +109,9 @@ def _step_loop(run: run_builder.Run, steps: run_builder.Steps, writers: run_buil
   with StopRequest(run.start) as stop:        # on every process at the same step
     for s in range(run.start, t.steps):
       watchdog.beat("reading data", s + 1)
-      batch = run.plan.global_batch(steps.first if s == run.start
-                                    else run.pipeline.train_batch(s))
+      batch = run.plan.global_batch(
+          steps.first if s == run.start else
+          run_builder.prepare(run, state, run.pipeline.train_batch(s), s, train=True))
       watchdog.beat("train step", s + 1, compiling=s == run.start)
       writers.profiler.before(s + 1)
       state, m = steps.train_step(state, batch, steps.dropout_key)

@@ -18,7 +18,8 @@ import time
 from typing import Callable, TextIO
 
 
-_UNIT_SHORT = {"tokens": "tok", "images": "img", "pairs": "pairs"}   # pairs: DPO
+_UNIT_SHORT = {"tokens": "tok", "images": "img", "pairs": "pairs",   # pairs: DPO
+               "completions": "compl"}                                # completions: GRPO
 
 
 def format_duration(seconds: float) -> str:

@@ -181,8 +181,9 @@ def make_steps(run: Run) -> Steps:
   """The train step (donating the state) and the eval step, jitted for the plan's shardings."""
   plan, t, o = run.plan, run.settings.train, run.settings.optim
   logging.info("%s", plan.describe())
-  first = run.pipeline.train_batch(run.start)
-  example = next(iter(run.pipeline.eval_batches()))
+  first = prepare(run, run.state, run.pipeline.train_batch(run.start), run.start, train=True)
+  example = prepare(run, run.state, next(iter(run.pipeline.eval_batches())), run.start,
+                    train=False)
   batch_shardings = lambda batch: {k: plan.batch_sharding(np.ndim(v)) for k, v in batch.items()}
   train_step = jit_train_step(run.settings, plan, run.module, run.tx, run.task,
                               run.state_shardings, batch_shardings(first))
@@ -195,6 +196,17 @@ def make_steps(run: Run) -> Steps:
   # jitted: the logs call it on the host, where eager dispatch compiled ~10 tiny ops (~0.5 s)
   schedule = jax.jit(optim.learning_rate_schedule(o, t.steps))
   return Steps(train_step, eval_step, dropout_key, schedule, first, example)
+
+
+def prepare(run: Run, state, batch: dict, step: int, *, train: bool) -> dict:
+  """The batch the step takes: the pipeline's `batch`, through the task's host-side rollout
+  with `state`'s params where it has one (`Task.rolls_out`: GRPO samples and scores there)."""
+  task = run.task
+  if not task.rolls_out:
+    return batch
+  extra = state[task.extra_state] if task.extra_state is not None else None
+  return task.rollout(run.config, run.pipeline, state["params"], extra, batch, step=step,
+                      train=train)
 
 
 def compile_together(run: Run, steps: Steps) -> None:
