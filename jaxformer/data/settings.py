@@ -208,7 +208,7 @@ class SyntheticSettings(DataSettings):
 
 @dataclasses.dataclass(frozen=True)
 class PosttrainRecordsSettings(DataSettings):
-  """JSON Lines of SFT examples or DPO pairs (posttrain/data.py)."""
+  """JSON Lines of SFT examples, DPO pairs or GRPO prompts (posttrain/data.py)."""
   eval_source: str | None = _typed(str, None, optional=True,
                                    doc="a .jsonl of eval records (None: a hash split of "
                                        "data.source)")

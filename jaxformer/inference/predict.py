@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer import models, run_settings
-from jaxformer.data import tokenizers
+from jaxformer.data import settings as source_settings, tokenizers
 from jaxformer.inference import beam, captions
 from jaxformer.inference.text import sample_text
 
@@ -524,7 +524,8 @@ def class_names(config) -> list[str] | None:
   if source == "digits" or kind == "mnist":
     return [str(d) for d in range(10)]
   if kind == "images" and arg:
-    split = os.path.join(os.path.expanduser(arg), config.data.get("train_split") or "train")
+    split = os.path.join(os.path.expanduser(arg),
+                         source_settings.parse("images", config, strict=False).train_split)
     if os.path.isdir(split):
       return sorted(d for d in os.listdir(split) if os.path.isdir(os.path.join(split, d)))
   return None
@@ -535,8 +536,9 @@ def standardisation(config) -> tuple[np.ndarray, np.ndarray]:
   train-split statistics, read as the training pipeline reads them (the prepared cache;
   a first use prepares it)."""
   from jaxformer.data.images.pipeline import open_source
-  source = open_source(config.data, data_dir=run_settings.parse(config).data.data_dir)
-  split = config.data.get("train_split") or "train"
+  data = source_settings.parse("images", config, strict=False)
+  source = open_source(data, data_dir=data.data_dir)
+  split = data.train_split
   source.check_split(split, "data.train_split")
   return source.stats(split)
 

@@ -358,17 +358,17 @@ class GRPOPipeline(SFTPipeline):
   posttrain.num_generations completions of each: train.batch_size / k prompts per step)."""
   task = "grpo"
 
-  def __init__(self, data_config, tokenizer, *, max_new_tokens: int, seed: int,
+  def __init__(self, data, tokenizer, *, max_new_tokens: int, seed: int,
                global_batch_size: int, eval_batch_size: int, process_index: int = 0,
                process_count: int = 1):
-    self._start(data_config, tokenizer)
+    data = self._start(data, tokenizer)
     self.seed = seed                     # the rollout's sampling seeds derive from it
     self.width = self.seq_len + 1 - max_new_tokens
     self.records, self.dropped, self.raw = {}, {}, {}
-    splits = split_records(data_config)
+    splits = split_records(data)
     total = sum(len(r) for r in splits.values())
     for role, records in splits.items():
-      _check_split(data_config, role, records, total)
+      _check_split(data, role, records, total)
       rows, kept = [], []
       for where, record in records:
         row = grpo_prompt(tokenizer, record, where, self.width)
@@ -377,7 +377,7 @@ class GRPOPipeline(SFTPipeline):
           kept.append(record)
       self.dropped[role] = (len(records) - len(kept), len(records))
       if not kept:
-        raise ValueError(f"{_split_source(data_config, role)}: no {role} prompt fits "
+        raise ValueError(f"{_split_source(data, role)}: no {role} prompt fits "
                          f"{self.width} tokens (data.seq_len={self.seq_len} + 1 - "
                          f"posttrain.max_new_tokens={max_new_tokens}); raise data.seq_len")
       self.raw[role] = kept
@@ -387,7 +387,7 @@ class GRPOPipeline(SFTPipeline):
     self._batch_splits(self.records["train"], self.records["validation"], seed=seed,
                        global_batch_size=global_batch_size, eval_batch_size=eval_batch_size,
                        process_index=process_index, process_count=process_count,
-                       max_eval_batches=data_config.get("eval_batches"))
+                       max_eval_batches=data.eval_batches)
 
   def records_of(self, train: bool) -> list[dict]:
     """The records of the train (or validation) split, as the rows' 'index' numbers them."""
