@@ -305,7 +305,9 @@ def reinforce(args, dpo_dir: str, train: list[dict]) -> str:
   write_jsonl(data, [{"prompt": e["prompt"], "answer": e["word"]}
                      for e in train[-args.grpo_prompts:]])
   cfg = grpo_config.get_config(dpo_dir)
-  cfg.data.source, cfg.data.eval_batches, cfg.data.seq_len = data, 2, args.grpo_seq_len
+  cfg.data.source, cfg.data.eval_batches = data, 2
+  if args.grpo_seq_len is not None:
+    cfg.data.seq_len = args.grpo_seq_len
   cfg.posttrain.update(reward="first_line_exact", stop="\n", max_new_tokens=MAX_NEW,
                        num_generations=args.k_rl, beta=args.rl_beta, temperature=1.0)
   cfg.train.update(steps=args.rl_steps, batch_size=args.rl_batch,
@@ -599,8 +601,9 @@ def main(argv=None):
   parser.add_argument("--beta", type=float, default=0.5)
   parser.add_argument("--grpo_prompts", type=int, default=2048,
                       help="train prompts of the RLVR stage (the last ones of the train set)")
-  parser.add_argument("--grpo_seq_len", type=int, default=128,
-                      help="RLVR rows: prompt + completion tokens (longer prompts dropped)")
+  parser.add_argument("--grpo_seq_len", type=int, default=None,
+                      help="RLVR rows: prompt + completion tokens (longer prompts dropped); "
+                      "default the DPO run's data.seq_len (the model's max_len here)")
   parser.add_argument("--k_rl", type=int, default=8, help="GRPO completions per prompt")
   parser.add_argument("--rl_steps", type=int, default=160)
   parser.add_argument("--rl_batch", type=int, default=64, help="completions per GRPO step")
