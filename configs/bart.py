@@ -7,7 +7,7 @@ BPE vocabulary of 50265 tokens. base: 6 + 6 layers, d_model 768, 12 heads, FFN 3
 12 + 12 layers, 1024, 16 heads, 4096. `reference.params` is Hugging Face's
 `BartForConditionalGeneration(config).num_parameters()` for these configurations (the shared
 embedding counted once, the `final_logits_bias` buffer not at all; checked exactly in
-tests/test_family_bart.py): base 139,420,416, large 406,291,456.
+tests/unit/models/test_family_bart.py): base 139,420,416, large 406,291,456.
 
 Pre-training (section 2.2 and 5.1 of the paper): text infilling (30 % of the tokens, Poisson(3)
 span lengths, one mask per span) + sentence permutation, documents of up to 512 tokens; large

@@ -11,7 +11,7 @@ sentinels + padding to a multiple of 128).
   lm_head, no output scaling; small has 8 layers of 6 heads, large d_ff 2816.
 `reference.params` is Hugging Face `T5ForConditionalGeneration.num_parameters()` of the
 published configuration (v1.1 with its untied lm_head), equal to
-`scaling.count_params(...)['total']` (tests/test_family_t5.py builds them on torch's meta
+`scaling.count_params(...)['total']` (tests/unit/models/test_family_t5.py builds them on torch's meta
 device).
 
 Pre-training recipe (paper, Sec. 3.1.2 and 3.7): span corruption (15% noise, mean span 3) on

@@ -13,7 +13,7 @@ and a `--report_only` flag that calls `report_only(OUT, render, plot)`.
 The stored estimates `refit` is compared with are the module's `stored(results)` when it has
 one (same shape as refit's), else `stored_estimates(results)`: every
 results["fits"][key]["fit"]["params"] (None for a fit that failed), or results["fit"]["params"]
-as key "fit". tests/test_reports.py runs `check(name)` for every committed report.
+as key "fit". tests/unit/experiments/test_reports.py runs `check(name)` for every committed report.
 """
 
 from __future__ import annotations

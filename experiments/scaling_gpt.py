@@ -36,7 +36,7 @@ extrapolation. Both alpha_N are in the report's headline.
 
 Writes OUT.json (every run's eval curve, every size's doubling history, sigma_seed, the fits'
 points and results), OUT.md = `render(OUT.json)` and OUT.png = `plot(OUT.json)`; `refit`
-recomputes the fits' point estimates from OUT.json (tests/test_reports.py).
+recomputes the fits' point estimates from OUT.json (tests/unit/experiments/test_reports.py).
 """
 
 from __future__ import annotations
@@ -498,7 +498,7 @@ def refit(results: dict) -> dict:
 
 
 def stored(results: dict) -> dict:
-  """What `refit` is compared with (tests/test_reports.py): every fit's stored params."""
+  """What `refit` is compared with (tests/unit/experiments/test_reports.py): every fit's stored params."""
   out = report_check.stored_estimates(results)
   lim = results["limits"]
   for s in lim["sizes"]:

@@ -55,7 +55,7 @@ evals as `seed_runs` and `sigma_seed` with its comparison `vs_fit`), OUT.md =
 `render(OUT.json)` (with a table of every seeded eval: errors per seed and their sd) and
 OUT.png = `plot(OUT.json)` (error vs compute, log-log: each size's curve, the other seeds
 dotted, the frontier and the fitted law); `refit(OUT.json)` recomputes the fit's point
-estimate (tests/test_reports.py).
+estimate (tests/unit/experiments/test_reports.py).
 """
 
 from __future__ import annotations

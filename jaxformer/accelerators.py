@@ -5,7 +5,7 @@
 Every figure is per chip (a v4 or v5p chip is one JAX device in megacore mode) and comes from
 Google's public spec pages (`source`), except the clock, which Google does not publish for
 every generation and which is needed to turn the compiler's `estimated_cycles` into seconds:
-it is MEASURED from the compiler itself (see "The clock" below; `tests/test_tpu_analysis.py`
+it is MEASURED from the compiler itself (see "The clock" below; `tests/tpu_compile/test_tpu_analysis.py`
 re-derives it).
 
 Bandwidths, and which one a roofline should use:

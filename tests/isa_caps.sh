@@ -10,15 +10,15 @@
 # AVX2 host) cannot be emulated; the tolerances are derived (docs/design/testing.md), not tuned.
 #
 #   tests/isa_caps.sh                    the numerical files below, under both caps
-#   tests/isa_caps.sh tests/test_moe.py  other files / pytest arguments instead
+#   tests/isa_caps.sh tests/unit/layers/test_moe.py  other files / pytest arguments instead
 #   ISA_CAPS="AVX" tests/isa_caps.sh     one cap
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python="${PYTHON:-python}"
 if [[ $# -eq 0 ]]; then
-  set -- tests/test_parallel.py tests/test_sharding.py tests/test_moe.py tests/test_models.py \
-    tests/test_attention_ops.py tests/test_attention_layers.py tests/test_layers_basic.py \
-    tests/test_mup.py tests/test_reports.py tests/test_scaling_fits.py tests/test_scaling_stats.py
+  set -- tests/unit/parallel/test_parallel.py tests/unit/parallel/test_sharding.py tests/unit/layers/test_moe.py tests/unit/models/test_models.py \
+    tests/unit/ops/test_attention_ops.py tests/unit/layers/test_attention_layers.py tests/unit/layers/test_layers_basic.py \
+    tests/unit/scaling/test_mup.py tests/unit/experiments/test_reports.py tests/unit/scaling/test_scaling_fits.py tests/unit/scaling/test_scaling_stats.py
 fi
 declare -A openblas=([SSE4_2]=Nehalem [AVX]=Sandybridge)
 status=0

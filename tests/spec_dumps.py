@@ -10,7 +10,7 @@ the mesh divides them) through what training runs: `train_state.train_state_fns`
   path  shape  dtype  logical-axes  PartitionSpec
 
 (logical axes `-` for an unboxed leaf such as a step counter), sorted by path.
-tests/test_partition_specs.py compares them with the committed files. Regenerate with
+tests/unit/parallel/test_partition_specs.py compares them with the committed files. Regenerate with
 
   PYTHONPATH=. python -m tests.spec_dumps
 """
@@ -34,7 +34,7 @@ import jax
 from jaxformer import models
 from jaxformer.parallel.sharding import ShardingPlan, _path_str
 from jaxformer.state import train_state
-from tests.test_registry import SMALL, run_config
+from tests.unit.models.test_registry import SMALL, run_config
 
 DIR = pathlib.Path(__file__).resolve().parent / "partition_specs"
 COMMAND = "PYTHONPATH=. python -m tests.spec_dumps"

@@ -23,7 +23,7 @@ trains to its length and decays at its end, and keeps its stable-phase checkpoin
 decay start (`train.checkpoint_steps`); run j+1 is a branch of run j from that checkpoint
 (`jaxformer.train.workdir.branch`): it continues the constant LR to its own decay start and
 then decays. A wsd run's stable phase does not depend on its length, so run j+1 equals a
-separate run of its length exactly (tests/test_wsd.py), for 60% of its steps instead of all.
+separate run of its length exactly (tests/unit/train/test_wsd.py), for 60% of its steps instead of all.
 Each run is thus the trunk's cooldown at its length; the trunk is the chain of stable phases.
 The warmup (5% of the first length) is the same for every length of a chain, which the
 branches need (the resume check compares every learning rate taken).

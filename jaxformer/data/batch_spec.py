@@ -3,7 +3,7 @@
 Planning a pod run (`jaxformer.plan`) compiles the train step on a machine that has neither
 the corpus nor the images; it needs only the batch's layout, which follows from the config.
 Each task states its layout (`Task.batch_spec`, `jaxformer.tasks`); tests check it against
-the first batch of every real pipeline (tests/test_plan.py), so the two cannot drift apart.
+the first batch of every real pipeline (tests/tpu_compile/test_plan.py), so the two cannot drift apart.
 """
 
 from __future__ import annotations

@@ -352,7 +352,7 @@ def _type_name(f) -> str:
 def table(kind: str, tasks: tuple[str, ...] = ()) -> str:
   """The Markdown table of `kind`'s own keys: key, type, default, range and what it does;
   `tasks` name the tasks that read it (docs/data.md holds every kind's table;
-  tests/test_data_settings.py keeps them equal)."""
+  tests/unit/data/test_data_settings.py keeps them equal)."""
   entry = get(kind)
   inherited = [k for k, e in _KINDS.items() if e.settings is not entry.settings
                and e.settings is not DataSettings and issubclass(entry.settings, e.settings)]

@@ -9,7 +9,7 @@
 
 From the training package this imports only the train state's layout, its optimizer and
 checkpoints (`jaxformer.train.state`, `.optim`, `.checkpoint`: the state training builds
-too), never the loop (tests/test_structure.py checks it).
+too), never the loop (tests/unit/package/test_structure.py checks it).
 """
 
 from __future__ import annotations

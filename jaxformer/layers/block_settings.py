@@ -273,7 +273,7 @@ class BlockSettings:
 
 
 # The flat `model.*` config key of each MoESettings field, written out so that grep finds
-# every key (tests/test_layers_basic.py checks that it names each field once).
+# every key (tests/unit/layers/test_layers_basic.py checks that it names each field once).
 _MOE_KEYS = {"num_experts": "num_experts", "experts_per_token": "experts_per_token",
              "moe_dispatch": "dispatch", "moe_capacity_factor": "capacity_factor",
              "moe_router_jitter": "router_jitter", "moe_renormalize": "renormalize",

@@ -12,7 +12,7 @@ ids[1:], `weights` 1 where the target is a response token (the eos included), 0 
 prompt. Examples are packed next-fit (data/packing.py) into rows of `data.seq_len`
 predictions with `segment_ids` 1..k (0: padding) and `positions` from 0 in each example; the
 decoder's attention takes the segment ids, so no token attends across examples, and a row's
-per-example logits equal that example's logits alone (tests/test_posttrain_sft.py). An
+per-example logits equal that example's logits alone (tests/unit/posttrain/test_posttrain_sft.py). An
 example longer than a row is cut to its first seq_len predictions (counted in
 `info['truncated']`), never split across rows. An example left with no response token (an
 empty response with a tokenizer that has no eos, or a response cut away) has nothing to learn

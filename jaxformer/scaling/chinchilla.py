@@ -261,7 +261,7 @@ HOFFMANN_2022 = ParametricFit(
 # tokens per parameter and grows with compute, against the ~20 of the paper's approaches 1-2
 # and its Table 3; the replication found the published fit inconsistent with the paper's own
 # points (and its intervals implausibly narrow), and its refit gives ~20 tokens per parameter
-# and N_opt within 0.9-1.2x of Table 3 (tests/test_scaling_fits.py checks both).
+# and N_opt within 0.9-1.2x of Table 3 (tests/unit/scaling/test_scaling_fits.py checks both).
 BESIROGLU_2024 = ParametricFit(
     law="L = E + A / N^alpha + B / D^beta",
     params={"E": 1.82, "A": 482.0, "B": 2085.0, "alpha": 0.348, "beta": 0.366},
