@@ -1,0 +1,329 @@
+"""Head gates and pruning: does removing attention heads hurt perplexity more or less than
+disabling whole layers, at the same fraction of attention removed?
+
+    python -m experiments.head_pruning [--models=readme,deep] [--workdir=runs/head_pruning]
+
+(`--models=readme` and `--models=deep` can run at once in two processes on one workdir; a last
+run with both then only reads their cached evaluations and writes the report.)
+
+Trains each model with `model.head_gates=True` (a learned scalar per head on its q.k logits)
+with `jaxformer.train.loop.train` in `<workdir>/<model>` (resumable: a finished run is not
+retrained, an interrupted one resumes from its checkpoint), then removes a fraction of the
+attention heads (all L x H heads of the model = 1) and measures validation perplexity on the
+whole Shakespeare validation split (consecutive windows):
+
+  gate        heads with the smallest |gate| removed
+  importance  Michel et al. (2019) importance |dL/d xi_h| (xi_h a mask on the head's output),
+              one-shot, on 16 calibration batches of the training split, l2-normalised per
+              layer; least important removed
+  random      random heads (3 draws; a control)
+  layer       all heads of whole layers (attention sub-layer skipped), layers chosen by the
+              calibration loss with each layer's attention dropped alone (least harmful first)
+  block       whole residual blocks skipped (attention and FFN), chosen the same way; removes
+              the FFN too, so it is not an equal-compute comparison, shown for reference
+
+Removing a head zeroes its output (its slice of the output projection), see
+`jaxformer.models.heads`. Intervals: 95% bootstrap over the evaluation windows (paired between
+methods, 1000 resamples). Each evaluation is cached in `<workdir>/<model>/pruning.json`, so a
+rerun only computes what is missing. Writes `<out>.md`, `<out>.json`, `<out>.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
+
+from configs import shakespeare_char  # noqa: E402
+from jaxformer import models, tasks  # noqa: E402
+from jaxformer.data import text  # noqa: E402
+from jaxformer.inference import load_run  # noqa: E402
+from jaxformer.models import heads  # noqa: E402
+from jaxformer.train import loop  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "head_pruning")
+METHODS = ("gate", "importance", "random", "layer", "block")
+LABELS = {"gate": "heads by |gate|", "importance": "heads by importance (Michel et al.)",
+          "random": "random heads (mean of 3)", "layer": "whole layers' attention",
+          "block": "whole blocks (attention + FFN)"}
+CALIBRATION_BATCHES = 16
+RANDOM_DRAWS = 3
+BOOTSTRAP = 1000
+EVAL_BATCH = 64
+
+
+def experiment_config(name: str, steps: int | None = None):
+  """The README model (`readme`: 4 layers x 4 heads, width 128) or a deeper one (`deep`: 8
+  layers x 8 heads at the same width, context and steps), both with head gates."""
+  config = shakespeare_char.get_config()
+  if name == "deep":
+    config.model.update(num_layers=8, num_heads=8)
+  elif name != "readme":
+    raise ValueError(f"--models: {name!r} is not one of ['readme', 'deep']")
+  config.model.head_gates = True
+  config.train.sample_tokens = 0
+  if steps is not None:
+    if steps < 1:
+      raise ValueError(f"--steps={steps} must be >= 1")
+    config.train.update(steps=steps, eval_every=steps)
+  return config
+
+
+def fractions(num_layers: int, num_heads: int) -> list[float]:
+  """Fractions of attention removed: multiples of 1 / L (whole layers land on the grid), and
+  of 1 / (2 L) for models of <= 4 layers."""
+  step = 2 * num_layers if num_layers <= 4 else num_layers
+  return [i / step for i in range(step)]
+
+
+class Evaluator:
+  """Per-window validation NLL of params (one compile), and calibration-set losses."""
+
+  def __init__(self, config, run_dir: str):
+    self.module = models.build(config.model)
+    self.task = tasks.task_for(config.model)
+    data = config.data.copy_and_resolve_references()
+    data.eval_batches = None                       # the whole validation split
+    pipe = text.make_text_pipeline(data, "lm", seed=config.train.seed,
+                                   global_batch_size=config.train.batch_size,
+                                   eval_batch_size=EVAL_BATCH, workdir=run_dir,
+                                   data_dir=config.data.get("data_dir"))
+    self.batches = [jax.tree.map(jnp.asarray, b) for b in pipe.eval_batches()]
+    # calibration: training-split windows of steps the run never drew
+    self.calibration = [jax.tree.map(jnp.asarray, pipe.train_batch(10 ** 6 + i))
+                        for i in range(CALIBRATION_BATCHES)]
+    task, module = self.task, self.module
+
+    def row_nll(params, batch):
+      sums = task.eval_sums(module, params, batch)
+      return sums["nll"], sums["count"]
+    self._sums = jax.jit(row_nll)
+
+    def loss(params, batch):
+      sums = task.eval_sums(module, params, batch)
+      return sums["nll"] / jnp.maximum(sums["count"], 1.0)
+    self.loss = loss
+    self._loss = jax.jit(loss)
+
+  def nll(self, params) -> tuple[np.ndarray, np.ndarray]:
+    """(NLL sum, token count) per eval batch."""
+    out = [jax.device_get(self._sums(params, b)) for b in self.batches]
+    return np.array([o[0] for o in out], np.float64), np.array([o[1] for o in out], np.float64)
+
+  def calibration_loss(self, params) -> float:
+    return float(np.mean([self._loss(params, b) for b in self.calibration]))
+
+
+def keep_for(method: str, fraction: float, params, ev: Evaluator, cache: dict,
+             draw: int = 0):
+  """(pruned params, keep mask [L, H]) for `method` at `fraction`."""
+  num_layers, num_heads = heads.num_heads(params)
+  if method in ("gate", "importance", "random"):
+    if method == "gate":
+      scores = np.abs(heads.gates(params))
+    elif method == "importance":
+      if "importance" not in cache:
+        cache["importance"] = heads.head_importance(ev.loss, params, ev.calibration).tolist()
+      scores = np.asarray(cache["importance"])
+    else:
+      scores = np.random.default_rng(draw).random((num_layers, num_heads))
+    keep = heads.keep_lowest_removed(scores, fraction)
+    return heads.prune_heads(params, keep), keep
+  k = fraction * num_layers
+  if abs(k - round(k)) > 1e-9:
+    return None, None
+  key = f"{method}_order"
+  if key not in cache:                     # calibration loss with each layer dropped alone
+    alone = [ev.calibration_loss(heads.drop_layers(
+        params, np.arange(num_layers) != i, whole_block=method == "block"))
+        for i in range(num_layers)]
+    cache[key] = [int(i) for i in np.argsort(alone, kind="stable")]
+  keep_layers = np.ones(num_layers, bool)
+  keep_layers[cache[key][:int(round(k))]] = False
+  keep = np.repeat(keep_layers[:, None], num_heads, 1)
+  return heads.drop_layers(params, keep_layers, whole_block=method == "block"), keep
+
+
+def evaluate_model(name: str, config, workdir: str) -> dict:
+  """Train (or resume) the model, then every (method, fraction), cached in pruning.json."""
+  run_dir = os.path.join(workdir, name)
+  start = time.perf_counter()
+  loop.train(config, run_dir)
+  config, params, _ = load_run(run_dir)
+  train_s = time.perf_counter() - start
+  cache_path = os.path.join(run_dir, "pruning.json")
+  cache = json.load(open(cache_path)) if os.path.exists(cache_path) else {}
+  cache.setdefault("evals", {})
+  ev = Evaluator(config, run_dir)
+  num_layers, num_heads = heads.num_heads(params)
+
+  def save():
+    with open(cache_path + ".tmp", "w") as f:
+      json.dump(cache, f)
+    os.replace(cache_path + ".tmp", cache_path)
+
+  for fraction in fractions(num_layers, num_heads):
+    for method in METHODS:
+      for draw in range(RANDOM_DRAWS if method == "random" else 1):
+        key = f"{method}/{fraction:.6f}/{draw}"
+        if key in cache["evals"]:
+          continue
+        pruned, keep = keep_for(method, fraction, params, ev, cache, draw)
+        if pruned is None:
+          continue
+        nll, count = ev.nll(pruned)
+        cache["evals"][key] = {"nll": nll.tolist(), "count": count.tolist(),
+                               "keep": keep.astype(int).tolist()}
+        save()
+        print(f"{name} {key}: ppl {math.exp(nll.sum() / count.sum()):.3f}", flush=True)
+  return summarize(name, config, params, cache, train_s)
+
+
+def _ppl(nll, count, idx=None):
+  if idx is None:
+    return float(np.exp(nll.sum() / count.sum()))
+  return np.exp(nll[idx].sum(-1) / count[idx].sum(-1))
+
+
+def summarize(name, config, params, cache, train_s) -> dict:
+  """Per method and fraction: perplexity and its 95% bootstrap interval over eval batches
+  (the same resamples for every method, so differences are paired)."""
+  num_layers, num_heads = heads.num_heads(params)
+  evals = cache["evals"]
+  any_eval = next(iter(evals.values()))
+  n = len(any_eval["nll"])
+  idx = np.random.default_rng(0).integers(0, n, (BOOTSTRAP, n))
+  curves = {}
+  for method in METHODS:
+    rows = []
+    for fraction in fractions(num_layers, num_heads):
+      draws = [evals[k] for d in range(RANDOM_DRAWS)
+               if (k := f"{method}/{fraction:.6f}/{d}") in evals]
+      if not draws:
+        continue
+      nll = np.mean([d["nll"] for d in draws], 0)
+      count = np.asarray(draws[0]["count"])
+      boot = _ppl(nll, count, idx)
+      rows.append({"fraction": fraction, "perplexity": _ppl(nll, count),
+                   "ci95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
+                   "keep": draws[0]["keep"]})
+    curves[method] = rows
+  # paired differences: best head method vs layers at each whole-layer fraction
+  comparisons = []
+  for k in range(1, num_layers):
+    fraction = k / num_layers
+    key = lambda m: f"{m}/{fraction:.6f}/0"
+    if not all(key(m) in evals for m in ("importance", "gate", "layer")):
+      continue
+    count = np.asarray(evals[key("layer")]["count"])
+    layer = _ppl(np.asarray(evals[key("layer")]["nll"]), count, idx)
+    row = {"fraction": fraction, "layer": _ppl(np.asarray(evals[key("layer")]["nll"]), count)}
+    for m in ("importance", "gate"):
+      boot = _ppl(np.asarray(evals[key(m)]["nll"]), count, idx)
+      row[m] = _ppl(np.asarray(evals[key(m)]["nll"]), count)
+      row[f"{m}_minus_layer_ci95"] = [float(np.percentile(boot - layer, 2.5)),
+                                      float(np.percentile(boot - layer, 97.5))]
+    comparisons.append(row)
+  gates = heads.gates(params)
+  model = config.model
+  return {"name": name, "layers": num_layers, "heads": num_heads, "d_model": model.d_model,
+          "seq_len": config.data.seq_len, "steps": config.train.steps,
+          "params": int(sum(np.size(x) for x in jax.tree.leaves(params))),
+          "train_seconds": train_s, "eval_tokens": int(np.sum(any_eval["count"])),
+          "gates": gates.tolist(), "importance": cache.get("importance"),
+          "layer_order": cache.get("layer_order"), "block_order": cache.get("block_order"),
+          "curves": curves, "comparisons": comparisons}
+
+
+def markdown(results: dict) -> str:
+  lines = ["# Head pruning vs dropping layers", "",
+           "Validation perplexity (whole Shakespeare validation split) of models trained with "
+           "`model.head_gates=True`, after removing a fraction of all attention heads; 95% "
+           f"bootstrap intervals over eval batches ({BOOTSTRAP} resamples). Regenerate: "
+           "`python -m experiments.head_pruning`.", ""]
+  for r in results.values():
+    lines += [f"## `{r['name']}`: {r['layers']} layers x {r['heads']} heads, width "
+              f"{r['d_model']}, context {r['seq_len']}, {r['params']:,} params, {r['steps']} "
+              f"steps; {r['eval_tokens']:,} eval tokens", ""]
+    fr = [row["fraction"] for row in r["curves"]["gate"]]
+    lines += ["| removed | " + " | ".join(LABELS[m] for m in METHODS) + " |",
+              "|---:|" + "---:|" * len(METHODS)]
+    for f in fr:
+      cells = []
+      for m in METHODS:
+        row = next((x for x in r["curves"][m] if abs(x["fraction"] - f) < 1e-9), None)
+        cells.append("" if row is None else
+                     f"{row['perplexity']:.3f} [{row['ci95'][0]:.3f}, {row['ci95'][1]:.3f}]")
+      lines.append(f"| {f:.3f} | " + " | ".join(cells) + " |")
+    lines += ["", "Paired differences at whole-layer fractions (perplexity of head pruning "
+              "minus whole layers' attention; negative: head pruning hurts less):", "",
+              "| removed | layers | importance | importance - layers [95%] | gate | "
+              "gate - layers [95%] |", "|---:|---:|---:|---:|---:|---:|"]
+    for c in r["comparisons"]:
+      lines.append(
+          f"| {c['fraction']:.3f} | {c['layer']:.3f} | {c['importance']:.3f} | "
+          f"[{c['importance_minus_layer_ci95'][0]:+.3f}, "
+          f"{c['importance_minus_layer_ci95'][1]:+.3f}] | {c['gate']:.3f} | "
+          f"[{c['gate_minus_layer_ci95'][0]:+.3f}, {c['gate_minus_layer_ci95'][1]:+.3f}] |")
+    g = np.asarray(r["gates"])
+    lines += ["", "Learned gates (rows: layers): " + "; ".join(
+        " ".join(f"{v:.2f}" for v in row) for row in g), ""]
+  return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: str) -> None:
+  fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.2), squeeze=False)
+  for ax, r in zip(axes[0], results.values()):
+    for m in METHODS:
+      rows = r["curves"][m]
+      x = [row["fraction"] for row in rows]
+      y = [row["perplexity"] for row in rows]
+      lo = [row["ci95"][0] for row in rows]
+      hi = [row["ci95"][1] for row in rows]
+      line, = ax.plot(x, y, "o-" if m in ("layer", "block") else ".-", label=LABELS[m])
+      ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2)
+    ax.set(xlabel="fraction of attention heads removed", ylabel="validation perplexity",
+           yscale="log", title=f"{r['name']}: {r['layers']} layers x {r['heads']} heads")
+    ax.grid(alpha=0.3, which="both")
+  axes[0][0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def write_results(results: dict, out: str) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out + ".md", "w") as f:
+    f.write(markdown(results))
+  with open(out + ".json", "w") as f:
+    json.dump({"models": results, "bootstrap": BOOTSTRAP,
+               "calibration_batches": CALIBRATION_BATCHES}, f, indent=1)
+  plot(results, out + ".png")
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--models", default="readme,deep")
+  parser.add_argument("--workdir", default="runs/head_pruning")
+  parser.add_argument("--steps", type=int, default=None, help="override the configs' steps")
+  parser.add_argument("--out", default=RESULTS, help="results prefix (.md, .json, .png)")
+  args = parser.parse_args(argv)
+  configs = {n: experiment_config(n, args.steps) for n in args.models.split(",")}
+  results = {n: evaluate_model(n, c, args.workdir) for n, c in configs.items()}
+  write_results(results, args.out)
+  print(markdown(results))
+  print(f"wrote {args.out}.{{md,json,png}}")
+
+
+if __name__ == "__main__":
+  main()
