@@ -45,6 +45,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
 
 from configs import shakespeare_char  # noqa: E402
+from experiments import report_check  # noqa: E402
 from jaxformer import models, tasks  # noqa: E402
 from jaxformer.data import text  # noqa: E402
 from jaxformer.inference import load_run  # noqa: E402
@@ -53,13 +54,14 @@ from jaxformer.train import loop  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "head_pruning")
 METHODS = ("gate", "importance", "random", "layer", "block")
-LABELS = {"gate": "heads by |gate|", "importance": "heads by importance (Michel et al.)",
+LABELS = {"gate": "heads by gate magnitude", "importance": "heads by importance (Michel et al.)",
           "random": "random heads (mean of 3)", "layer": "whole layers' attention",
           "block": "whole blocks (attention + FFN)"}
 CALIBRATION_BATCHES = 16
 RANDOM_DRAWS = 3
 BOOTSTRAP = 1000
 EVAL_BATCH = 64
+FORMAT = 1
 
 
 def experiment_config(name: str, steps: int | None = None):
@@ -155,14 +157,16 @@ def keep_for(method: str, fraction: float, params, ev: Evaluator, cache: dict,
 
 
 def evaluate_model(name: str, config, workdir: str) -> dict:
-  """Train (or resume) the model, then every (method, fraction), cached in pruning.json."""
+  """Train (or resume) the model, then every (method, fraction), cached in pruning.json;
+  returns the model's raw record (the per-batch NLL of every evaluation)."""
   run_dir = os.path.join(workdir, name)
-  start = time.perf_counter()
   loop.train(config, run_dir)
   config, params, _ = load_run(run_dir)
-  train_s = time.perf_counter() - start
   cache_path = os.path.join(run_dir, "pruning.json")
-  cache = json.load(open(cache_path)) if os.path.exists(cache_path) else {}
+  cache = {}
+  if os.path.exists(cache_path):
+    with open(cache_path) as f:
+      cache = json.load(f)
   cache.setdefault("evals", {})
   ev = Evaluator(config, run_dir)
   num_layers, num_heads = heads.num_heads(params)
@@ -186,114 +190,173 @@ def evaluate_model(name: str, config, workdir: str) -> dict:
                                "keep": keep.astype(int).tolist()}
         save()
         print(f"{name} {key}: ppl {math.exp(nll.sum() / count.sum()):.3f}", flush=True)
-  return summarize(name, config, params, cache, train_s)
-
-
-def _ppl(nll, count, idx=None):
-  if idx is None:
-    return float(np.exp(nll.sum() / count.sum()))
-  return np.exp(nll[idx].sum(-1) / count[idx].sum(-1))
-
-
-def summarize(name, config, params, cache, train_s) -> dict:
-  """Per method and fraction: perplexity and its 95% bootstrap interval over eval batches
-  (the same resamples for every method, so differences are paired)."""
-  num_layers, num_heads = heads.num_heads(params)
-  evals = cache["evals"]
-  any_eval = next(iter(evals.values()))
-  n = len(any_eval["nll"])
-  idx = np.random.default_rng(0).integers(0, n, (BOOTSTRAP, n))
-  curves = {}
-  for method in METHODS:
-    rows = []
-    for fraction in fractions(num_layers, num_heads):
-      draws = [evals[k] for d in range(RANDOM_DRAWS)
-               if (k := f"{method}/{fraction:.6f}/{d}") in evals]
-      if not draws:
-        continue
-      nll = np.mean([d["nll"] for d in draws], 0)
-      count = np.asarray(draws[0]["count"])
-      boot = _ppl(nll, count, idx)
-      rows.append({"fraction": fraction, "perplexity": _ppl(nll, count),
-                   "ci95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
-                   "keep": draws[0]["keep"]})
-    curves[method] = rows
-  # paired differences: best head method vs layers at each whole-layer fraction
-  comparisons = []
-  for k in range(1, num_layers):
-    fraction = k / num_layers
-    key = lambda m: f"{m}/{fraction:.6f}/0"
-    if not all(key(m) in evals for m in ("importance", "gate", "layer")):
-      continue
-    count = np.asarray(evals[key("layer")]["count"])
-    layer = _ppl(np.asarray(evals[key("layer")]["nll"]), count, idx)
-    row = {"fraction": fraction, "layer": _ppl(np.asarray(evals[key("layer")]["nll"]), count)}
-    for m in ("importance", "gate"):
-      boot = _ppl(np.asarray(evals[key(m)]["nll"]), count, idx)
-      row[m] = _ppl(np.asarray(evals[key(m)]["nll"]), count)
-      row[f"{m}_minus_layer_ci95"] = [float(np.percentile(boot - layer, 2.5)),
-                                      float(np.percentile(boot - layer, 97.5))]
-    comparisons.append(row)
-  gates = heads.gates(params)
+  with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+    last_eval = [r for r in map(json.loads, f) if "eval_loss" in r][-1]
   model = config.model
   return {"name": name, "layers": num_layers, "heads": num_heads, "d_model": model.d_model,
           "seq_len": config.data.seq_len, "steps": config.train.steps,
           "params": int(sum(np.size(x) for x in jax.tree.leaves(params))),
-          "train_seconds": train_s, "eval_tokens": int(np.sum(any_eval["count"])),
-          "gates": gates.tolist(), "importance": cache.get("importance"),
+          "train_eval_loss": last_eval["eval_loss"],
+          "gates": heads.gates(params).tolist(), "importance": cache.get("importance"),
           "layer_order": cache.get("layer_order"), "block_order": cache.get("block_order"),
-          "curves": curves, "comparisons": comparisons}
+          "evals": {k: {"nll": v["nll"], "count": v["count"], "keep": v["keep"]}
+                    for k, v in sorted(cache["evals"].items())}}
 
 
-def markdown(results: dict) -> str:
-  lines = ["# Head pruning vs dropping layers", "",
-           "Validation perplexity (whole Shakespeare validation split) of models trained with "
-           "`model.head_gates=True`, after removing a fraction of all attention heads; 95% "
-           f"bootstrap intervals over eval batches ({BOOTSTRAP} resamples). Regenerate: "
-           "`python -m experiments.head_pruning`.", ""]
-  for r in results.values():
-    lines += [f"## `{r['name']}`: {r['layers']} layers x {r['heads']} heads, width "
-              f"{r['d_model']}, context {r['seq_len']}, {r['params']:,} params, {r['steps']} "
-              f"steps; {r['eval_tokens']:,} eval tokens", ""]
-    fr = [row["fraction"] for row in r["curves"]["gate"]]
-    lines += ["| removed | " + " | ".join(LABELS[m] for m in METHODS) + " |",
+def _ppl(nll, count, idx=None):
+  if idx is None:
+    return float(np.exp(np.sum(nll) / np.sum(count)))
+  return np.exp(nll[idx].sum(-1) / count[idx].sum(-1))
+
+
+def _draws(evals, method, fraction):
+  return [evals[k] for d in range(RANDOM_DRAWS) if (k := f"{method}/{fraction:.6f}/{d}") in evals]
+
+
+def summarize(record: dict) -> dict:
+  """From a model's raw evaluations: per method and fraction the perplexity and its 95%
+  bootstrap interval over eval batches, and at each whole-layer fraction the paired
+  differences (head pruning - whole layers' attention); the same resamples everywhere."""
+  evals, num_layers = record["evals"], record["layers"]
+  n = len(next(iter(evals.values()))["nll"])
+  idx = np.random.default_rng(0).integers(0, n, (BOOTSTRAP, n))
+
+  def curve_point(method, fraction):
+    draws = _draws(evals, method, fraction)
+    if not draws:
+      return None
+    nll = np.mean([d["nll"] for d in draws], 0)
+    count = np.asarray(draws[0]["count"])
+    return nll, count
+
+  curves = {}
+  for method in METHODS:
+    rows = []
+    for fraction in fractions(num_layers, record["heads"]):
+      point = curve_point(method, fraction)
+      if point is None:
+        continue
+      boot = _ppl(*point, idx)
+      rows.append({"fraction": fraction, "perplexity": _ppl(*point),
+                   "ci95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]})
+    curves[method] = rows
+  comparisons = []
+  for k in range(1, num_layers):
+    fraction = k / num_layers
+    points = {m: curve_point(m, fraction) for m in ("layer", "importance", "gate", "random")}
+    if any(p is None for p in points.values()):
+      continue
+    layer = _ppl(*points["layer"], idx)
+    row = {"fraction": fraction, "layer": _ppl(*points["layer"])}
+    for m in ("importance", "gate", "random"):
+      diff = _ppl(*points[m], idx) - layer
+      row[m] = _ppl(*points[m])
+      row[f"{m}_minus_layer_ci95"] = [float(np.percentile(diff, 2.5)),
+                                      float(np.percentile(diff, 97.5))]
+    comparisons.append(row)
+  return {"curves": curves, "comparisons": comparisons}
+
+
+def verdict(comparisons: list[dict], method: str = "importance") -> str:
+  """'less' / 'more' / 'mixed' / 'no difference': head pruning by `method` against whole
+  layers, by the sign of the paired 95% intervals at the whole-layer fractions."""
+  signs = {("less" if c[f"{method}_minus_layer_ci95"][1] < 0 else
+            "more" if c[f"{method}_minus_layer_ci95"][0] > 0 else "same") for c in comparisons}
+  if signs == {"less"}:
+    return "less"
+  if signs == {"more"}:
+    return "more"
+  if signs == {"same"}:
+    return "no difference"
+  return "mixed"
+
+
+PHRASES = {"less": "**less** than", "more": "**more** than",
+           "no difference": "**no differently** from",
+           "mixed": "**less at some fractions and more at others** than"}
+
+
+def _cell(row):
+  return "" if row is None else (f"{row['perplexity']:.3f} "
+                                 f"[{row['ci95'][0]:.3f}, {row['ci95'][1]:.3f}]")
+
+
+def _ci(c, m):
+  low, high = c[f"{m}_minus_layer_ci95"]
+  return f"{c[m]:.3f} ({low:+.3f}, {high:+.3f})"
+
+
+def render(results: dict) -> str:
+  """The report, from the JSON alone (the raw per-batch evaluations)."""
+  lines = ["# Head pruning vs dropping whole layers", "",
+           "Validation perplexity (the whole Shakespeare validation split, consecutive windows) "
+           "of character-level models trained with `model.head_gates=True` (a learned scalar "
+           "per head on its q.k logits), after removing a fraction of all attention heads. "
+           "Removing a head zeroes its output (its slice of the output projection). Brackets: "
+           f"95% bootstrap intervals over eval batches ({results['bootstrap']} resamples, the "
+           "same for every method, so differences are paired). Head importance: Michel et al. "
+           f"(2019) |dL/d xi_h| on {results['calibration_batches']} training-split batches, "
+           "one-shot, l2-normalised per layer. Layers (and blocks) are dropped least harmful "
+           "first, by the calibration loss with each one dropped alone. Regenerate: "
+           "`python -m experiments.head_pruning` (report only: `--report_only`).", ""]
+  for name, r in results["models"].items():
+    summary = summarize(r)
+    lines += [f"## `{name}`: {r['layers']} layers x {r['heads']} heads, width {r['d_model']}, "
+              f"context {r['seq_len']}, {r['params']:,} params, {r['steps']} steps", "",
+              f"Final training eval loss {r['train_eval_loss']:.4f}; "
+              f"{int(np.sum(next(iter(r['evals'].values()))['count'])):,} eval tokens.", "",
+              "| removed | " + " | ".join(LABELS[m] for m in METHODS) + " |",
               "|---:|" + "---:|" * len(METHODS)]
-    for f in fr:
-      cells = []
-      for m in METHODS:
-        row = next((x for x in r["curves"][m] if abs(x["fraction"] - f) < 1e-9), None)
-        cells.append("" if row is None else
-                     f"{row['perplexity']:.3f} [{row['ci95'][0]:.3f}, {row['ci95'][1]:.3f}]")
+    for f in fractions(r["layers"], r["heads"]):
+      cells = [_cell(next((x for x in summary["curves"][m] if abs(x["fraction"] - f) < 1e-9),
+                          None)) for m in METHODS]
       lines.append(f"| {f:.3f} | " + " | ".join(cells) + " |")
-    lines += ["", "Paired differences at whole-layer fractions (perplexity of head pruning "
-              "minus whole layers' attention; negative: head pruning hurts less):", "",
-              "| removed | layers | importance | importance - layers [95%] | gate | "
-              "gate - layers [95%] |", "|---:|---:|---:|---:|---:|---:|"]
-    for c in r["comparisons"]:
-      lines.append(
-          f"| {c['fraction']:.3f} | {c['layer']:.3f} | {c['importance']:.3f} | "
-          f"[{c['importance_minus_layer_ci95'][0]:+.3f}, "
-          f"{c['importance_minus_layer_ci95'][1]:+.3f}] | {c['gate']:.3f} | "
-          f"[{c['gate_minus_layer_ci95'][0]:+.3f}, {c['gate_minus_layer_ci95'][1]:+.3f}] |")
-    g = np.asarray(r["gates"])
-    lines += ["", "Learned gates (rows: layers): " + "; ".join(
-        " ".join(f"{v:.2f}" for v in row) for row in g), ""]
-  return "\n".join(lines) + "\n"
+    lines += ["", "At whole-layer fractions: perplexity with heads removed, and (in brackets) "
+              "the 95% interval of its difference from removing whole layers' attention "
+              "(negative: removing heads hurts less):", "",
+              "| removed | whole layers | heads by importance | heads by gate | random heads |",
+              "|---:|---:|---:|---:|---:|"]
+    for c in summary["comparisons"]:
+      lines.append(f"| {c['fraction']:.3f} | {c['layer']:.3f} | {_ci(c, 'importance')} | "
+                   f"{_ci(c, 'gate')} | {_ci(c, 'random')} |")
+    lines += ["", "Verdict (paired 95% intervals at every whole-layer fraction): removing heads "
+              f"by importance hurts perplexity {PHRASES[verdict(summary['comparisons'])]} "
+              "removing whole layers' attention; by gate magnitude, "
+              f"{PHRASES[verdict(summary['comparisons'], 'gate')]}.", "",
+              "Learned gates (one row per layer): " + "; ".join(
+                  " ".join(f"{v:.2f}" for v in row) for row in r["gates"]),
+              "", f"Layers in drop order (attention / whole block): {r['layer_order']} / "
+              f"{r['block_order']}", ""]
+  return "\n".join(lines)
+
+
+def refit(results: dict) -> dict:
+  """Every curve point's perplexity recomputed from the raw evaluations."""
+  return {f"{name}/{m}": {f"{row['fraction']:.6f}": row["perplexity"]
+                          for row in summarize(r)["curves"][m]}
+          for name, r in results["models"].items() for m in METHODS}
+
+
+def stored(results: dict) -> dict:
+  return {f"{name}/{m}": {f"{row['fraction']:.6f}": row["perplexity"]
+                          for row in r["curves"][m]}
+          for name, r in results["models"].items() for m in METHODS}
 
 
 def plot(results: dict, path: str) -> None:
-  fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.2), squeeze=False)
-  for ax, r in zip(axes[0], results.values()):
+  models_ = results["models"]
+  fig, axes = plt.subplots(1, len(models_), figsize=(6 * len(models_), 4.2), squeeze=False)
+  for ax, (name, r) in zip(axes[0], models_.items()):
+    curves = summarize(r)["curves"]
     for m in METHODS:
-      rows = r["curves"][m]
+      rows = curves[m]
       x = [row["fraction"] for row in rows]
-      y = [row["perplexity"] for row in rows]
-      lo = [row["ci95"][0] for row in rows]
-      hi = [row["ci95"][1] for row in rows]
-      line, = ax.plot(x, y, "o-" if m in ("layer", "block") else ".-", label=LABELS[m])
-      ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2)
+      line, = ax.plot(x, [row["perplexity"] for row in rows],
+                      "o-" if m in ("layer", "block") else ".-", label=LABELS[m])
+      ax.fill_between(x, [row["ci95"][0] for row in rows], [row["ci95"][1] for row in rows],
+                      color=line.get_color(), alpha=0.2)
     ax.set(xlabel="fraction of attention heads removed", ylabel="validation perplexity",
-           yscale="log", title=f"{r['name']}: {r['layers']} layers x {r['heads']} heads")
+           yscale="log", title=f"{name}: {r['layers']} layers x {r['heads']} heads")
     ax.grid(alpha=0.3, which="both")
   axes[0][0].legend(fontsize=8)
   fig.tight_layout()
@@ -301,14 +364,13 @@ def plot(results: dict, path: str) -> None:
   plt.close(fig)
 
 
-def write_results(results: dict, out: str) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  with open(out + ".md", "w") as f:
-    f.write(markdown(results))
-  with open(out + ".json", "w") as f:
-    json.dump({"models": results, "bootstrap": BOOTSTRAP,
-               "calibration_batches": CALIBRATION_BATCHES}, f, indent=1)
-  plot(results, out + ".png")
+def results_json(records: dict) -> dict:
+  models_ = {}
+  for name, r in records.items():
+    summary = summarize(r)
+    models_[name] = {**r, "curves": summary["curves"], "comparisons": summary["comparisons"]}
+  return {"format": FORMAT, "bootstrap": BOOTSTRAP, "calibration_batches": CALIBRATION_BATCHES,
+          "random_draws": RANDOM_DRAWS, "models": models_}
 
 
 def main(argv=None):
@@ -317,12 +379,16 @@ def main(argv=None):
   parser.add_argument("--workdir", default="runs/head_pruning")
   parser.add_argument("--steps", type=int, default=None, help="override the configs' steps")
   parser.add_argument("--out", default=RESULTS, help="results prefix (.md, .json, .png)")
+  parser.add_argument("--report_only", action="store_true",
+                      help="rewrite OUT.md and OUT.png from OUT.json")
   args = parser.parse_args(argv)
+  if args.report_only:
+    return report_check.report_only(args.out, render, plot)
   configs = {n: experiment_config(n, args.steps) for n in args.models.split(",")}
-  results = {n: evaluate_model(n, c, args.workdir) for n, c in configs.items()}
-  write_results(results, args.out)
-  print(markdown(results))
+  records = {n: evaluate_model(n, c, args.workdir) for n, c in configs.items()}
+  print(report_check.write(args.out, results_json(records), render, plot))
   print(f"wrote {args.out}.{{md,json,png}}")
+  return 0
 
 
 if __name__ == "__main__":
