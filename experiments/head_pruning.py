@@ -16,6 +16,9 @@ whole Shakespeare validation split (consecutive windows):
   importance  Michel et al. (2019) importance |dL/d xi_h| (xi_h a mask on the head's output),
               one-shot, on 16 calibration batches of the training split, l2-normalised per
               layer; least important removed
+  ablation    heads ordered by the calibration loss with each head removed alone (least
+              harmful first): the measured counterpart of `importance`, chosen the same way
+              as the layers below
   random      random heads (3 draws; a control)
   layer       all heads of whole layers (attention sub-layer skipped), layers chosen by the
               calibration loss with each layer's attention dropped alone (least harmful first)
@@ -53,8 +56,10 @@ from jaxformer.models import heads  # noqa: E402
 from jaxformer.train import loop  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "head_pruning")
-METHODS = ("gate", "importance", "random", "layer", "block")
+METHODS = ("gate", "importance", "ablation", "random", "layer", "block")
+HEAD_METHODS = ("importance", "ablation", "gate", "random")
 LABELS = {"gate": "heads by gate magnitude", "importance": "heads by importance (Michel et al.)",
+          "ablation": "heads by ablation loss",
           "random": "random heads (mean of 3)", "layer": "whole layers' attention",
           "block": "whole blocks (attention + FFN)"}
 CALIBRATION_BATCHES = 16
@@ -130,8 +135,18 @@ def keep_for(method: str, fraction: float, params, ev: Evaluator, cache: dict,
              draw: int = 0):
   """(pruned params, keep mask [L, H]) for `method` at `fraction`."""
   num_layers, num_heads = heads.num_heads(params)
-  if method in ("gate", "importance", "random"):
-    if method == "gate":
+  if method in ("gate", "importance", "ablation", "random"):
+    if method == "ablation" and "ablation" not in cache:
+      alone = np.zeros((num_layers, num_heads))
+      for i in range(num_layers):
+        for j in range(num_heads):
+          keep = np.ones((num_layers, num_heads), bool)
+          keep[i, j] = False
+          alone[i, j] = ev.calibration_loss(heads.prune_heads(params, keep))
+      cache["ablation"] = alone.tolist()
+    if method == "ablation":
+      scores = np.asarray(cache["ablation"])
+    elif method == "gate":
       scores = np.abs(heads.gates(params))
     elif method == "importance":
       if "importance" not in cache:
@@ -198,6 +213,7 @@ def evaluate_model(name: str, config, workdir: str) -> dict:
           "params": int(sum(np.size(x) for x in jax.tree.leaves(params))),
           "train_eval_loss": last_eval["eval_loss"],
           "gates": heads.gates(params).tolist(), "importance": cache.get("importance"),
+          "ablation_loss": cache.get("ablation"),
           "layer_order": cache.get("layer_order"), "block_order": cache.get("block_order"),
           "evals": {k: {"nll": v["nll"], "count": v["count"], "keep": v["keep"]}
                     for k, v in sorted(cache["evals"].items())}}
@@ -243,12 +259,12 @@ def summarize(record: dict) -> dict:
   comparisons = []
   for k in range(1, num_layers):
     fraction = k / num_layers
-    points = {m: curve_point(m, fraction) for m in ("layer", "importance", "gate", "random")}
+    points = {m: curve_point(m, fraction) for m in ("layer",) + HEAD_METHODS}
     if any(p is None for p in points.values()):
       continue
     layer = _ppl(*points["layer"], idx)
     row = {"fraction": fraction, "layer": _ppl(*points["layer"])}
-    for m in ("importance", "gate", "random"):
+    for m in HEAD_METHODS:
       diff = _ppl(*points[m], idx) - layer
       row[m] = _ppl(*points[m])
       row[f"{m}_minus_layer_ci95"] = [float(np.percentile(diff, 2.5)),
@@ -273,7 +289,7 @@ def verdict(comparisons: list[dict], method: str = "importance") -> str:
 
 PHRASES = {"less": "**less** than", "more": "**more** than",
            "no difference": "**no differently** from",
-           "mixed": "**less at some fractions and more at others** than"}
+           "mixed": "**less at some fractions, more at others,** than"}
 
 
 def _cell(row):
@@ -314,15 +330,15 @@ def render(results: dict) -> str:
     lines += ["", "At whole-layer fractions: perplexity with heads removed, and (in brackets) "
               "the 95% interval of its difference from removing whole layers' attention "
               "(negative: removing heads hurts less):", "",
-              "| removed | whole layers | heads by importance | heads by gate | random heads |",
-              "|---:|---:|---:|---:|---:|"]
+              "| removed | whole layers | " + " | ".join(LABELS[m] for m in HEAD_METHODS) + " |",
+              "|---:|---:|" + "---:|" * len(HEAD_METHODS)]
     for c in summary["comparisons"]:
-      lines.append(f"| {c['fraction']:.3f} | {c['layer']:.3f} | {_ci(c, 'importance')} | "
-                   f"{_ci(c, 'gate')} | {_ci(c, 'random')} |")
+      lines.append(f"| {c['fraction']:.3f} | {c['layer']:.3f} | "
+                   + " | ".join(_ci(c, m) for m in HEAD_METHODS) + " |")
     lines += ["", "Verdict (paired 95% intervals at every whole-layer fraction): removing heads "
-              f"by importance hurts perplexity {PHRASES[verdict(summary['comparisons'])]} "
-              "removing whole layers' attention; by gate magnitude, "
-              f"{PHRASES[verdict(summary['comparisons'], 'gate')]}.", "",
+              "hurts perplexity, against removing whole layers' attention: " + "; ".join(
+                  f"{LABELS[m]}: {PHRASES[verdict(summary['comparisons'], m)]} layers"
+                  for m in HEAD_METHODS) + ".", "",
               "Learned gates (one row per layer): " + "; ".join(
                   " ".join(f"{v:.2f}" for v in row) for row in r["gates"]),
               "", f"Layers in drop order (attention / whole block): {r['layer_order']} / "
