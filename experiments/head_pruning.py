@@ -16,6 +16,7 @@ whole Shakespeare validation split (consecutive windows):
   importance  Michel et al. (2019) importance |dL/d xi_h| (xi_h a mask on the head's output),
               one-shot, on 16 calibration batches of the training split, l2-normalised per
               layer; least important removed
+  importance_raw  the same scores without the per-layer normalisation
   ablation    heads ordered by the calibration loss with each head removed alone (least
               harmful first): the measured counterpart of `importance`, chosen the same way
               as the layers below
@@ -56,9 +57,10 @@ from jaxformer.models import heads  # noqa: E402
 from jaxformer.train import loop  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "head_pruning")
-METHODS = ("gate", "importance", "ablation", "random", "layer", "block")
-HEAD_METHODS = ("importance", "ablation", "gate", "random")
+METHODS = ("gate", "importance", "importance_raw", "ablation", "random", "layer", "block")
+HEAD_METHODS = ("importance", "importance_raw", "ablation", "gate", "random")
 LABELS = {"gate": "heads by gate magnitude", "importance": "heads by importance (Michel et al.)",
+          "importance_raw": "heads by importance, not normalised per layer",
           "ablation": "heads by ablation loss",
           "random": "random heads (mean of 3)", "layer": "whole layers' attention",
           "block": "whole blocks (attention + FFN)"}
@@ -135,7 +137,7 @@ def keep_for(method: str, fraction: float, params, ev: Evaluator, cache: dict,
              draw: int = 0):
   """(pruned params, keep mask [L, H]) for `method` at `fraction`."""
   num_layers, num_heads = heads.num_heads(params)
-  if method in ("gate", "importance", "ablation", "random"):
+  if method in ("gate", "importance", "importance_raw", "ablation", "random"):
     if method == "ablation" and "ablation" not in cache:
       alone = np.zeros((num_layers, num_heads))
       for i in range(num_layers):
@@ -148,10 +150,11 @@ def keep_for(method: str, fraction: float, params, ev: Evaluator, cache: dict,
       scores = np.asarray(cache["ablation"])
     elif method == "gate":
       scores = np.abs(heads.gates(params))
-    elif method == "importance":
-      if "importance" not in cache:
-        cache["importance"] = heads.head_importance(ev.loss, params, ev.calibration).tolist()
-      scores = np.asarray(cache["importance"])
+    elif method in ("importance", "importance_raw"):
+      if method not in cache:
+        cache[method] = heads.head_importance(ev.loss, params, ev.calibration,
+                                              normalize=method == "importance").tolist()
+      scores = np.asarray(cache[method])
     else:
       scores = np.random.default_rng(draw).random((num_layers, num_heads))
     keep = heads.keep_lowest_removed(scores, fraction)
@@ -213,7 +216,7 @@ def evaluate_model(name: str, config, workdir: str) -> dict:
           "params": int(sum(np.size(x) for x in jax.tree.leaves(params))),
           "train_eval_loss": last_eval["eval_loss"],
           "gates": heads.gates(params).tolist(), "importance": cache.get("importance"),
-          "ablation_loss": cache.get("ablation"),
+          "importance_raw": cache.get("importance_raw"), "ablation_loss": cache.get("ablation"),
           "layer_order": cache.get("layer_order"), "block_order": cache.get("block_order"),
           "evals": {k: {"nll": v["nll"], "count": v["count"], "keep": v["keep"]}
                     for k, v in sorted(cache["evals"].items())}}
@@ -274,20 +277,23 @@ def summarize(record: dict) -> dict:
 
 
 def verdict(comparisons: list[dict], method: str = "importance") -> str:
-  """'less' / 'more' / 'mixed' / 'no difference': head pruning by `method` against whole
-  layers, by the sign of the paired 95% intervals at the whole-layer fractions."""
+  """How removing heads by `method` compares with removing whole layers' attention, by the
+  paired 95% intervals at the whole-layer fractions: 'less' / 'more' (at every one), 'at most'
+  / 'at least' (less / more at some, indistinguishable at the others, e.g. where both remove
+  the same heads), 'no difference', or 'mixed' (less at some, more at others)."""
   signs = {("less" if c[f"{method}_minus_layer_ci95"][1] < 0 else
             "more" if c[f"{method}_minus_layer_ci95"][0] > 0 else "same") for c in comparisons}
-  if signs == {"less"}:
-    return "less"
-  if signs == {"more"}:
-    return "more"
   if signs == {"same"}:
     return "no difference"
-  return "mixed"
+  if "less" in signs and "more" in signs:
+    return "mixed"
+  if "less" in signs:
+    return "less" if signs == {"less"} else "at most"
+  return "more" if signs == {"more"} else "at least"
 
 
 PHRASES = {"less": "**less** than", "more": "**more** than",
+           "at most": "**less than or as much as**", "at least": "**more than or as much as**",
            "no difference": "**no differently** from",
            "mixed": "**less at some fractions, more at others,** than"}
 

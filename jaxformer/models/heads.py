@@ -91,7 +91,7 @@ def _check_mask(mask, shape, name):
 
 
 def _set(flat, key, index, fn):
-  x = flat[key]
+  x = jnp.asarray(flat[key])        # numpy leaves (a restored checkpoint) have no .at
   flat[key] = fn(x) if index is None else x.at[index].set(fn(x[index]))
 
 
@@ -208,12 +208,12 @@ def fold_gates(model_config, params) -> tuple[dict, Params]:
   if not keys:
     raise ValueError("model.head_gates=True but the params have no head_gates")
   for key in keys:
-    prefix, g = key[:-1], flat.pop(key)                 # g [H] or scanned [L, H]
+    prefix, g = key[:-1], jnp.asarray(flat.pop(key))    # g [H] or scanned [L, H]
     if prefix + ("qkv", "kernel") in flat:             # [(L,) E, 3, H, D] / bias [(L,) 3, H, D]
       for leaf, lead in (("kernel", 1), ("bias", 0)):
         name = prefix + ("qkv", leaf)
         if name in flat:
-          w = flat[name]
+          w = jnp.asarray(flat[name])
           scan = w.ndim - (4 if leaf == "kernel" else 3)
           at = (slice(None),) * (scan + lead) + (0,)
           flat[name] = w.at[at].set(w[at] * _bcast(g, scan, lead).astype(w.dtype))
@@ -221,7 +221,7 @@ def fold_gates(model_config, params) -> tuple[dict, Params]:
       for leaf, lead in (("kernel", 1), ("bias", 0)):
         name = prefix + ("query", leaf)
         if name in flat:
-          w = flat[name]
+          w = jnp.asarray(flat[name])
           scan = w.ndim - (3 if leaf == "kernel" else 2)
           flat[name] = w * _bcast(g, scan, lead).astype(w.dtype)
     else:
