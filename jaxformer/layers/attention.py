@@ -127,6 +127,11 @@ class MultiHeadAttention(nn.Module):
   scale: float | None = None          # logit multiplier; None: 1/sqrt(head_dim)
   # the query projection's init is multiplied by this (T5: scale 1 with q init / sqrt(d))
   query_init_scale: float = 1.0
+  # a learned scalar per (query) head multiplying its q.k logits, init 1 (exact no-op): the
+  # param `head_gates` [H]. Applied to q after RoPE, which scales the logits q.k * scale and
+  # leaves additive biases (ALiBi, `bias`) and masks alone, the same for every impl and the
+  # KV cache (which holds k and v only).
+  head_gates: bool = False
   decode: bool = False
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
@@ -155,6 +160,10 @@ class MultiHeadAttention(nn.Module):
                        f"table with the fused query/key projection and has no KV cache: "
                        f"num_kv_heads={self.num_kv_heads} must be None or num_heads={h}, and "
                        f"decode={self.decode} False")
+    if self.head_gates and self.positions == "disentangled":
+      raise ValueError("model.head_gates=True multiplies each head's q.k logits through q, but "
+                       "positions='disentangled' (DeBERTa) also feeds q into its "
+                       "content-to-position scores; set model.head_gates=False for this family")
     if self.decode and (cross or not self.causal):
       raise ValueError("decode=True (KV cache) needs causal self-attention: set causal=True "
                        "and call without context")
@@ -217,6 +226,11 @@ class MultiHeadAttention(nn.Module):
     if self.positions == "rope":
       q = pos_ops.apply_rope(q, positions, theta=self.rope_theta)
       k = pos_ops.apply_rope(k, positions, theta=self.rope_theta)
+    if self.head_gates:     # gate_h * (q_h . k) == (gate_h q_h) . k: every impl, the cache too
+      gates = self.param("head_gates", nn.with_logical_partitioning(nn.initializers.ones,
+                                                                    ("heads",)),
+                         (h,), self.param_dtype)
+      q = q * gates.astype(q.dtype)[:, None]
 
     causal, window = self.causal, self.window
     k_positions = positions

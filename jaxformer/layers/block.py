@@ -51,6 +51,7 @@ class TransformerBlock(nn.Module):
         rope_theta=self.rope_theta, dropout_rate=s.attention_dropout_rate,
         impl=s.attention_impl, block_sizes=s.attention_block_sizes,
         scale=scale, query_init_scale=query_init, decode=self.decode and not cross,
+        head_gates=s.head_gates,
         dtype=self.dtype, param_dtype=self.param_dtype, name=name)
 
   def _ffn(self, width):

@@ -201,6 +201,10 @@ class BlockSettings:
   # (μP: its width rule). When set, the query projection's init is multiplied by
   # 1/(sqrt(d_head) * attention_scale), so the logits start as with the default scale.
   attention_scale: float | None = None
+  # a learned scalar per head and layer multiplying that head's q.k logits (not additive
+  # biases: ALiBi, T5's relative bias), initialised to 1 so the model starts exactly as
+  # without gates; read, folded and pruned by models/heads.py
+  head_gates: bool = False
 
   def __post_init__(self):
     check_positive_int(self.num_heads, "num_heads")
@@ -230,6 +234,8 @@ class BlockSettings:
         _fail(f"model.attention_scale={self.attention_scale} is set, but model.parametrization="
               "'mup' sets the attention scale by its width rule; unset one of them (T5 "
               "needs attention_scale=1.0: the t5 family has no μP)")
+    if not isinstance(self.head_gates, bool):
+      _fail(f"model.head_gates={self.head_gates!r} must be True or False")
     _rate(self.dropout_rate, "dropout_rate")
     _rate(self.attention_dropout_rate, "attention_dropout_rate")
     if not self.norm_eps > 0:

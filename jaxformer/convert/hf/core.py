@@ -240,6 +240,11 @@ def _config_dict(model_config) -> dict:
       raise ValueError(f"model.{key}={cfg[key]!r}: the Hugging Face {cfg['family']} "
                        f"architecture has {key}={want!r} only, so this model cannot be saved "
                        "in its format")
+  if cfg.get("head_gates"):
+    raise ValueError("model.head_gates=True: Hugging Face architectures have no per-head logit "
+                     "gates; fold them into the query projection first (the same function): "
+                     "model_config, params = jaxformer.models.heads.fold_gates(model_config, "
+                     "params)")
   if cfg.get("parametrization") == "mup" and cfg["d_model"] != cfg["mup_base_width"]:
     raise ValueError(f"model.parametrization='mup' at d_model={cfg['d_model']} (base "
                      f"{cfg['mup_base_width']}) multiplies its logits and attention scores in "

@@ -15,7 +15,7 @@ from experiments import report_check
 # Each study script with render/refit whose report is committed (in its script's current
 # FORMAT).
 REPORTS = ("scaling_vit", "mup_transfer", "scaling_gpt", "scaling_chinchilla", "posttrain",
-           "captioning")
+           "captioning", "head_pruning")
 
 
 # scaling_chinchilla's refit (its bootstraps: ~22 s under load) runs in the full suite only
@@ -129,3 +129,24 @@ def test_report_only_rewrites_the_markdown_from_the_json(tmp_path, capsys):
   with pytest.raises(SystemExit) as e:
     scaling_vit.main(["--report_only", f"--out={tmp_path / 'missing'}"])
   assert e.value.code == 2 and "no missing.json there" in capsys.readouterr().err
+
+
+def test_the_head_pruning_report_states_what_its_evaluations_give():
+  """head_pruning: the verdict per model follows from the paired intervals recomputed from the
+  raw per-batch NLLs; no method changes the unpruned model (fraction 0 is one perplexity);
+  training moved the gates off their init of 1."""
+  from experiments import head_pruning
+  results = report_check.load(report_check.RESULTS / "head_pruning")
+  text = (report_check.RESULTS / "head_pruning.md").read_text()
+  assert set(results["models"]) == {"readme", "deep"}
+  for name, r in results["models"].items():
+    summary = head_pruning.summarize(r)
+    assert len({c[0]["perplexity"] for c in summary["curves"].values()}) == 1
+    assert max(abs(g - 1) for row in r["gates"] for g in row) > 0.05
+    for c in summary["comparisons"]:
+      low, high = c["importance_minus_layer_ci95"]
+      assert low <= c["importance"] - c["layer"] <= high
+    section = text.split(f"## `{name}`")[1].split("## `")[0]
+    for m in head_pruning.HEAD_METHODS:
+      words = head_pruning.PHRASES[head_pruning.verdict(summary["comparisons"], m)]
+      assert f"{head_pruning.LABELS[m]}: {words} layers" in section
