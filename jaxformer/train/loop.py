@@ -21,10 +21,15 @@ import jax
 
 from jaxformer import console, paths, workdir_layout
 from jaxformer.parallel import StopRequest, watchdog
+from jaxformer.state.train_state import LOG_SUMS
 from jaxformer.train import config_checks, evaluation, plots, program, run_builder
 from jaxformer.train import step as step_lib
 from jaxformer.train import workdir as workdir_lib
 from jaxformer.train.metrics import read
+
+# the log interval's sums, a small program of its own after each train step (its docstring);
+# the sums are donated, `log_every` is fixed for a run
+_log_interval = jax.jit(step_lib.log_interval, static_argnums=(3,), donate_argnums=(0,))
 
 
 RESUME_HINT = "; rerun the same command to resume from the last complete checkpoint"
@@ -115,6 +120,8 @@ def _step_loop(run: run_builder.Run, steps: run_builder.Steps, writers: run_buil
       watchdog.beat("train step", s + 1, compiling=s == run.start)
       writers.profiler.before(s + 1)
       state, m = steps.train_step(state, batch, steps.dropout_key)
+      sums, interval = _log_interval(state[LOG_SUMS], s, m, t.log_every)
+      state, m = {**state, LOG_SUMS: sums}, {**m, **interval}
       writers.profiler.after(s + 1, m)
       done = s + 1
       if s == run.start:         # the first step is mostly compilation: rates start after it

@@ -266,7 +266,7 @@ def jit_train_step(settings: run_settings.RunSettings, plan: parallel.ShardingPl
       grad_accum=o.grad_accum, batch_shards=plan.batch_shards,
       shard_axes=plan.batch_mesh_axes, map_axes=map_axes,
       map_shards=math.prod(sizes[a] for a in map_axes), param_specs=param_specs,
-      loss_chunk=t.loss_chunk, opt_state_in=opt_state_in, log_every=t.log_every),
+      loss_chunk=t.loss_chunk, opt_state_in=opt_state_in),
       in_shardings=(state_shardings, batch_shardings, plan.replicated),
       out_shardings=(state_shardings, plan.replicated), donate_argnums=(0,),
       name="train_step")

@@ -18,6 +18,7 @@ from jaxformer.inference import load_run, sample_text
 from jaxformer.train import config_checks, evaluation, loop
 from jaxformer.train.metrics import read
 from tests.runs import on_one_device, tiny_run_config
+from tests.repo_root import REPO
 
 DETERMINISTIC = ("step", "loss", "lr", "grad_norm", "skipped", "eval_loss", "eval_accuracy")
 
@@ -78,7 +79,6 @@ def test_one_process_stops_after_the_step_during_which_it_was_signalled():
 _BLOCKED_MAIN_THREAD = """
 import signal, time
 from jaxformer.parallel import StopRequest
-from tests.repo_root import REPO
 with StopRequest(0) as stop:
   signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
   print("ready", flush=True)

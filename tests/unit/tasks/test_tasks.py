@@ -15,7 +15,7 @@ from jaxformer.state import checkpoint, train_state
 from jaxformer import tasks
 from jaxformer.tasks.lm import NextToken
 from jaxformer.train.metrics import read
-from jaxformer.train.step import make_eval_step, make_train_step
+from jaxformer.train.step import log_interval, make_eval_step, make_train_step
 from tests.arrays import EPS32, adam_tol, sum_tol
 from tests.runs import on_one_device, tiny_run_config
 
@@ -146,18 +146,24 @@ def test_a_non_finite_step_leaves_params_and_optimizer_untouched(lm_setup):
 
 
 def test_the_step_reports_the_mean_over_the_log_intervals_finite_steps(lm_setup, tmp_path):
-  """interval_loss / interval_accuracy: the means of the finite steps since the last multiple
-  of log_every (a skipped step left out), from sums kept in the state; a checkpoint written
+  """interval_loss / interval_accuracy (`log_interval`, after the step): the means of the
+  finite steps since the last multiple of log_every (a skipped step left out), from sums kept
+  in the state (the train step passes them through); a checkpoint written
   without those sums (before they existed) restores with zeros."""
   module, params, batch = lm_setup
   tx = optax.sgd(1e-1)
-  step = jax.jit(make_train_step(module, tx, tasks.get("lm"), log_every=3))
+  train = jax.jit(make_train_step(module, tx, tasks.get("lm")))
+  def step(state, b, log_every=3):
+    done = int(state["step"])
+    state, m = train(state, b, jax.random.key(0))
+    sums, interval = log_interval(state[train_state.LOG_SUMS], done, m, log_every)
+    return {**state, train_state.LOG_SUMS: sums}, {**m, **interval}
   state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
            "skipped": jnp.zeros((), jnp.int32), train_state.LOG_SUMS: train_state.zero_log_sums()}
   bad = dict(batch, weights=np.full_like(batch["weights"], np.nan))
   losses, accuracies, means = [], [], []
   for b in (batch, bad, batch, batch, batch):         # steps 1..5; intervals 1-3, 4-6
-    state, m = step(state, b, jax.random.key(0))
+    state, m = step(state, b)
     losses.append(float(m["loss"]) if bool(m["finite"]) else None)
     accuracies.append(float(m["accuracy"]))
     means.append((float(m["interval_loss"]), float(m["interval_accuracy"])))
@@ -167,8 +173,7 @@ def test_the_step_reports_the_mean_over_the_log_intervals_finite_steps(lm_setup,
       (losses[3] + losses[4]) / 2], rtol=EPS32)
   np.testing.assert_allclose(means[2][1], (accuracies[0] + accuracies[2]) / 2, rtol=EPS32)
   assert int(state[train_state.LOG_SUMS]["steps"]) == 2
-  all_bad = jax.jit(make_train_step(module, tx, tasks.get("lm"), log_every=1))(
-      state, bad, jax.random.key(0))[1]
+  all_bad = step(state, bad, log_every=1)[1]
   assert np.isnan(float(all_bad["interval_loss"]))       # no finite step in the interval
 
   ckpts = checkpoint.Checkpoints(tmp_path / "checkpoints")
