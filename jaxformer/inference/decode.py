@@ -70,6 +70,34 @@ def filter_logits(logits, *, top_k: int | None = None, top_p: float | None = Non
   return logits
 
 
+def _checked_sampling(caller: str, model_config, *, max_new_tokens, temperature, top_k,
+                      top_p, seed, vocab_limit) -> dict:
+  """The decoder's config dict, after the sampling arguments `generate` and
+  `generate_ragged` share are checked (a ValueError names the first bad one)."""
+  cfg = models.config_as_dict(model_config)
+  if cfg.get("family") != "decoder":
+    raise ValueError(f"model_config.family={cfg.get('family')!r}: {caller} needs "
+                     "family='decoder'")
+  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or (
+      max_new_tokens < 1):
+    raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
+  if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
+      math.isfinite(temperature) and temperature >= 0):
+    raise ValueError(f"temperature={temperature!r} must be a finite number >= 0 "
+                     "(0 for greedy decoding)")
+  _check_top_k(top_k)
+  _check_top_p(top_p)
+  if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    raise ValueError(f"seed={seed!r} must be an int")
+  vocab = cfg.get("vocab_size")
+  if vocab_limit is not None and (
+      isinstance(vocab_limit, bool) or not isinstance(vocab_limit, numbers.Integral)
+      or not 1 <= vocab_limit <= (vocab if isinstance(vocab, int) else vocab_limit)):
+    raise ValueError(f"vocab_limit={vocab_limit!r} must be an int in [1, model.vocab_size="
+                     f"{vocab}] (the tokenizer's vocabulary size)")
+  return cfg
+
+
 def generate(model_config: Any, params: Any, prompt, *, max_new_tokens: int,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              seed: int = 0, max_len: int | None = None,
@@ -93,27 +121,10 @@ def generate(model_config: Any, params: Any, prompt, *, max_new_tokens: int,
   Returns:
     np.ndarray int32 [B, P + max_new_tokens] (or [P + max_new_tokens]): prompt then samples.
   """
-  cfg = models.config_as_dict(model_config)
-  if cfg.get("family") != "decoder":
-    raise ValueError(f"model_config.family={cfg.get('family')!r}: generate needs "
-                     "family='decoder'")
-  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or (
-      max_new_tokens < 1):
-    raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
-  if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
-      math.isfinite(temperature) and temperature >= 0):
-    raise ValueError(f"temperature={temperature!r} must be a finite number >= 0 "
-                     "(0 for greedy decoding)")
-  _check_top_k(top_k)
-  _check_top_p(top_p)
-  if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-    raise ValueError(f"seed={seed!r} must be an int")
+  cfg = _checked_sampling("generate", model_config, max_new_tokens=max_new_tokens,
+                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                          vocab_limit=vocab_limit)
   vocab = cfg.get("vocab_size")
-  if vocab_limit is not None and (
-      isinstance(vocab_limit, bool) or not isinstance(vocab_limit, numbers.Integral)
-      or not 1 <= vocab_limit <= (vocab if isinstance(vocab, int) else vocab_limit)):
-    raise ValueError(f"vocab_limit={vocab_limit!r} must be an int in [1, model.vocab_size="
-                     f"{vocab}] (the tokenizer's vocabulary size)")
 
   tokens = np.asarray(prompt)
   if tokens.dtype.kind not in "iu":
@@ -219,18 +230,9 @@ def generate_ragged(model_config: Any, params, prompts, lengths, *, max_new_toke
   fold_in(fold_in(key(seed), i), rows[r]) (`rows` default arange(B)): a row's tokens do not
   depend on its batch, its padding or the other rows' lengths. Sampling as `generate`
   (temperature 0: greedy; top-k, top-p, vocab_limit)."""
-  cfg = models.config_as_dict(model_config)
-  if cfg.get("family") != "decoder":
-    raise ValueError(f"model_config.family={cfg.get('family')!r}: generate_ragged needs "
-                     "family='decoder'")
-  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or (
-      max_new_tokens < 1):
-    raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
-  if not (isinstance(temperature, numbers.Real) and math.isfinite(temperature)
-          and temperature >= 0):
-    raise ValueError(f"temperature={temperature!r} must be a finite number >= 0")
-  _check_top_k(top_k)
-  _check_top_p(top_p)
+  cfg = _checked_sampling("generate_ragged", model_config, max_new_tokens=max_new_tokens,
+                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                          vocab_limit=vocab_limit)
   tokens = np.asarray(prompts)
   lengths = np.asarray(lengths)
   if tokens.ndim != 2 or tokens.dtype.kind not in "iu":
