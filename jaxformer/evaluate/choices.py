@@ -17,13 +17,12 @@ character of the continuation (lm-eval's acc_norm). Each with a 95% Wilson score
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 
 import numpy as np
 
-from jaxformer import paths
+from jaxformer import jsonfile, paths
 from jaxformer.evaluate.scoring import Scorer, continuation_row
 
 FORMATS = {
@@ -106,26 +105,10 @@ def parse_record(record: dict, where: str) -> Item:
 def read_items(path: str, limit: int | None = None) -> list[Item]:
   """The items of a JSONL file (blank lines skipped), checked line by line."""
   name = os.fspath(path)
-  found = paths.path(name, "--data")
-  if not found.is_file():
-    raise ValueError(f"--data={name!r} is not a file; give a JSONL file of multiple-choice "
-                     "items")
-  items = []
-  for lineno, line in enumerate(found.read_text(encoding="utf-8").splitlines(), 1):
-    if not line.strip():
-      continue
-    where = f"{name}:{lineno}"
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{where}: not JSON ({e.msg}); each line is one JSON object with the "
-                       f"keys of one format: {_expected()}") from None
-    items.append(parse_record(record, where))
-    if limit is not None and len(items) >= limit:
-      break
-  if not items:
-    raise ValueError(f"--data={name!r} holds no items")
-  return items
+  records = jsonfile.read_jsonl(paths.path(name, "--data"), name=name, field="--data",
+                                holds=f"multiple-choice items, with the keys of one format: "
+                                      f"{_expected()}", objects=False, limit=limit)
+  return [parse_record(record, where) for where, record in records]
 
 
 def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:

@@ -18,7 +18,6 @@ one jitted loop: deterministic, no scikit-learn needed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import flax.linen as nn
@@ -27,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxformer import models, paths, run_settings, tasks
+from jaxformer import jsonfile, models, paths, run_settings, tasks
 
 TEXT_FAMILIES = ("bert", "roberta", "deberta")
 IMAGE_FAMILIES = ("vit",)
@@ -104,29 +103,17 @@ def text_features(config, params, tokenizer, texts: list[str], where: list[str])
 
 def read_labelled(path: str) -> tuple[list[str], list, list[str]]:
   """(texts, labels, file:line of each) of a JSONL file of {"text", "label"} lines."""
-  found = paths.path(path, "--data")
-  if not found.is_file():
-    raise ValueError(f"--data={path!r} is not a file; give a JSONL file of "
-                     '{"text": ..., "label": ...} lines')
+  records = jsonfile.read_jsonl(paths.path(path, "--data"), name=os.fspath(path), field="--data",
+                                holds='{"text": str, "label": int or str} lines')
   texts, labels, where = [], [], []
-  for lineno, line in enumerate(found.read_text(encoding="utf-8").splitlines(), 1):
-    if not line.strip():
-      continue
-    at = f"{path}:{lineno}"
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{at}: not JSON ({e.msg}); expected {{\"text\": str, \"label\": int "
-                       "or str}") from None
-    if not isinstance(record, dict) or not isinstance(record.get("text"), str) or not (
+  for at, record in records:
+    if not isinstance(record.get("text"), str) or not (
         isinstance(record.get("label"), (int, str)) and not isinstance(record["label"], bool)):
       raise ValueError(f"{at}: expected the keys text (a string) and label (an int or "
-                       f"string); got {sorted(record) if isinstance(record, dict) else record!r}")
+                       f"string); got {sorted(record)}")
     texts.append(record["text"])
     labels.append(record["label"])
     where.append(at)
-  if not texts:
-    raise ValueError(f"--data={path!r} holds no examples")
   return texts, labels, where
 
 

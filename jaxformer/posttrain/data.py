@@ -52,7 +52,7 @@ import zlib
 import grain
 import numpy as np
 
-from jaxformer import paths
+from jaxformer import jsonfile, paths
 from jaxformer.data import batching, packing
 from jaxformer.data import settings as source_settings
 
@@ -63,26 +63,11 @@ TURN_HEADER = "{role}: "
 TURN_END = "\n"
 
 
-def read_jsonl(source: str, key: str = "data.source") -> list[tuple[int, dict]]:
-  """(line number, record) of every non-empty line; a ValueError names the line."""
-  p = paths.path(source, f"--config.{key}")
-  if not p.exists():
-    raise ValueError(f"{key}={source!r} does not exist; point it at a .jsonl file")
-  out = []
-  for n, line in enumerate(p.read_text().splitlines(), 1):
-    if not line.strip():
-      continue
-    try:
-      record = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{key}={source!r} line {n}: not JSON ({e.msg})") from None
-    if not isinstance(record, dict):
-      raise ValueError(f"{key}={source!r} line {n}: expected a JSON object, got "
-                       f"{type(record).__name__}")
-    out.append((n, record))
-  if not out:
-    raise ValueError(f"{key}={source!r} holds no records")
-  return out
+def read_jsonl(source: str, key: str = "data.source") -> list[tuple[str, dict]]:
+  """(where, record) of every non-empty line, `where` being 'file:line'; a ValueError names
+  the line, or `key` when the file is missing or empty."""
+  return jsonfile.read_jsonl(paths.path(source, f"--config.{key}"), name=source, field=key,
+                             holds="records (JSON objects)")
 
 
 def _text(record, field, where):
@@ -178,10 +163,9 @@ def split_records(data) -> dict[str, list[tuple[str, dict]]]:
   (`data`: the typed settings, or a data section to parse)."""
   data = _records_settings(data)
   source, eval_source, fraction = data.source, data.eval_source, data.train_fraction
-  named = lambda src, key: [(f"{key}={src!r} line {n}", r) for n, r in read_jsonl(src, key)]
-  train = named(source, "data.source")
+  train = read_jsonl(source, "data.source")
   if eval_source:
-    return {"train": train, "validation": named(eval_source, "data.eval_source")}
+    return {"train": train, "validation": read_jsonl(eval_source, "data.eval_source")}
   split = {"train": [], "validation": []}
   for where, r in train:
     split["validation" if _in_eval(json.dumps(r, sort_keys=True), fraction)

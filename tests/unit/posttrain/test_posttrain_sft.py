@@ -77,12 +77,13 @@ def test_packing_keeps_examples_apart_in_rows_and_in_the_model():
 
 
 @pytest.mark.parametrize("line,message", [
-    ('{"prompt": "a"}', r"line 1: missing field 'response'; SFT records need 'prompt' and "
+    ('{"prompt": "a"}', r"bad\.jsonl:1: missing field 'response'; SFT records need 'prompt' and "
                         r"'response' \(or 'messages'\)"),
-    ('{"prompt": "a", "response": 3}', r"line 1: field 'response' is a int, expected a string"),
-    ('[1, 2]', r"line 1: expected a JSON object"),
+    ('{"prompt": "a", "response": 3}',
+     r"bad\.jsonl:1: field 'response' is a int, expected a string"),
+    ('[1, 2]', r"bad\.jsonl:1: expected a JSON object"),
     ('{"messages": [{"role": "user", "content": "a"}]}', r"no assistant turn"),
-    ('{"prompt": "A", "response": "b"}', r"line 1: characters \['A'\] are not in the"),
+    ('{"prompt": "A", "response": "b"}', r"bad\.jsonl:1: characters \['A'\] are not in the"),
 ])
 def test_wrong_data_fields_are_one_line_errors(tmp_path, line, message):
   path = tmp_path / "bad.jsonl"
@@ -159,7 +160,8 @@ def test_cli_post_training_mistakes_are_one_line(tmp_path, source_files):
   config = f"--config=configs/sft.py:{source_files}"
   for overrides, fragment in [
       ([], "data.source is not set: sft reads JSON Lines of {'prompt', 'response'}"),
-      ([f"--config.data.source={tmp_path / 'bad.jsonl'}"], "line 1: missing field 'response'")]:
+      ([f"--config.data.source={tmp_path / 'bad.jsonl'}"],
+       "bad.jsonl:1: missing field 'response'")]:
     result = _cli("jaxformer.train", config, f"--workdir={tmp_path / 'run'}", *overrides)
     _assert_user_error(result, fragment)
     assert not (tmp_path / "run").exists() or set(os.listdir(tmp_path / "run")) <= {".lock"}
