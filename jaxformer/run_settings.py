@@ -70,6 +70,49 @@ def _trackers(v) -> bool:
           and len(set(v)) == len(v))
 
 
+# train.evaluators (train/evaluators.py): "<kind>" or "<kind>:<argument>", each kind with
+# what its argument is (None: it takes none) and whether it needs one
+EVALUATORS = {
+    "perplexity": ("a text source in any form data.source takes (default: the run's own)", False),
+    "choices": ("a JSONL file of multiple-choice items", True),
+    "probe": ("a JSONL file of {text, label} lines (BERT family; ViT: none, the run's images)",
+              False),
+    "heads": (None, False),
+}
+EVALUATORS_WANT = ("a tuple of distinct evaluator specs, each 'perplexity[:SOURCE]', "
+                   "'choices:ITEMS.jsonl', 'probe[:LABELLED.jsonl]' or 'heads', e.g. "
+                   "('heads', 'choices:data/arc.jsonl')")
+
+
+def evaluator_spec(spec) -> tuple[str, str | None]:
+  """(kind, argument or None) of one train.evaluators entry; a ValueError naming it and the
+  fix when it is not one."""
+  if not isinstance(spec, str) or not spec.strip():
+    raise ValueError(f"train.evaluators entry {spec!r} is not a spec; it must be "
+                     f"{EVALUATORS_WANT}")
+  kind, sep, arg = spec.partition(":")
+  if kind not in EVALUATORS:
+    near = difflib.get_close_matches(kind, list(EVALUATORS), n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    raise ValueError(f"train.evaluators entry {spec!r}: {kind!r} is not an evaluator{hint}; "
+                     f"the evaluators are {', '.join(EVALUATORS)}")
+  what, required = EVALUATORS[kind]
+  if sep and not arg:
+    raise ValueError(f"train.evaluators entry {spec!r} has an empty argument after ':'; "
+                     f"write {kind!r}" + (f" or '{kind}:<{what}>'" if what else ""))
+  if what is None and sep:
+    raise ValueError(f"train.evaluators entry {spec!r}: {kind!r} takes no argument; write "
+                     f"{kind!r}")
+  if required and not sep:
+    raise ValueError(f"train.evaluators entry {spec!r} needs an argument: '{kind}:<{what}>'")
+  return kind, (arg or None)
+
+
+def _evaluators(v) -> bool:
+  return (isinstance(v, (tuple, list)) and all(isinstance(s, str) for s in v)
+          and len(set(v)) == len(v))
+
+
 def _typed(kind: type, default: Any, *, optional: bool = False, doc: str = ""):
   return _field(default, check=lambda v: isinstance(v, kind), want=f"a {kind.__name__}",
                 optional=optional, doc=doc)
@@ -134,6 +177,10 @@ class TrainSettings:
   stall_timeout: float = _number(lambda v: v >= 0, "a number of seconds >= 0 (0: off)", 1800.0)
   profile_steps: str = _typed(str, "")         # e.g. "10-12": a trace into <workdir>/profile
   attention_maps: bool = _typed(bool, True)    # heatmaps + entropy of an eval example
+  # evaluations at every eval, on process 0, logged with the eval metrics (train/evaluators.py):
+  # the `jaxformer.evaluate` tasks ("perplexity[:SOURCE]", "choices:ITEMS.jsonl",
+  # "probe[:LABELLED.jsonl]") and "heads" (attention entropy and redundancy per layer)
+  evaluators: tuple = _field((), check=_evaluators, want=EVALUATORS_WANT)
   sample_tokens: int = _int(0, 0)              # LMs: tokens sampled at the end (0: none)
   sample_prompt: str = _typed(str, "\n")
   sample_every: int = _int(0, 0, note=" (0: only at the end)")   # and at evals every N steps
@@ -150,6 +197,8 @@ class TrainSettings:
   def __post_init__(self):
     if self.log_every is None:       # resolved here, so every reader sees the cadence used
       object.__setattr__(self, "log_every", default_log_every(self.steps))
+    for spec in self.evaluators:     # each entry's own one-line error
+      evaluator_spec(spec)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,7 @@ METRICS = "metrics.jsonl"              # one JSON record per logged step and eva
 SAMPLES = "samples.txt"                # text sampled at evals and at the end
 CURVES = "curves.png"                  # loss curves plotted at the end
 ATTENTION = "attention"                # attention-map heatmaps, one PNG per eval
+HEADS = "heads"                        # train.evaluators 'heads': per-head arrays, a JSON per eval
 PROFILE = "profile"                    # jax.profiler traces
 BRANCH = "branched_from.json"          # a cooldown branch: the run and step it started from
 DATA = "data.json"                     # the fingerprint of the data the run trains on
@@ -20,5 +21,5 @@ TENSORBOARD_PREFIX = "events.out.tfevents"
 
 # The members that are directories (every other member is a file): `train.workdir` refuses a
 # workdir holding one of the other kind before any work.
-DIRECTORIES = (CHECKPOINTS, BEST, ATTENTION, PROFILE, LOGS)
+DIRECTORIES = (CHECKPOINTS, BEST, ATTENTION, HEADS, PROFILE, LOGS)
 EVAL = "eval"                          # python -m jaxformer.evaluate: one JSON of results per name

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 
 from absl import flags
@@ -54,22 +53,16 @@ flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
 
-def _stem(text: str) -> str:
-  base = os.path.basename(text.rstrip("/")) or text
-  base = re.sub(r"\.(jsonl|json|txt|parquet)(\.gz)?$", "", base)
-  return re.sub(r"[^A-Za-z0-9_.-]+", "_", base).strip("_.") or "data"
-
-
 def default_name() -> str:
   task = FLAGS.task
   if task == "perplexity":
-    name = "perplexity" + (f"-{_stem(FLAGS.source)}" if FLAGS.source else "")
+    name = "perplexity" + (f"-{results.stem(FLAGS.source)}" if FLAGS.source else "")
     return name + ("" if FLAGS.split == "validation" else f"-{FLAGS.split}")
   if task == "multiple_choice":
-    return f"multiple_choice-{_stem(FLAGS.data)}"
+    return f"multiple_choice-{results.stem(FLAGS.data)}"
   if task == "lm_eval":
-    return "lm_eval-" + "_".join(_stem(t) for t in FLAGS.tasks)[:80]
-  return "linear_probe" + (f"-{_stem(FLAGS.data)}" if FLAGS.data else "")
+    return "lm_eval-" + "_".join(results.stem(t) for t in FLAGS.tasks)[:80]
+  return "linear_probe" + (f"-{results.stem(FLAGS.data)}" if FLAGS.data else "")
 
 
 def check_request(config) -> dict:

@@ -12,6 +12,14 @@ from jaxformer import paths, workdir_layout
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
+def stem(text: str) -> str:
+  """A file-name stem for results named after a data path or source: 'data/arc.jsonl' ->
+  'arc'."""
+  base = os.path.basename(text.rstrip("/")) or text
+  base = re.sub(r"\.(jsonl|json|txt|parquet)(\.gz)?$", "", base)
+  return re.sub(r"[^A-Za-z0-9_.-]+", "_", base).strip("_.") or "data"
+
+
 def check_name(name: str) -> str:
   if not isinstance(name, str) or not _NAME.match(name) or name.endswith(".json"):
     raise ValueError(f"--name={name!r} must be a file name stem of letters, digits, '_', '-' "

@@ -21,10 +21,11 @@ from jaxformer.layers.attention import WEIGHTS_COLLECTION
 from jaxformer.train import plots
 
 
-def make_snapshot_fn(module, task):
-  """jitted (params, batch) -> {layer path: weights [..., 1, H, Tq, Tk]} for row 0."""
+def make_snapshot_fn(module, task, rows: int = 1):
+  """jitted (params, batch) -> {layer path: weights [..., rows, H, Tq, Tk]} for the first
+  `rows` rows of the batch (the 'heads' evaluator reads several)."""
   def snapshot(params, batch):
-    row = {k: v[:1] for k, v in batch.items() if k != VALID}
+    row = {k: v[:rows] for k, v in batch.items() if k != VALID}
     args, kwargs = task.model_args(row)
     _, state = module.apply({"params": params}, *args, **kwargs, deterministic=True,
                             mutable=[WEIGHTS_COLLECTION])

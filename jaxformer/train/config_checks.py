@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jaxformer import models, paths, workdir_layout, run_settings, tasks
 from jaxformer.data import settings as source_settings
 from jaxformer.state import optim, train_state
-from jaxformer.train import profiling, trackers
+from jaxformer.train import evaluators, profiling, trackers
 
 
 def validate(config) -> run_settings.RunSettings:
@@ -60,6 +60,7 @@ def validate(config) -> run_settings.RunSettings:
                     "is not meant)", o.warmup_steps, t.steps, o.lr)
   trackers.check_installed(t.trackers)    # the extra of W&B / MLflow
   models.build(config.model)              # every model field is checked here
+  evaluators.check(config, t)             # their files parse, each fits the model family
   return settings
 
 

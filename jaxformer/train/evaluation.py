@@ -1,5 +1,6 @@
 """Evaluation during training and what rides on it: the split-level eval metrics, attention
-maps, the best checkpoints and text samples (every `train.sample_every` steps and at the end).
+maps, `train.evaluators` (`train.evaluators`), the best checkpoints and text samples (every
+`train.sample_every` steps and at the end).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from jax.experimental import multihost_utils
 
 from jaxformer import inference, paths, workdir_layout
 from jaxformer.parallel import watchdog
-from jaxformer.train import attention_maps
+from jaxformer.train import attention_maps, evaluators
 from jaxformer.train import run_builder
 from jaxformer.train.run_builder import Run, Steps, Writers
 
@@ -59,12 +60,16 @@ class Evaluator:
   def __init__(self, run: Run, steps: Steps, writers: Writers):
     self.run, self.steps, self.writers = run, steps, writers
     t = run.settings.train
-    # (one process: the snapshot runs on the host's example outside the sharded step)
-    self.show_attention = jax.process_count() == 1 and t.attention_maps
-    if self.show_attention:
+    # the map, and train.evaluators, on process 0 from the whole params: with several
+    # processes every process takes part in gathering them (`evaluators.gather_params`), on
+    # the same condition (these settings), so none waits at a collective the others skip
+    self.show_attention = t.attention_maps
+    self.gather = bool(t.attention_maps or t.evaluators)
+    if self.show_attention and run.is_main:
       self.snapshot_fn = attention_maps.make_snapshot_fn(run.module, run.task)
       self.labels = (token_labels(run.pipeline, steps.example[run.task.inputs[0]][0])
                      if run.task.text else None)
+    self.evaluators = evaluators.Evaluators(run, steps) if run.is_main else None
     self.samples = run.task.samples and t.sample_tokens
     self.sample_every = t.sample_every      # 0: one sample at the end of training
 
@@ -78,14 +83,19 @@ class Evaluator:
                  if run.task.rolls_out else None)
       record = {"step": done, **evaluate(self.steps.eval_step, params, run.pipeline, run.task,
                                          run.plan, extra, step=done, prepare=prepare)}
-      if self.show_attention:
-        png, entropy = attention_maps.write_attention_map(
-            self.snapshot_fn, params, self.steps.example, step=done, workdir=run.workdir,
-            tokens=self.labels, images=run.task.unit == "images")
-        record["attention_entropy"] = float(np.mean(entropy))
-        self.writers.image("attention", paths.path(png).read_bytes(), done)
+      groups = {}
+      if self.gather:
+        watchdog.beat("attention map and train.evaluators", done, compiling=True)
+        whole = evaluators.gather_params(params)
+        if run.is_main:
+          record.update(self._attention(whole, done))
+          groups = self.evaluators(whole, done)
+          record.update(evaluators.flat(groups))
       bar.log(f"step {done:>6d}  " + "  ".join(
-          f"{k} {v:.4f}" for k, v in record.items() if k != "step"))
+          f"{k} {v:.4f}" for k, v in record.items()
+          if k != "step" and not k.startswith(tuple(f"eval_{n}/" for n in groups))))
+      for name, group in groups.items():
+        bar.log(f"{'':13s}eval_{name}: " + "  ".join(f"{k} {v:.4f}" for k, v in group.items()))
       self.writers.write(record)
       if run.best is not None:
         run.best.maybe_save(done, params, record)
@@ -93,6 +103,18 @@ class Evaluator:
           and done < run.settings.train.steps):
         write_sample(run, params, done)
     return record
+
+  def _attention(self, params, done: int) -> dict:
+    """The attention map of the fixed example (to the workdir and the trackers) and its mean
+    head entropy, on process 0."""
+    if not self.show_attention:
+      return {}
+    run = self.run
+    png, entropy = attention_maps.write_attention_map(
+        self.snapshot_fn, params, self.steps.example, step=done, workdir=run.workdir,
+        tokens=self.labels, images=run.task.unit == "images")
+    self.writers.image("attention", paths.path(png).read_bytes(), done)
+    return {"attention_entropy": float(np.mean(entropy))}
 
   def final_sample(self, params) -> None:
     """The end-of-training sample (language models with train.sample_tokens > 0)."""

@@ -37,7 +37,7 @@ _TOKENIZER_FILES = (tokenizers.TOKENIZER_FILE, tokenizers.SPM_MODEL_FILE,
 # own `wandb/`: offline runs not synced yet are never deleted).
 _L = workdir_layout
 RUN_FILES = (_L.CHECKPOINTS, _L.BEST, _L.METRICS, _L.SAMPLES, _L.CURVES, _L.ATTENTION,
-             _L.PROFILE, _L.CONFIG, _L.BRANCH, _L.DATA, _L.POSTTRAIN_SOURCE, _L.TRACKERS,
+             _L.HEADS, _L.PROFILE, _L.CONFIG, _L.BRANCH, _L.DATA, _L.POSTTRAIN_SOURCE, _L.TRACKERS,
              *_TOKENIZER_FILES)
 # Members written in place (the others are created, or replaced by a rename).
 _APPENDED = (workdir_layout.METRICS, workdir_layout.SAMPLES, workdir_layout.LOCK)

@@ -30,9 +30,10 @@ LAYERS = (
     ("inference", "scaling", "convert"),      # restore + decode; studies; Hugging Face
     ("posttrain",),                           # SFT / DPO data, DPO's loss, initialization
     ("tasks",),                               # one module per task + the task registry
+    ("evaluate",),                            # checkpoint evaluation (train.evaluators runs it)
     ("train",),                               # the training loop (samples through inference)
     ("sample", "sweep", "plan", "export",     # entry points over train and inference; plan:
-     "evaluate", "predict"),                  # compile-only devices, HLO analysis, estimate,
+     "predict"),                              # compile-only devices, HLO analysis, estimate,
                                               # search
 )
 LEVEL = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
