@@ -129,7 +129,7 @@ RESUMABLE_CHANGES = {
               "keep_checkpoints", "keep_checkpoint_every", "checkpoint_steps", "keep_best", "best_metric",
               "max_skipped_steps", "stall_timeout", "profile_steps", "attention_maps", "sample_tokens",
               "sample_prompt", "sample_every", "loss_chunk", "trackers", "tracker_project",
-              "tracker_group"),
+              "tracker_group", "evaluators"),
     "data": ("eval_batches", "data_dir"),
     "optim": ("decay_steps",         # compared through the schedule it gives
               "offload_state"),      # where the moments wait between steps, not what

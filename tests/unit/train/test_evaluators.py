@@ -99,3 +99,9 @@ def test_a_run_logs_each_evaluators_metrics_with_the_eval_metrics(tmp_path, monk
       k: v for k, v in record.items() if k.startswith("eval_heads/")}
   norm = np.array([h["normalized_entropy"] for h in heads["heads"]])
   assert norm.shape == (2, 4) and np.all((norm > 0) & (norm <= 1))
+
+
+def test_evaluators_may_change_when_a_run_resumes():
+  """What is evaluated does not change the steps: a resume may add or drop evaluators."""
+  saved = json.loads(tiny_run_config().to_json())
+  config_checks.check_continues(tiny_run_config(evaluators=("heads",)), saved, 12, where="w")
