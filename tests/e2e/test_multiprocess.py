@@ -114,6 +114,17 @@ def _assert_one_console(outputs, workdir, steps):
   assert not os.path.exists(os.path.join(workdir, "logs", "process_0.log"))
 
 
+def _assert_maps_and_evaluators(workdir, steps):
+  from jaxformer.train.metrics import read
+  evals = [r for r in read(os.path.join(workdir, "metrics.jsonl")) if "eval_loss" in r]
+  assert [r["step"] for r in evals] == list(steps)
+  for r in evals:
+    assert 0 < r["attention_entropy"] and 0 < r["eval_heads/entropy/1"] <= 1, r
+  names = [f"step_{s:06d}" for s in steps]
+  assert sorted(os.listdir(os.path.join(workdir, "attention"))) == [n + ".png" for n in names]
+  assert sorted(os.listdir(os.path.join(workdir, "heads"))) == [n + ".json" for n in names]
+
+
 @pytest.mark.slow
 def test_two_processes_train_like_one_and_their_checkpoint_continues_on_one_device(tmp_path,
                                                                                  monkeypatch):
@@ -122,8 +133,12 @@ def test_two_processes_train_like_one_and_their_checkpoint_continues_on_one_devi
   # an evaluation right after an asynchronous checkpoint (step 2's, at step 4): where a run
   # of the issue hung (experiments/stress_multiprocess.py repeats it under load)
   kw = dict(checkpoint_every=2, eval_every=2)
-  outputs = _train_cli(two, _config(4, 4, 2, True, **kw), 2, 4, home=home)   # 2 x 4 devices
+  # process 0 draws the attention maps and runs train.evaluators from the params the
+  # processes gathered together (FSDP: each holds a part)
+  seen = dict(attention_maps=True, evaluators=("heads",))
+  outputs = _train_cli(two, _config(4, 4, 2, True, **kw, **seen), 2, 4, home=home)  # 2 x 4
   _assert_one_console(outputs, two, 4)                            # with an empty data cache
+  _assert_maps_and_evaluators(two, steps=(2, 4))
   loop.train(_config(4, -1, 1, False, **kw), one)                 # 1 process x 8 devices
   _assert_records_close(_records(two), _records(one), _config(4, -1, 1, False, **kw))
 
