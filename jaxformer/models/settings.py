@@ -48,6 +48,10 @@ class ModelSettings(Mapping):
   def __len__(self) -> int:
     return len(self.__dataclass_fields__)
 
+  def __reduce__(self):
+    # the classes are made at run time: pickled (a spawned worker, a deepcopy) as the fields
+    return parse, (self.to_dict(),)
+
 
 _CLASSES: dict[str, tuple[Any, type]] = {}
 
