@@ -32,6 +32,7 @@ import numpy as np
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
+from jaxformer import models
 from jaxformer.evaluate.scoring import (Scorer, check_vocab, concatenate, continuation_row,
                                          rolling_rows, start_token)
 from jaxformer.inference import generate, load_run
