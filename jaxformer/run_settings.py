@@ -1,13 +1,16 @@
-"""The typed settings of a run's `train`, `optim`, `data` and `mesh` config sections: every key
-with its default and its valid range, in one place.
+"""The typed settings of a run: its `train`, `optim`, `data`, `mesh`, `posttrain` and `model`
+config sections, every key with its default and its valid range, in one place.
 
     settings = run_settings.parse(config)     # RunSettings; ValueError naming field and fix
     settings.train.keep_best, settings.optim.lr, settings.data.seq_len, settings.mesh.fsdp
+    settings.model.family, settings.model.d_model     # every field of the family
 
 `configs/common.py` writes the sections from these defaults (so `--config.train.<key>=...` can
 set any key, and grep finds every key here), `train`, `sample` and `sweep` read a config through
 `parse` (`train.config_checks.validate` calls it first), and no other module repeats a default.
-The `model` section has its own typed home: the family registry (`models.build`).
+The `model` section is typed from the family registry (`jaxformer.models.settings`: the
+family's fields at their resolved defaults, frozen), which registers its parser here
+(`register_model_parser`: this module imports nothing of jaxformer).
 `DataSettings` holds the keys every source shares; each kind of source extends it with its own
 keys (`data.packing`, `data.augment`, ...) in `jaxformer.data.settings`, whose registry
 `validate` parses the section with (the task names the kind), through `parse_fields` here.
@@ -305,10 +308,35 @@ class RunSettings:
   data: DataSettings
   mesh: MeshSettings
   posttrain: PosttrainSettings | None = None
+  # the family's frozen settings (`jaxformer.models.settings.ModelSettings`); None for a
+  # config without a model section, or when `parse(only=...)` leaves "model" out
+  model: Any = None
 
 
 SECTIONS = {"train": TrainSettings, "optim": OptimSettings, "data": DataSettings,
             "mesh": MeshSettings}
+
+
+# `jaxformer.models.settings.parse`, registered when `jaxformer.models` is imported
+_model_parser: Callable[[Any], Any] | None = None
+
+
+def register_model_parser(parse_model: Callable[[Any], Any]) -> None:
+  """Set the parser of the `model` section (`jaxformer.models` does, on import)."""
+  global _model_parser
+  _model_parser = parse_model
+
+
+def parse_model(config) -> Any:
+  """The typed `model` section of `config` (None: it has none), through the registered
+  parser (`jaxformer.models.settings.parse`)."""
+  values = _section(config, "model")
+  if values is None:
+    return None
+  if _model_parser is None:
+    raise RuntimeError("run_settings.parse types the model section with jaxformer.models; "
+                       "import jaxformer.models first")
+  return _model_parser(values)
 
 
 def defaults(section: str) -> dict:
@@ -434,13 +462,15 @@ def parse(config, only: tuple[str, ...] | None = None) -> RunSettings:
   """The typed settings of a full training config (a ConfigDict or the dict of a saved
   config.json); a ValueError names the first bad field and the fix. A post-training run
   (`posttrain`) is checked first, with what it needs besides: its data source and the run it
-  starts from. `only`: just these sections (and `posttrain`, without those cross checks),
-  the others None: what a partial config (a test's, `train_state_fns`) can give."""
+  starts from. `only`: just these sections (and `posttrain`, without those cross checks;
+  "model" for the model), the others None: what a partial config (a test's,
+  `train_state_fns`) can give. The model is parsed last (`parse_model`)."""
   post = parse_posttrain(config)
   if only is not None:
     return RunSettings(**{name: parse_section(name, _section(config, name),
                                               strict=name != "data") if name in only else None
-                          for name in SECTIONS}, posttrain=post)
+                          for name in SECTIONS}, posttrain=post,
+                       model=parse_model(config) if "model" in only else None)
   if post is not None:
     if not (_section(config, "data") or {}).get("source"):
       raise ValueError(f"data.source is not set: {post.method} reads JSON Lines of "
@@ -453,7 +483,7 @@ def parse(config, only: tuple[str, ...] | None = None) -> RunSettings:
                             for name in SECTIONS}, posttrain=post)
   if post is not None and post.method == "grpo":
     _check_grpo(post, settings.train, settings.data)
-  return settings
+  return dataclasses.replace(settings, model=parse_model(config))
 
 
 def _section(config, name: str):

@@ -70,7 +70,7 @@ def check_request(config) -> dict:
   family, the flags it needs are given, its JSONL parses. Returns what was read."""
   if FLAGS.task not in TASKS:
     raise ValueError(f"--task={FLAGS.task!r} must be one of {', '.join(TASKS)}")
-  family = config.model.get("family")
+  family = models.settings_of(config).family
   task = models.get(family).task
   read = {}
   if FLAGS.task in ("perplexity", "multiple_choice", "lm_eval"):

@@ -32,6 +32,7 @@ import numpy as np
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
+from jaxformer import models
 from jaxformer.evaluate.scoring import (Scorer, check_vocab, concatenate, continuation_row,
                                          rolling_rows, start_token)
 from jaxformer.inference import generate, load_run
@@ -133,7 +134,8 @@ class JaxformerLM(LM):
       settings.append((tuple(until), max_new, temperature))
       groups.setdefault((len(ids), max_new, temperature), []).append(i)
     out: list[str | None] = [None] * len(requests)
-    vocab = min(self.tokenizer.vocab_size, int(self.config.model.vocab_size))
+    model = models.settings_of(self.config)
+    vocab = min(self.tokenizer.vocab_size, int(model.vocab_size))
     for (_, max_new, temperature), members in groups.items():
       for start in range(0, len(members), self.batch_size):
         chunk = members[start:start + self.batch_size]
@@ -141,7 +143,7 @@ class JaxformerLM(LM):
         pad = self.batch_size - len(chunk)          # one shape per prompt length
         if pad:
           batch = np.concatenate([batch, np.repeat(batch[:1], pad, axis=0)])
-        new = generate(self.config.model, self.params, batch, max_new_tokens=max_new,
+        new = generate(model, self.params, batch, max_new_tokens=max_new,
                        temperature=temperature, seed=self.seed, vocab_limit=vocab)
         for r, i in enumerate(chunk):
           text = self._cut(new[r, batch.shape[1]:], settings[i][0])

@@ -35,7 +35,7 @@ FEATURE_BATCH = 128
 
 
 def check_family(config):
-  family = config.model.get("family")
+  family = models.settings_of(config).family
   if family not in FAMILIES:
     raise ValueError(f"--task=linear_probe probes encoders ({', '.join(FAMILIES)}); this run "
                      f"is model.family={family!r}" + (
@@ -59,7 +59,7 @@ def _batched(fn, inputs: list[np.ndarray], batch: int = FEATURE_BATCH) -> np.nda
 def image_features(config, params, splits: list[np.ndarray]) -> list[np.ndarray]:
   """[N, E] pooled final-norm features of each array of standardised images [N, H, W, C]
   (one compilation for all of them)."""
-  m = models.with_defaults(config.model)
+  m = models.settings_of(config)
   module = models.build(m)
 
   @jax.jit
@@ -74,7 +74,7 @@ def image_features(config, params, splits: list[np.ndarray]) -> list[np.ndarray]
 
 def text_features(config, params, tokenizer, texts: list[str], where: list[str]) -> np.ndarray:
   """[N, E] mean over tokens of the encoder's last layer."""
-  m = models.with_defaults(config.model)
+  m = models.settings_of(config)
   module = models.build(m)
   length = int(run_settings.parse_section("data", config.data).seq_len or m["max_len"])
   pad = tokenizer.pad_id if tokenizer.pad_id is not None else 0

@@ -99,7 +99,7 @@ class Scorer:
 
   def __init__(self, config, params, *, batch_size: int = 16, width: int | None = None,
                vocab_limit: int | None = None):
-    m = models.with_defaults(config.model)
+    m = models.settings_of(config)
     if m.get("family") != "decoder":
       raise ValueError(f"model.family={m.get('family')!r}: scoring text needs a decoder LM "
                        "(family 'decoder')")
@@ -171,9 +171,10 @@ def check_vocab(config, tokenizer):
     raise ValueError("this run has no tokenizer (tokenizer.json is missing from its workdir); "
                      "rerun train on the workdir with the same data.source and data.tokenizer "
                      "to write it again")
-  if tokenizer.vocab_size > config.model.vocab_size:
+  vocab = models.settings_of(config).vocab_size
+  if tokenizer.vocab_size > vocab:
     raise ValueError(f"the run's tokenizer has {tokenizer.vocab_size} ids but "
-                     f"model.vocab_size={config.model.vocab_size}; the tokenizer does not "
+                     f"model.vocab_size={vocab}; the tokenizer does not "
                      "belong to this model")
 
 

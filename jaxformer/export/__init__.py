@@ -91,13 +91,14 @@ def check(workdir: str, out: str, *, which="latest", overwrite: bool = False) ->
     raise ValueError(f"--workdir={workdir!r} holds no training run (no config.json); pass "
                      "the directory a `python -m jaxformer.train` run wrote")
   config = ConfigDict(saved)
-  family = config.model.get("family")
+  model = models.settings_of(config)
+  family = model.family
   families = exportable_families()
   if family not in families:
     raise ValueError(f"--workdir={workdir!r} holds a model.family={family!r} run, which has no "
                      f"Hugging Face architecture to export to; the families that export: "
                      f"{', '.join(families)}")
-  for _, part, _ in parts(config.model):        # a setting the architecture lacks: refused
+  for _, part, _ in parts(model):        # a setting the architecture lacks: refused
     hf_core.architecture(part)
   try:
     hf_io.require_safetensors()
@@ -105,7 +106,7 @@ def check(workdir: str, out: str, *, which="latest", overwrite: bool = False) ->
       require("tokenizers", extra="text", needed_for="exporting the run's tokenizer")
   except ImportError as e:
     raise ValueError(str(e)) from None
-  for sub, _, _ in parts(config.model):
+  for sub, _, _ in parts(model):
     where = os.path.join(out, sub) if sub else out
     hf_core.check_out_dir(where, overwrite=overwrite, name=f"--out={where}",
                           overwrite_flag="--overwrite", files=FILES)
@@ -176,11 +177,12 @@ def export_run(workdir: str, out: str, *, which="latest", overwrite: bool = Fals
   config = check(workdir, out, which=which, overwrite=overwrite)
   workdir, out = os.fspath(workdir), os.fspath(out)
   config, params, tokenizer = load_run(workdir, which=which)
-  task = data_task(config.model)
+  model = models.settings_of(config)
+  task = data_task(model)
   from jaxformer import tasks
   data = tasks.saved_run_data(config)
   written = []
-  for sub, model_config, model_params in parts(config.model, params):
+  for sub, model_config, model_params in parts(model, params):
     where = os.path.join(out, sub) if sub else out
     files, token_ids = _export_model(model_config, model_params, tokenizer, task, data,
                                      where, overwrite)

@@ -77,20 +77,20 @@ class Mode:
 
 
 def _task(config) -> str:
-  return models.get(config.model.get("family")).task
+  return models.get(models.settings_of(config).family).task
 
 
 def _data_task(config) -> str:
   """The task whose special tokens the run's data used (BERT with NSP: 'mlm_nsp')."""
   task = _task(config)
-  return "mlm_nsp" if task == "mlm" and config.model.get("nsp") else task
+  return "mlm_nsp" if task == "mlm" and models.settings_of(config).get("nsp") else task
 
 
 def mode_for(config, name: str | None = None) -> Mode:
   """The run's mode `name` (None or '': its task's default); a ValueError naming the modes
   the run has otherwise."""
   task = _task(config)
-  family = config.model.get("family")
+  family = models.settings_of(config).family
   if task not in MODES:
     known = ", ".join(f"{t} ({', '.join(m.name for m in ms)})" for t, ms in MODES.items())
     raise ValueError(f"this run is a model.family={family!r} model (task {task!r}), which "
@@ -207,7 +207,7 @@ def _score_context(tokenizer) -> list[int]:
 
 
 def _limit(config) -> int | None:
-  m = models.with_defaults(config.model)
+  m = models.settings_of(config)
   return m["max_len"] if m.get("positions", "learned") == "learned" else None
 
 
@@ -235,11 +235,11 @@ def score_texts(config, params, tokenizer, texts: Sequence[str], *, batch_size: 
   tokenizer's EOS where it has one (`_score_context`); ids past the tokenizer's vocabulary (a
   padded model vocabulary) get no probability, as in sampling."""
   _check_score(config, tokenizer, texts)
-  m = models.with_defaults(config.model)
+  m = models.settings_of(config)
   context = _score_context(tokenizer)
   rows = [context + tokenizer.encode(t).tolist() for t in texts]
   limit = min(tokenizer.vocab_size, m["vocab_size"])
-  fn = _score_fn(_key(config.model), limit)
+  fn = _score_fn(_key(models.settings_of(config)), limit)
   out = []
   for start in range(0, len(rows), batch_size):
     chunk = rows[start:start + batch_size]
@@ -296,7 +296,7 @@ class Seq2SeqSpec:
 def seq2seq_spec(config, tokenizer) -> Seq2SeqSpec:
   """The decoding conventions of the run's data task (see `data/synthetic.py`,
   `data/denoising.py`, `data/span_corruption.py`)."""
-  task, m = _task(config), models.with_defaults(config.model)
+  task, m = _task(config), models.settings_of(config)
   position_limit = m.get("max_len") if m["family"] in ("bart", "seq2seq") else None
   if task == "seq2seq":
     from jaxformer.data import synthetic
@@ -322,7 +322,7 @@ def seq2seq_spec(config, tokenizer) -> Seq2SeqSpec:
 
 def _source_ids(text: str, config, tokenizer, spec: Seq2SeqSpec) -> list[int]:
   if tokenizer is None:                  # synthetic: the ids themselves
-    vocab = models.with_defaults(config.model)["vocab_size"]
+    vocab = models.settings_of(config)["vocab_size"]
     try:
       ids = [int(x) for x in text.replace(",", " ").split()]
     except ValueError:
@@ -362,8 +362,8 @@ def decode_texts(config, params, tokenizer, texts: Sequence[str], *, beam_size: 
   for b, r in enumerate(rows):
     src[b, :len(r)] = r
   src_mask = np.arange(length)[None] < np.array([len(r) for r in rows])[:, None]
-  fn = _decode_fn(_key(config.model), beam_size, max_len, float(length_penalty), spec.start,
-                  spec.eos, spec.pad, spec.banned)
+  fn = _decode_fn(_key(models.settings_of(config)), beam_size, max_len, float(length_penalty),
+                  spec.start, spec.eos, spec.pad, spec.banned)
   tokens, scores = (np.asarray(x) for x in fn(params, jnp.asarray(src), jnp.asarray(src_mask)))
   out = []
   for text, ids, score in zip(texts, tokens, scores):
@@ -427,7 +427,7 @@ def _mlm_layout(config, tokenizer, text: str) -> tuple[list[int], int]:
 
 def _check_fill_mask(config, tokenizer, texts):
   _need_tokenizer(tokenizer)
-  m = models.with_defaults(config.model)
+  m = models.settings_of(config)
   limit = m["max_len"] - (m["pad_id"] + 1 if m.get("pad_id") is not None else 0)
   for i, text in enumerate(texts):
     ids, mask_id = _mlm_layout(config, tokenizer, text)
@@ -449,7 +449,7 @@ def fill_masks(config, params, tokenizer, texts: Sequence[str], *, top_k: int = 
   _check_fill_mask(config, tokenizer, texts)
   layouts = [_mlm_layout(config, tokenizer, t) for t in texts]
   mask_id = layouts[0][1]
-  m = models.with_defaults(config.model)
+  m = models.settings_of(config)
   pad = m.get("pad_id") if m.get("pad_id") is not None else 0
   length = _bucket(max(len(ids) for ids, _ in layouts), None)
   length = min(length, m["max_len"] - (m["pad_id"] + 1 if m.get("pad_id") is not None else 0))
@@ -457,7 +457,7 @@ def fill_masks(config, params, tokenizer, texts: Sequence[str], *, top_k: int = 
   attention = np.zeros((len(texts), length), np.int32)
   for b, (ids, _) in enumerate(layouts):
     tokens[b, :len(ids)], attention[b, :len(ids)] = ids, 1
-  probs = np.asarray(_mlm_fn(_key(config.model), tokenizer.vocab_size)(
+  probs = np.asarray(_mlm_fn(_key(models.settings_of(config)), tokenizer.vocab_size)(
       params, jnp.asarray(tokens), jnp.asarray(attention)))
   out = []
   symbols = special_symbols(config, tokenizer)
@@ -498,7 +498,7 @@ def _fill_mask(r: Request) -> list[dict]:
 
 def image_shape(config) -> tuple[int, int]:
   """(side, channels) of the images the run's model takes."""
-  m = models.with_defaults(config.model)
+  m = models.settings_of(config)
   return m["image_size"], m.get("channels", 3)
 
 
@@ -553,7 +553,7 @@ def classify_images(config, params, images: np.ndarray, *, top_k: int = DEFAULT_
   check_images(config, images, names)
   mean, std = standardisation(config) if stats is None else stats
   x = ((np.asarray(images, np.float32) / 255.0 - mean) / std).astype(np.float32)
-  probs = np.asarray(_classify_fn(_key(config.model))(params, jnp.asarray(x)))
+  probs = np.asarray(_classify_fn(_key(models.settings_of(config)))(params, jnp.asarray(x)))
   labels = class_names(config)
   out = []
   for name, p in zip(names, probs):
@@ -586,10 +586,11 @@ def caption_image_files(config, params, images: np.ndarray, *, beam_size: int = 
   names = list(names) if names is not None else [str(i) for i in range(len(images))]
   check_images(config, images, names)
   x = np.asarray(images, np.float32) / 255.0
-  tokens, scores = captions.caption_images(config.model, params, x, beam_size=beam_size,
+  model = models.settings_of(config)
+  tokens, scores = captions.caption_images(model, params, x, beam_size=beam_size,
                                            max_len=max_len, length_penalty=length_penalty)
   tokens = np.asarray(tokens)
-  maps = np.asarray(captions.attention_maps(config.model, params, x, tokens))
+  maps = np.asarray(captions.attention_maps(model, params, x, tokens))
   out = [{"image": name, "caption": " ".join(caption_data.decode(t)),
           "tokens": [int(i) for i in t if i != caption_data.PAD], "score": float(s)}
          for name, t, s in zip(names, tokens, np.asarray(scores))]

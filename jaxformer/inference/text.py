@@ -25,7 +25,7 @@ def sample_text(config, params, tokenizer, *, prompt: str, max_new_tokens: int,
       max_new_tokens < 1):
     raise ValueError(f"--max_new_tokens={max_new_tokens!r} must be an int >= 1")
   _check_samples_text(config, tokenizer)
-  m = models.with_defaults(config.model)
+  m = models.settings_of(config)
   limit = m["max_len"] if m["positions"] == "learned" else None
   out, remaining, chunk = tokenizer.encode(prompt).tolist(), max_new_tokens, 0
   ids = np.asarray(out if limit is None or len(out) < limit else out[-(limit // 2):])
@@ -48,7 +48,7 @@ def _check_samples_text(config, tokenizer):
   """Only a language model with its tokenizer samples text: a clear error for an image or
   sequence-to-sequence run, a run without its tokenizer, or a tokenizer that has ids the
   model cannot produce (it would never sample them, silently)."""
-  m = config.model
+  m = models.settings_of(config)
   task = models.get(m.get("family")).task
   if task != "lm":
     raise ValueError(f"this run is a {m.get('family')!r} model (task {task!r}); sampling "

@@ -20,10 +20,13 @@ from jaxformer.models.electra import Electra
 from jaxformer.models.family import Family, image_inputs, token_inputs
 from jaxformer.models.gpt import DecoderLM
 from jaxformer.models.registry import (ConfigField, build, config_as_dict, config_fields, get,
-                                       names, register, unregister, with_defaults)
+                                       names, register, unregister, validated,
+                                       with_defaults)
 from jaxformer.models.rnn_seq2seq import RnnSeq2Seq
 from jaxformer.models.roberta import Roberta
 from jaxformer.models.seq2seq import EncoderDecoder
+from jaxformer.models.settings import ModelSettings, settings_class, settings_of
+from jaxformer.models.settings import parse as parse_settings
 from jaxformer.models.t5 import T5
 from jaxformer.models.vit import ViT
 
@@ -32,7 +35,8 @@ for _module in (gpt, bert, roberta, seq2seq, vit, rnn_seq2seq, bart, t5, deberta
   register(_module.FAMILY)
 
 __all__ = ["build", "config_as_dict", "config_fields", "with_defaults", "get", "names",
-           "register", "unregister",
+           "register", "unregister", "validated", "ModelSettings", "parse_settings",
+           "settings_class", "settings_of",
            "Family", "ConfigField", "token_inputs", "image_inputs", "BlockSettings",
            "MoESettings", "DecoderLM", "Bert", "Roberta", "EncoderDecoder", "ViT", "RnnSeq2Seq",
            "Bart", "T5", "Deberta", "Electra", "Captioner"]

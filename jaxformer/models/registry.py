@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -85,17 +86,43 @@ def with_defaults(model_config: Any) -> dict:
 
 
 def build(model_config: Any) -> nn.Module:
-  """The linen Module described by `model_config` (a ConfigDict or dict with `family`),
-  validated before anything is traced: errors name the `model.*` key and the fix."""
+  """The linen Module described by `model_config` (a ConfigDict, dict or the run's typed
+  `ModelSettings` with `family`), validated before anything is traced: errors name the
+  `model.*` key and the fix."""
   cfg = config_as_dict(model_config)
+  decode = cfg.pop("decode", None)
+  entry, _, own = _checked(cfg)
+  for key in ("dtype", "param_dtype"):
+    if key in own:
+      own[key] = jnp.dtype(own[key])
+  if decode is not None:
+    own["decode"] = decode
+  return entry.module(**own)
+
+
+def validated(model_config: Any) -> dict:
+  """`with_defaults(model_config)` after every check of `build` (errors name the `model.*`
+  key and the fix), without building the module: what `models.settings` types."""
+  cfg = config_as_dict(model_config)
+  entry, full, _ = _checked(cfg)
+  name = cfg.get("name")
+  return {"family": entry.name, **({"name": name} if name is not None else {}), **full}
+
+
+def _checked(cfg: dict) -> tuple[Family, dict, dict]:
+  """The family of the model config `cfg` (a dict, without `decode`), its fields with the
+  family's defaults (`with_defaults` less `family` and `name`) and the module's arguments
+  (`block` the typed block settings), every field checked."""
+  cfg = dict(cfg)
   entry = get(cfg.pop("family", None))
   cfg.pop("name", None)
   fields = config_fields(entry.name)
-  decode = cfg.pop("decode", None)
   for key in cfg:
     if key not in fields:
-      raise ValueError(f"model.{key} is not a field of the {entry.name!r} model; known fields: "
-                       f"{sorted(fields)}")
+      near = difflib.get_close_matches(key, fields, n=1)
+      hint = f" (did you mean model.{near[0]}?)" if near else ""
+      raise ValueError(f"model.{key} is not a field of the {entry.name!r} model{hint}; known "
+                       f"fields: {sorted(fields)}")
   missing = [k for k, f in fields.items() if k not in cfg and f.default is dataclasses.MISSING]
   if missing:
     raise ValueError(f"model.{missing[0]} is required for model.family={entry.name!r}")
@@ -110,12 +137,7 @@ def build(model_config: Any) -> nn.Module:
     own["block"] = block
   if entry.validate is not None:
     entry.validate(full)
-  for key in ("dtype", "param_dtype"):
-    if key in own:
-      own[key] = jnp.dtype(own[key])
-  if decode is not None:
-    own["decode"] = decode
-  return entry.module(**own)
+  return entry, full, own
 
 
 def _check_module_fields(entry: Family, c: dict):

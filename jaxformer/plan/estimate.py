@@ -190,7 +190,7 @@ def analyse(program: Program, out: CompileOutput, chip: accelerators.Chip, *, to
   mesh = program.plan.mesh
   n = mesh.devices.size
   per_chip = memory(program, out)      # what the memory levers keep in host memory: "host"
-  analytic = float(progress.flops_per_step(program.config.model, program.task, program.batch, 1))
+  analytic = float(progress.flops_per_step(program.settings.model, program.task, program.batch, 1))
   common = dict(topology=topology, slices=slices, chips=n, chip=chip, mesh=dict(mesh.shape),
                 fsdp=program.settings.mesh.fsdp, compile_seconds=out.seconds,
                 compiler_flags=tpu_flags.in_effect(), per_chip_bytes=per_chip,
@@ -200,7 +200,7 @@ def analyse(program: Program, out: CompileOutput, chip: accelerators.Chip, *, to
                 collectives={}, estimated_step_seconds=None, roofline={},
                 mfu={"estimate": None, "roofline": None}, refusal=out.refusal)
   stats = hlo.analyse(out.hlo, mesh)
-  kernels = kernel_summary(stats, chip, splash_kernel_flops(stats, program.config.model))
+  kernels = kernel_summary(stats, chip, splash_kernel_flops(stats, program.settings.model))
   communication = communication_seconds(stats.collectives, chip)
   compute = stats.estimated_cycles / chip.clock_hz + kernels["seconds"]
   exposed = exposed_communication(stats, chip)

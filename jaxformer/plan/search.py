@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-import json
 import math
 import multiprocessing
 import os
@@ -70,12 +69,12 @@ def with_overrides(config, overrides: dict[str, Any]):
 def candidate_overrides(config, chips: int, dimensions: Iterable[str]) -> list[dict]:
   """Every combination of the searched dimensions' values, as `--config.*` overrides."""
   dimensions = set(dimensions)
-  cfg = models.with_defaults(config.model)
-  fields = models.config_fields(cfg["family"])
+  settings = run_settings.parse(config)
+  cfg = settings.model
+  fields = models.config_fields(cfg.family)
   axes: list[list[tuple[tuple[str, Any], ...]]] = []
   # hybrid sharding: R replicas of a (data, model, expert) mesh of chips / R (FSDP gathers
   # within a replica, only gradients cross replicas); R > 1 only with FSDP over data > 1
-  settings = run_settings.parse(config)
   held = settings.mesh                                        # the config's own mesh
   replicas = _divisors(chips)[:-1] if "replica" in dimensions else [held.replica]
   if "mesh" in dimensions:
@@ -154,7 +153,7 @@ def cheap_check(config, candidate: Candidate, devices, chip: accelerators.Chip,
     if micro % plan.batch_shards:
       raise ValueError(f"the micro-batch ({micro} rows) does not split over "
                        f"{plan.batch_shards} batch shards")
-    key = json.dumps(cfg.model.to_dict(), sort_keys=True, default=str)
+    key = settings.model                      # hashable: the model's every field
     if key not in abstract_cache:
       abstract_cache[key] = jax.eval_shape(state_lib.train_state_fns(cfg, settings)[2])
     abstract = abstract_cache[key]
@@ -172,7 +171,7 @@ def cheap_check(config, candidate: Candidate, devices, chip: accelerators.Chip,
     return
   candidate.rough_seconds = _rough_seconds(cfg, settings, plan, chip, params)
   candidate.activation_bytes = _activation_bytes(cfg, settings, plan)
-  candidate.remat_policy = models.with_defaults(cfg.model).get("remat_policy", "none")
+  candidate.remat_policy = settings.model.get("remat_policy", "none")
 
 
 def _order_key(margin: "Margin", hbm_bytes: int, pace: "Pace | None" = None):
@@ -255,7 +254,7 @@ _ACTIVATION_MARGIN = 1.3
 def _activation_bytes(cfg, settings, plan) -> float:
   """A rough per-chip activation footprint: what the ordering expects the compiler to need
   beyond the parameters, gradients and optimizer state (only orders compiles)."""
-  model = models.with_defaults(cfg.model)
+  model = settings.model
   t = plan.mesh.shape["model"]
   rows = settings.train.batch_size / (plan.batch_shards * settings.optim.grad_accum)
   seq = settings.data.seq_len or model.get("max_len") or 1
@@ -272,11 +271,11 @@ def _activation_bytes(cfg, settings, plan) -> float:
 def _rough_seconds(cfg, settings, plan, chip, param_bytes: int) -> float:
   """An analytic ordering key: compute (with the remat policy's recompute) against the
   bytes FSDP, data and tensor parallelism move. Only orders compiles; never reported."""
-  model = models.with_defaults(cfg.model)
+  model = settings.model
   task = tasks.task_for_run(cfg, settings)
   batch = {k: jax.ShapeDtypeStruct(s, d)
            for k, (s, d) in task.batch_spec(cfg, settings, model).items()}
-  flops = progress.flops_per_step(cfg.model, task, batch, 1) / plan.mesh.devices.size
+  flops = progress.flops_per_step(model, task, batch, 1) / plan.mesh.devices.size
   flops *= REMAT_POLICIES[model.get("remat_policy", "none")].recompute
   shape = plan.mesh.shape
   accum = settings.optim.grad_accum
@@ -454,7 +453,7 @@ def _current_values(config, devices) -> dict[str, Any]:
   """The config's values of the searched fields, its mesh resolved on `devices` (-1 filled)."""
   settings = config_checks.validate(config)
   shape = parallel.mesh.resolve_mesh_shape(settings.mesh, devices)
-  model = models.with_defaults(config.model)
+  model = settings.model
   return {"mesh.data": shape[0], "mesh.model": shape[1], "mesh.expert": shape[2],
           "mesh.fsdp": settings.mesh.fsdp, "optim.grad_accum": settings.optim.grad_accum,
           **{f"model.{k}": model.get(k) for k in ("remat_policy", "attention_impl",

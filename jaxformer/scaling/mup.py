@@ -29,9 +29,9 @@ import numpy as np
 
 
 def with_width(model_config: Any, d_model: int) -> Any:
-  """A copy of `model_config` (ConfigDict or dict) at width `d_model`: mlp_dim in proportion;
-  with `head_dim` unset the heads stay and grow wider, with `head_dim` set the heads (and kv
-  heads) grow in number. Depth, vocabulary and everything else are kept (μP's width
+  """A copy of `model_config` (ConfigDict, dict or `models.ModelSettings`) at width
+  `d_model`: mlp_dim in proportion; with `head_dim` unset the heads stay and grow wider,
+  with `head_dim` set the heads (and kv heads) grow in number. Depth, vocabulary and everything else are kept (μP's width
   scaling; `mup_base_width` stays the base). ValueError if a size does not scale evenly."""
   cfg = copy.deepcopy(model_config)
   old = cfg["d_model"]
@@ -53,6 +53,8 @@ def with_width(model_config: Any, d_model: int) -> Any:
       updates["num_kv_heads"] = scaled("num_kv_heads")
   elif d_model % cfg["num_heads"]:
     raise ValueError(f"width {d_model} is not divisible by model.num_heads={cfg['num_heads']}")
+  if dataclasses.is_dataclass(cfg):         # the run's typed (frozen) model settings
+    return dataclasses.replace(cfg, **updates)
   for key, value in updates.items():
     cfg[key] = value
   return cfg

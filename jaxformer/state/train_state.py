@@ -64,15 +64,17 @@ def zero_log_sums() -> dict:
 
 def train_state_fns(config, settings: run_settings.RunSettings | None = None):
   """(module, optimizer, init_boxed) of `config`'s model and its typed `settings`
-  (parsed from `config` unless given: only `train`, `optim`, `posttrain` are read): init_boxed() builds the train state pytree
+  (parsed from `config` unless given: only `train`, `optim`, `posttrain`, `model` are
+  read): init_boxed() builds the train state pytree
   {'step', 'params', 'opt_state', 'skipped', 'log_sums'} (+ 'reference' for DPO: the frozen
   reference params, checkpointed with the state) with parameters (and their optimizer moments)
   still in their `nn.Partitioned` boxes, which name the logical axes the sharding plan maps
   to the mesh; `nn.unbox` of it is the state itself."""
-  settings = settings or run_settings.parse(config, only=("train", "optim"))
-  module = models.build(config.model)
+  settings = settings or run_settings.parse(config, only=("train", "optim", "model"))
+  model = settings.model if settings.model is not None else models.settings_of(config)
+  module = models.build(model)
   init_key = jax.random.split(jax.random.key(settings.train.seed))[0]
-  init_params = lambda: module.init(init_key, *init_inputs(config.model))["params"]
+  init_params = lambda: module.init(init_key, *init_inputs(model))["params"]
   tx = optim.make_optimizer(settings.optim, settings.train.steps,
                             lr_multipliers=lr_multipliers(module, init_params))
 

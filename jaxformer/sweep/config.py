@@ -98,7 +98,7 @@ def validated(base: str, overrides: Mapping[str, Any], name: str):
   config = load_config(base, overrides)
   try:
     settings = config_checks.validate(config)   # exactly what train checks before it writes
-    params = scaling.count_params(config.model)
+    params = scaling.count_params(settings.model)
   except ValueError as e:
     raise ValueError(f"sweep point {name!r}: {e}") from e
   return config, settings, params

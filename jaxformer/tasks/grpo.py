@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer import models
 from jaxformer.data.batching import VALID
 from jaxformer.inference.decode import generate_ragged
 from jaxformer.posttrain import grpo, rewards
@@ -123,9 +124,10 @@ class GroupRelative(Task):
     prompts = np.repeat(prompt, k, axis=0)
     n, width = prompts.shape
     tokenizer = pipeline.tokenizer
-    vocab = int(config.model.vocab_size)
+    model = models.settings_of(config)
+    vocab = int(model.vocab_size)
     seed = int(np.random.SeedSequence([pipeline.seed, step, int(train)]).generate_state(1)[0])
-    new = generate_ragged(config.model, params, prompts, lengths, max_new_tokens=m,
+    new = generate_ragged(model, params, prompts, lengths, max_new_tokens=m,
                           temperature=self.temperature, seed=seed,
                           vocab_limit=min(tokenizer.vocab_size, vocab))
     mask = completion_mask(new, stop_ids(tokenizer, self.stop))

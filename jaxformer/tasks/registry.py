@@ -51,13 +51,14 @@ def task_for(model_config) -> Task:
 def task_for_run(config, settings: run_settings.RunSettings | None = None) -> Task:
   """The task of a training config: `posttrain.method` where its settings (`run_settings.parse`
   of `config` unless given) have a posttrain section, else the model family's (`task_for`)."""
-  post = (settings or run_settings.parse(config)).posttrain
-  task = task_for(config.model)
+  settings = settings or run_settings.parse(config)
+  post = settings.posttrain
+  task = task_for(settings.model)
   if post is None:
     return task
   if task.name != "lm":
     raise ValueError(f"posttrain.method={post.method!r} needs a decoder LM; "
-                     f"model.family={config.model.get('family')!r} trains task {task.name!r}")
+                     f"model.family={settings.model.family!r} trains task {task.name!r}")
   if post.method not in _TASKS:
     raise ValueError(f"posttrain.method={post.method!r} has no task")
   return _TASKS[post.method].for_posttrain(post)

@@ -25,8 +25,9 @@ def validate(config) -> run_settings.RunSettings:
   """Config checks that need no data and no compilation: the typed settings of every section
   (`run_settings.parse`), the task, the data section as the settings of the task's source
   kind (`jaxformer.data.settings`: a key the kind does not name is refused), the checks
-  across sections, and the model's own fields (`models.build`). Returns the typed settings,
-  `data` the source kind's (what the pipelines and batch layouts read)."""
+  across sections, and the model's own fields (`models.build`'s checks, as `settings.model`).
+  Returns the typed settings, `data` the source kind's (what the pipelines and batch layouts
+  read)."""
   settings = run_settings.parse(config)
   task = tasks.task_for_run(config, settings)
   settings = dataclasses.replace(settings,
@@ -59,8 +60,8 @@ def validate(config) -> run_settings.RunSettings:
                     "rate never reaches optim.lr=%g (lower --config.optim.warmup_steps if that "
                     "is not meant)", o.warmup_steps, t.steps, o.lr)
   trackers.check_installed(t.trackers)    # the extra of W&B / MLflow
-  models.build(config.model)              # every model field is checked here
-  evaluators.check(config, t)             # their files parse, each fits the model family
+  models.build(settings.model)            # the module itself builds
+  evaluators.check(settings)              # their files parse, each fits the model family
   return settings
 
 
@@ -68,9 +69,8 @@ def check_model_matches_data(config, info: dict,
                              settings: run_settings.RunSettings | None = None):
   """The model must fit what the data pipeline produces (named fields, before compiling);
   `settings`: `run_settings.parse(config)` unless given."""
-  data = (settings or run_settings.parse(config)).data
-  m = config.model
-  full = models.with_defaults(m)               # the family's defaults for unset fields
+  settings = settings or run_settings.parse(config)
+  data, m = settings.data, settings.model      # m: every field at the family's default
   if "num_classes" in info and m.get("num_classes") != info["num_classes"]:
     raise ValueError(f"model.num_classes={m.get('num_classes')} but the data "
                      f"({data.source!r}) has {info['num_classes']} classes; set "
@@ -84,16 +84,16 @@ def check_model_matches_data(config, info: dict,
                      f"--config.model.vocab_size={info['vocab_size']} (or larger)")
   if "image_shape" in info and m.get("image_size") is not None:
     h, w, c = info["image_shape"]
-    channels = full.get("channels", c)
+    channels = m.get("channels", c)
     if (h, w) != (m.image_size, m.image_size) or c != channels:
       raise ValueError(f"images are {h}x{w}x{c} but model.image_size={m.image_size}, "
                        f"model.channels={channels}; set them to {h} and {c}")
   # max_len bounds a learned position table: the decoder's positions="learned", or a family
   # without a `positions` choice (BERT's table is always learned)
-  learned = m.get("max_len") is not None and full.get("positions", "learned") == "learned"
+  learned = m.get("max_len") is not None and m.get("positions", "learned") == "learned"
   lengths = {"data.seq_len": data.seq_len, "source length": info.get("src_len"),
              "target length": info.get("tgt_len")}
-  offset = full.get("pad_id")      # RoBERTa's positions run from pad_id + 1 to length + pad_id
+  offset = m.get("pad_id")      # RoBERTa's positions run from pad_id + 1 to length + pad_id
   offset = 0 if offset is None else offset + 1
   for name, length in lengths.items():
     if learned and length is not None and length + offset > m.max_len:
@@ -155,8 +155,9 @@ def check_continues(config, saved: dict, taken: int, *, where: str, branch: bool
   --branch_from value); `branch`: the saved run is the trunk of a cooldown branch, whose
   only way out is to drop the change (a new workdir or --fresh would branch the same trunk)."""
   holds = f"{where}: the trunk is a run" if branch else f"{where} holds a run"
+  settings = settings or run_settings.parse(config)
   model = _with_defaults(saved.get("model", {}))
-  current = _with_defaults(json.loads(config.model.to_json()))
+  current = json.loads(json.dumps(settings.model.to_dict()))     # as a saved config.json
   changed = sorted(k for k in set(model) | set(current)
                    if model.get(k) != current.get(k) and k not in EXECUTION_FIELDS)
   if changed:
@@ -173,7 +174,6 @@ def check_continues(config, saved: dict, taken: int, *, where: str, branch: bool
             f"{'branching' if branch else 'resuming'} would not continue its steps; drop "
             f"--config.{section}.{key}" + ("" if branch else
                                            ", or use a new --workdir, or --fresh to discard it"))
-  settings = settings or run_settings.parse(config)
   _check_schedule_unchanged(saved, settings, taken, holds, branch)
   _check_kept_checkpoints_stay(saved, settings, holds, branch)
 

@@ -5,7 +5,6 @@ training; its result, `mup.CoordCheck`, needs no JAX."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -15,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from jaxformer import compilation, models, run_settings, tasks
+from jaxformer import compilation, run_settings, tasks
 from jaxformer.scaling import mup
 from jaxformer.state import train_state as state_lib
 from jaxformer.train import step as step_lib
@@ -34,24 +33,23 @@ def coordinate_check(config: Any, widths: Sequence[int], *, steps: int = 4,
   """
   if sorted(set(widths)) != list(widths) or len(widths) < 2:
     raise ValueError(f"widths {list(widths)} must be >= 2 distinct increasing ints")
-  if tasks.task_for(config.model).name != "lm":
-    raise ValueError("coordinate_check trains decoder language models (model.family="
-                     f"{config.model.get('family')!r} is not one)")
   settings = run_settings.parse(config)
+  if tasks.task_for(settings.model).name != "lm":
+    raise ValueError("coordinate_check trains decoder language models (model.family="
+                     f"{settings.model.family!r} is not one)")
   seq_len = seq_len or settings.data.seq_len
   if tokens is None:
-    tokens = np.random.default_rng(seed).integers(0, config.model.vocab_size,
+    tokens = np.random.default_rng(seed).integers(0, settings.model.vocab_size,
                                                   (batch_size, seq_len + 1))
   tokens = np.asarray(tokens, np.int32)
   batch = {"inputs": jnp.asarray(tokens[:, :-1]), "targets": jnp.asarray(tokens[:, 1:])}
   sizes = {}
   for width in widths:
-    cfg = copy.deepcopy(config)
-    cfg.model = mup.with_width(config.model, width)
+    model = mup.with_width(settings.model, width)
     train = dataclasses.replace(settings.train, steps=steps + 1)
     module, tx, init_boxed = state_lib.train_state_fns(
-        cfg, dataclasses.replace(settings, train=train))
-    train_step = step_lib.make_train_step(module, tx, tasks.task_for(cfg.model))
+        config, dataclasses.replace(settings, train=train, model=model))
+    train_step = step_lib.make_train_step(module, tx, tasks.task_for(model))
 
     def measure(params):
       _, mutated = module.apply({"params": params}, batch["inputs"],
@@ -69,7 +67,7 @@ def coordinate_check(config: Any, widths: Sequence[int], *, steps: int = 4,
     # one program per width, run once: compiled without LLVM's optimisation on the CPU
     measured = jax.jit(run, compiler_options=compilation.run_once_options())()
     sizes[width] = {name: np.asarray(v, np.float64).tolist() for name, v in measured.items()}
-  return mup.CoordCheck(tuple(widths), steps, models.with_defaults(config.model)["parametrization"],
+  return mup.CoordCheck(tuple(widths), steps, settings.model.parametrization,
                     sizes)
 
 

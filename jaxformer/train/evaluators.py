@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxformer import models, paths, run_settings, workdir_layout
+from jaxformer import paths, run_settings, workdir_layout
 from jaxformer.data.batching import VALID
 from jaxformer.evaluate import results, routing
 
@@ -67,12 +67,12 @@ def specs(train: run_settings.TrainSettings) -> list[Spec]:
   return out
 
 
-def check(config, train: run_settings.TrainSettings) -> list[Spec]:
+def check(settings: run_settings.RunSettings) -> list[Spec]:
   """Everything the specs name, before anything compiles: the kind fits the model family and
   its file parses (one-line errors naming the entry)."""
   from jaxformer.evaluate import choices, probe
-  out = specs(train)
-  family = models.with_defaults(config.model).get("family")
+  out = specs(settings.train)
+  family = settings.model.family
   for spec in out:
     entry = f"train.evaluators entry {spec.kind + (':' + spec.arg if spec.arg else '')!r}"
     if spec.kind in LM_KINDS and family != "decoder":

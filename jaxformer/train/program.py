@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import jax
 
-from jaxformer import accelerators, models, parallel, run_settings, tasks
+from jaxformer import accelerators, parallel, run_settings, tasks
 from jaxformer.parallel import offload
 from jaxformer.parallel.sharding import per_device_bytes
 from jaxformer.state import train_state as state_lib
@@ -64,7 +64,7 @@ def build_program(config, devices: Sequence[Any], settings=None) -> Program:
   state_shardings = run_builder.offloaded(config, settings, plan, plan.state_shardings(abstract))
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        plan.restore_target(abstract), state_shardings)   # host memory kinds
-  spec = task.batch_spec(config, settings, models.with_defaults(config.model))
+  spec = task.batch_spec(config, settings, settings.model)
   batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=plan.batch_sharding(len(shape)))
            for k, (shape, dtype) in spec.items()}
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=plan.replicated)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from jaxformer import accelerators, models, parallel, paths, workdir_layout, run_settings, tasks
+from jaxformer import accelerators, parallel, paths, workdir_layout, run_settings, tasks
 from jaxformer.parallel import offload
 from jaxformer.state import checkpoint, optim
 from jaxformer.state import train_state as state_lib
@@ -228,7 +228,7 @@ def memory_levers(config, settings: run_settings.RunSettings) -> list[str]:
   """The config fields (`field=value`) that keep data in host memory."""
   from jaxformer.layers.block_settings import OFFLOADED_REMAT_POLICIES
   fields = ["optim.offload_state=True"] if settings.optim.offload_state else []
-  policy = models.with_defaults(config.model).get("remat_policy")
+  policy = settings.model.get("remat_policy")
   if policy in OFFLOADED_REMAT_POLICIES:
     fields.append(f"model.remat_policy={policy!r}")
   return fields
@@ -297,10 +297,10 @@ def open_writers(run: Run, steps: Steps, shutdown: contextlib.ExitStack) -> Writ
   shutdown as it opens (the trackers see the exception that ends the run)."""
   t = run.settings.train
   units_per_step = run.task.units_per_batch(steps.first) * jax.process_count()
-  peak = accelerators.peak_flops_per_device(dtype=models.with_defaults(run.config.model)["dtype"])
+  peak = accelerators.peak_flops_per_device(dtype=run.settings.model.dtype)
   bar = progress.Progress(
       t.steps, run.start, unit=run.task.unit, units_per_step=units_per_step, window=1,
-      flops_per_step=progress.flops_per_step(run.config.model, run.task, steps.first,
+      flops_per_step=progress.flops_per_step(run.settings.model, run.task, steps.first,
                                             jax.process_count()),
       peak_flops=peak * jax.device_count() if peak else None)
   shutdown.callback(bar.close)

@@ -100,7 +100,8 @@ def test_every_task_has_a_mode_or_is_refused_by_name():
     task = models.get(family).task
     assert task in lib.MODES or task == "rtd", (family, task)
   from ml_collections import ConfigDict
-  electra = ConfigDict({"model": {"family": "electra"}})
+  electra = ConfigDict({"model": {"family": "electra", "vocab_size": 64, "d_model": 32,
+                                  "num_layers": 1, "num_heads": 2, "mlp_dim": 64}})
   with pytest.raises(ValueError, match="task 'rtd'.*predict has no mode"):
     lib.mode_for(electra)
   assert {m.name for ms in lib.MODES.values() for m in ms} == {

@@ -143,13 +143,16 @@ def test_importing_inference_loads_no_training_module():
 
 
 # --- one typed configuration -----------------------------------------------------------------
-# The `train`, `optim`, `mesh` and `posttrain` sections and every `data` key (the shared ones
-# and each source's own) are read through the typed settings (`run_settings.parse`, and the
-# source kind's `jaxformer.data.settings`, which `train.config_checks.validate` returns); a
-# raw read of them from a config is allowed only in the settings layer itself. The `data`
-# section handed whole (to the parser) is not a read of a key.
-TYPED_SECTIONS = ("train", "optim", "mesh", "posttrain")
-SETTINGS_LAYER = ("jaxformer/run_settings.py", "jaxformer/data/settings.py")
+# The `train`, `optim`, `mesh`, `posttrain` and `model` sections and every `data` key (the
+# shared ones and each source's own) are read through the typed settings (`run_settings.parse`,
+# the source kind's `jaxformer.data.settings`, which `train.config_checks.validate` returns,
+# and the family's `jaxformer.models.settings`: `settings.model`, or `models.settings_of(config)`
+# where only a config is at hand); a raw read of them from a config is allowed only in the
+# settings layer itself. The `data` section handed whole (to the parser) is not a read of a
+# key; the `model` section is not even handed whole (`models.build(settings.model)`).
+TYPED_SECTIONS = ("train", "optim", "mesh", "posttrain", "model")
+SETTINGS_LAYER = ("jaxformer/run_settings.py", "jaxformer/data/settings.py",
+                  "jaxformer/models/settings.py")     # the model section's parser
 # what names a config: `config`, `cfg`, `self.config`, `point.config`, `src_config`, ...
 _CONFIG_NAMES = ("config", "cfg", "conf")
 # what names a data section itself: `data_config`, `data_cfg` (any key read from it is raw)
@@ -249,6 +252,10 @@ def test_typed_sections_are_read_only_through_the_settings():
     "mode = config.data.get('packing')", "cfg.data.mask_rate", "config.data['augment']",
     "data_config.get('eval_source')", "data_config.noise_density", "data_config['image_key']",
     "self.data_config.get('num_train')",
+    # the model section, whole or a key of it
+    "models.build(config.model)", "config.model.get('family')", "x = cfg.model.vocab_size",
+    "generate(self.config.model, params, tokens)", "models.with_defaults(run.config.model)",
+    "config['model']['d_model']",
 ])
 def test_the_settings_rule_catches_every_spelling(source):
   assert raw_setting_reads(source), source
@@ -256,7 +263,9 @@ def test_the_settings_rule_catches_every_spelling(source):
 
 def test_the_settings_rule_allows_the_section_handed_whole_and_writes():
   ok = ("parse('text', config.data)\nsource_settings.parse(kind, config)\n"
-        "cfg.train.steps = 3\nsettings.train.steps\nconfig.model.d_model\n"
+        "cfg.train.steps = 3\nsettings.train.steps\nsettings.model.d_model\n"
+        "cfg.model = with_width(settings.model, 64)\ncfg.model.d_model = 64\n"
+        "models.settings_of(config).family\nmesh.model\n"
         "cfg.data.seq_len = 8\nsettings.data.packing\ndata.mask_rate\n"
         "coerce('images', data_config)\n")
   assert raw_setting_reads(ok) == []
