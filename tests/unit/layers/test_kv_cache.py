@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from jaxformer import models
+from jaxformer.evaluate import needle
 from jaxformer.inference import KVCachePolicy, generate, stream_logits_fn, streaming_nll
 from jaxformer.inference import decode as decode_lib
 from jaxformer.layers import kv_cache as kvc
@@ -228,6 +229,9 @@ def test_streaming_full_cache_equals_forward(model_params, kind, policies):
   for policy in policies:
     got = stream_logits_fn(KINDS[kind], params, kv_cache=policy)(TOKENS)
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
+  if kind == "gpt":                       # the needle's reference scorer: the forward pass
+    np.testing.assert_allclose(needle.forward_logits_fn(GPT, {"params": params})(TOKENS), want,
+                               atol=1e-6)
   nll = streaming_nll(KINDS[kind], params, TOKENS, kv_cache=policies[-1])
   logits = want.astype(np.float64)[:, :-1]
   logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
