@@ -16,6 +16,7 @@ differences between batched and unbatched forward passes).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer import models
+from jaxformer.layers.kv_cache import KVCachePolicy
 
 
 def _check_top_k(top_k):
@@ -101,7 +103,7 @@ def _checked_sampling(caller: str, model_config, *, max_new_tokens, temperature,
 def generate(model_config: Any, params: Any, prompt, *, max_new_tokens: int,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              seed: int = 0, max_len: int | None = None,
-             vocab_limit: int | None = None) -> np.ndarray:
+             vocab_limit: int | None = None, kv_cache=None) -> np.ndarray:
   """Sample `max_new_tokens` tokens after `prompt` from a decoder LM.
 
   Args:
@@ -117,6 +119,9 @@ def generate(model_config: Any, params: Any, prompt, *, max_new_tokens: int,
     max_len: length of the KV cache (default P + max_new_tokens; must be at least that).
     vocab_limit: ids >= this are never produced (greedy or sampled): a model vocabulary
       padded past the tokenizer's (e.g. to a multiple of the mesh) has rows no text maps to.
+    kv_cache: a `layers.kv_cache.KVCachePolicy` (sliding window, attention sinks, heavy
+      hitters, int8; a fixed budget of slots per layer), or None (the default: the full
+      cache of max_len positions; KVCachePolicy() and None run the same path).
 
   Returns:
     np.ndarray int32 [B, P + max_new_tokens] (or [P + max_new_tokens]): prompt then samples.
@@ -149,7 +154,7 @@ def generate(model_config: Any, params: Any, prompt, *, max_new_tokens: int,
                      f"= {prompt_len} + {max_new_tokens} = {needed}")
 
   cfg["decode"] = True
-  model = models.build(cfg)                      # validates the rest of the config
+  model = with_kv_cache(models.build(cfg), kv_cache, int(max_len))   # validates the config
   if model.positions == "learned" and max_len > model.max_len:
     raise ValueError(f"max_len={max_len} (prompt length {prompt_len} + max_new_tokens "
                      f"{max_new_tokens} by default) exceeds the model's learned position "
@@ -211,6 +216,22 @@ def _generate(model, params, prompt, temperature, seed, *, max_new_tokens, cache
 
   _, new = jax.lax.fori_loop(1, max_new_tokens, body, (cache, new))
   return jnp.concatenate([prompt, new], axis=1)
+
+
+def with_kv_cache(model, kv_cache, cache_len: int):
+  """The decoding `model` with the compressed cache `kv_cache` (a KVCachePolicy; "full"
+  sized to `cache_len`), or `model` itself for None / the default full cache."""
+  if kv_cache is None:
+    return model
+  if not isinstance(kv_cache, KVCachePolicy):
+    raise ValueError(f"kv_cache={kv_cache!r} must be a KVCachePolicy (jaxformer.inference."
+                     "KVCachePolicy) or None")
+  if kv_cache.is_default:
+    return model
+  if "kv_cache" not in {f.name for f in dataclasses.fields(model)}:
+    raise ValueError(f"kv_cache: {type(model).__name__} has no compressed KV cache (decoder "
+                     "LMs only)")
+  return model.clone(kv_cache=kv_cache.resolved(cache_len))
 
 
 def generate_ragged(model_config: Any, params, prompts, lengths, *, max_new_tokens: int,
@@ -318,4 +339,4 @@ def _generate_ragged(model, params, prompts, lengths, rows, temperature, seed, *
   return jnp.take_along_axis(seq, at, axis=1)
 
 
-__all__ = ["generate", "generate_ragged", "filter_logits"]
+__all__ = ["generate", "generate_ragged", "filter_logits", "with_kv_cache"]

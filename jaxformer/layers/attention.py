@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
+from jaxformer.layers import kv_cache as kv_cache_lib
 from jaxformer.layers.dense import default_kernel_init, dense
 from jaxformer.ops import disentangled, masks, positions as pos_ops
 from jaxformer.ops import pallas
@@ -100,7 +101,9 @@ class MultiHeadAttention(nn.Module):
   Decoding: with `decode=True`, `init` on a [B, max_len, E] input allocates a KV cache of
   max_len positions in the "cache" collection; then `apply(..., mutable=["cache"])` with a
   prompt (prefill) and with one token at a time appends to the cache and gives the outputs a
-  full causal forward pass would give.
+  full causal forward pass would give. With `kv_cache` (a `kv_cache.KVCachePolicy`) the cache
+  is instead a fixed budget of slots filled by that policy (sliding window, attention sinks,
+  heavy hitters; optionally int8): layers/kv_cache.py.
 
   Attention weights: applying with `mutable=["attention_weights"]` stores the [B, H, Tq, Tk]
   probabilities of every attention layer in that collection (computed by the xla path), so
@@ -133,6 +136,8 @@ class MultiHeadAttention(nn.Module):
   # KV cache (which holds k and v only).
   head_gates: bool = False
   decode: bool = False
+  # decode=True only: a compressed cache (kv_cache.KVCachePolicy); None: the full cache
+  kv_cache: Any = None
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
   kernel_init: Callable = default_kernel_init   # (in_axis, out_axis) -> initializer
@@ -167,6 +172,10 @@ class MultiHeadAttention(nn.Module):
     if self.decode and (cross or not self.causal):
       raise ValueError("decode=True (KV cache) needs causal self-attention: set causal=True "
                        "and call without context")
+    if self.kv_cache is not None and not (
+        self.decode and isinstance(self.kv_cache, kv_cache_lib.KVCachePolicy)):
+      raise ValueError(f"kv_cache={self.kv_cache!r} must be a kv_cache.KVCachePolicy, used "
+                       f"with decode=True (got decode={self.decode})")
 
   @nn.compact
   def __call__(self, x, context=None, *, mask=None, segment_ids=None, positions=None,
@@ -220,7 +229,9 @@ class MultiHeadAttention(nn.Module):
                         "value_proj")
 
     t = x.shape[1]
-    cache_index, cache_filled = self._cache_index(k) if self.decode else (None, False)
+    compressed = self.kv_cache is not None
+    cache_index, cache_filled = (self._compressed_cache(k) if compressed else
+                                 self._cache_index(k) if self.decode else (None, False))
     if positions is None:
       positions = jnp.arange(t) if cache_index is None else cache_index + jnp.arange(t)
     if self.positions == "rope":
@@ -231,6 +242,10 @@ class MultiHeadAttention(nn.Module):
                                                                     ("heads",)),
                          (h,), self.param_dtype)
       q = q * gates.astype(q.dtype)[:, None]
+
+    if compressed:
+      return self._output(self._compressed_attention(q, k, v, positions, cache_index,
+                                                     cache_filled, mask, segment_ids, bias), x)
 
     causal, window = self.causal, self.window
     k_positions = positions
@@ -282,6 +297,10 @@ class MultiHeadAttention(nn.Module):
       # The index is traced, so overflowing the cache cannot raise under jit; make it loud
       # (NaN outputs) instead of silently overwriting the last slots.
       out = jnp.where(cache_index + t <= k.shape[1], out, jnp.nan)
+    return self._output(out, x)
+
+  def _output(self, out, x):
+    """The output projection of the attention context out [B, T, H, D]."""
     out = checkpoint_name(nn.with_logical_constraint(out, ("batch", "length", "heads", "kv")),
                           "attention_context")
     return checkpoint_name(dense(self.out_features or x.shape[-1], ("heads", "kv", "embed"),
@@ -297,6 +316,35 @@ class MultiHeadAttention(nn.Module):
     self.variable("cache", "cached_value", jnp.zeros, k.shape, k.dtype)
     index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
     return index.value, exists
+
+  def _compressed_cache(self, k):
+    """`_cache_index` for a compressed cache: its arrays (kv_cache.cache_shapes) are created
+    at init, sized by the policy's budget."""
+    exists = self.has_variable("cache", "cached_key")
+    for name, (shape, dtype) in kv_cache_lib.cache_shapes(self.kv_cache, k).items():
+      self.variable("cache", name, jnp.zeros, shape, dtype)
+    index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+    return index.value, exists
+
+  def _compressed_attention(self, q, k, v, positions, index, exists, mask, segment_ids, bias):
+    """Attention of the new tokens through the compressed cache (kv_cache.py), which is
+    updated unless this is `init` (the cache then stays empty)."""
+    if mask is not None or segment_ids is not None or bias is not None:
+      raise ValueError("a compressed KV cache (kv_cache) takes no mask, segment_ids or bias: "
+                       "it masks by the cached positions")
+    names = kv_cache_lib.cache_shapes(self.kv_cache, k)
+    cache = {name: self.get_variable("cache", name) for name in names}
+    d = q.shape[-1]
+    out, cache = kv_cache_lib.streaming_attention(
+        cache, q, k, v, positions, index, self.kv_cache,
+        scale=1.0 / math.sqrt(d) if self.scale is None else self.scale,
+        window=masks.normalize_window(self.window),
+        alibi_slopes=pos_ops.alibi_slopes(q.shape[2]) if self.positions == "alibi" else None)
+    if exists:
+      for name, value in cache.items():
+        self.put_variable("cache", name, value)
+      self.put_variable("cache", "cache_index", index + q.shape[1])
+    return out.astype(self.dtype)
 
   def _update_cache(self, k, v, index, exists):
     ck, cv = self.get_variable("cache", "cached_key"), self.get_variable("cache", "cached_value")

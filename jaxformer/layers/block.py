@@ -29,6 +29,7 @@ class TransformerBlock(nn.Module):
   positions: str = "none"             # attention.POSITIONS (self-attention)
   rope_theta: float = 10_000.0
   decode: bool = False
+  kv_cache: Any = None                # decode only: a compressed cache (layers/kv_cache.py)
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -51,6 +52,7 @@ class TransformerBlock(nn.Module):
         rope_theta=self.rope_theta, dropout_rate=s.attention_dropout_rate,
         impl=s.attention_impl, block_sizes=s.attention_block_sizes,
         scale=scale, query_init_scale=query_init, decode=self.decode and not cross,
+        kv_cache=None if cross else self.kv_cache,
         head_gates=s.head_gates,
         dtype=self.dtype, param_dtype=self.param_dtype, name=name)
 

@@ -36,6 +36,9 @@ class DecoderLM(nn.Module):
   rope_theta: float = 10_000.0
   tie_embeddings: bool = True
   decode: bool = False
+  # decode only, set at inference time (not a config key): a compressed KV cache policy
+  # (layers/kv_cache.KVCachePolicy); None: the full cache
+  kv_cache: Any = None
   dtype: Any = jnp.float32
   param_dtype: Any = jnp.float32
 
@@ -62,6 +65,7 @@ class DecoderLM(nn.Module):
     x = nn.Dropout(self.block.dropout_rate)(x, deterministic=deterministic)
     wiring = dict(causal=True, positions=self.positions if self.positions in ("rope", "alibi")
                   else "none", rope_theta=self.rope_theta, decode=self.decode,
+                  **({} if self.kv_cache is None else {"kv_cache": self.kv_cache}),
                   dtype=self.dtype, param_dtype=self.param_dtype)
     x = BlockStack(self.num_layers, self.block, wiring, name="decoder")(
         x, segment_ids=segment_ids, positions=positions, deterministic=deterministic)

@@ -17,8 +17,8 @@ from jaxformer.models.family import Family, module_fields
 _FAMILIES: dict[str, Family] = {}
 _DTYPES = ("float32", "bfloat16", "float16")
 # Module fields that are not config keys: `block` is given as its flat keys, `decode` is the
-# inference-time variant (`generate` sets it).
-_NOT_CONFIG = ("block", "decode")
+# inference-time variant (`generate` sets it), `kv_cache` its compressed cache (layers/kv_cache).
+_NOT_CONFIG = ("block", "decode", "kv_cache")
 
 
 def register(family: Family, *, replace: bool = False) -> Family:
