@@ -6,7 +6,7 @@ Features:
   patches with pool='gap'): what the classification head reads; images from the run's
   data.source (or another image source), standardised with the train split's statistics as
   training does, the train split (data.train_split) and the eval split (data.eval_split);
-- BERT family (bert, roberta, deberta): the last layer's output averaged over the text's
+- BERT family (bert, roberta, deberta; electra's discriminator): the last layer's output averaged over the text's
   tokens; the text from JSONL lines {"text": str, "label": int or str} (`--data`, and
   `--test_data`, else a seeded 80/20 split of `--data`), cut to data.seq_len tokens.
 
@@ -28,7 +28,7 @@ import optax
 
 from jaxformer import jsonfile, models, paths, run_settings, tasks
 
-TEXT_FAMILIES = ("bert", "roberta", "deberta")
+TEXT_FAMILIES = ("bert", "roberta", "deberta", "electra")
 IMAGE_FAMILIES = ("vit",)
 FAMILIES = TEXT_FAMILIES + IMAGE_FAMILIES
 FEATURE_BATCH = 128

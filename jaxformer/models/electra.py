@@ -120,13 +120,20 @@ class Electra(nn.Module):
   def _mask(attention_mask):
     return None if attention_mask is None else attention_mask.astype(bool)[:, None, None, :]
 
-  def discriminator(self, tokens, *, token_type_ids=None, attention_mask=None,
-                    deterministic: bool = True):
-    """Replaced-token logits [B, T] (float32)."""
+  def encode(self, tokens, *, token_type_ids=None, attention_mask=None,
+             deterministic: bool = True):
+    """The discriminator's encoder output [B, T, d_model]: the model ELECTRA fine-tunes
+    (and `evaluate`'s linear probe reads)."""
     x = self.embeddings(tokens, token_type_ids, deterministic)
     if self.embed_dim != self.d_model:
       x = self.embed_proj(x)
-    x = self.encoder(x, mask=self._mask(attention_mask), deterministic=deterministic)
+    return self.encoder(x, mask=self._mask(attention_mask), deterministic=deterministic)
+
+  def discriminator(self, tokens, *, token_type_ids=None, attention_mask=None,
+                    deterministic: bool = True):
+    """Replaced-token logits [B, T] (float32)."""
+    x = self.encode(tokens, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                    deterministic=deterministic)
     h = activation_fn(self.block.activation or "gelu_exact")(self.disc_dense(x))
     return scale_output(self.disc_out(h)[..., 0], self.block, self.d_model).astype(jnp.float32)
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
-from configs import bert_mlm_shakespeare, vit_tiny
+from configs import bert_mlm_shakespeare, electra, vit_tiny
 from jaxformer import inference, models, run_settings, tasks
 from jaxformer.data import tokenizers
 from jaxformer.data.text import make_text_pipeline
@@ -314,9 +314,12 @@ def test_linear_probe_of_a_vit_on_digits(tmp_path):
   assert got["train_accuracy"] >= got["test_accuracy"]
 
 
-def test_linear_probe_of_a_bert_on_labelled_text(tmp_path):
-  """Mean-pooled features of a (random) tiny BERT separate texts of two kinds."""
-  config = bert_mlm_shakespeare.get_config("tiny")
+@pytest.mark.parametrize("family", ["bert", "electra"])
+def test_linear_probe_of_a_text_encoder_on_labelled_text(family, tmp_path):
+  """Mean-pooled features of a (random) tiny BERT, or ELECTRA's discriminator, separate texts
+  of two kinds."""
+  config = (bert_mlm_shakespeare.get_config("tiny") if family == "bert"
+            else electra.get_config("tiny"))
   params, tokenizer = _init(config), CHARS
   rng = np.random.default_rng(0)
   lines = [json.dumps({"text": "".join(rng.choice(list("aeiou" if k else "XYZQW"), 12)),
