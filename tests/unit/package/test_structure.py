@@ -32,7 +32,7 @@ LAYERS = (
     ("tasks",),                               # one module per task + the task registry
     ("train",),                               # the training loop (samples through inference)
     ("sample", "sweep", "plan", "export",     # entry points over train and inference; plan:
-     "evaluate", "predict"),                  # compile-only devices, HLO analysis, estimate,
+     "evaluate", "predict", "serve"),         # compile-only devices, HLO analysis, estimate,
                                               # search
 )
 LEVEL = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
