@@ -59,4 +59,19 @@ def engine_for(config, params, tokenizer, **kwargs) -> Engine:
                 vocab_limit=min(tokenizer.vocab_size, config.model.vocab_size), **kwargs)
 
 
-__all__ = ["Server", "Engine", "Request", "load", "check_run", "engine_for"]
+def warmup_shapes(items, max_len) -> list[tuple[int, int]]:
+  """--warmup's PROMPT:NEW pairs, checked against the model's context."""
+  shapes = []
+  for item in items:
+    parts = item.split(":")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+      raise ValueError(f"--warmup={item!r} must be PROMPT:NEW token counts >= 1, e.g. 64:1")
+    prompt, new = map(int, parts)
+    if max_len is not None and prompt + new - 1 > max_len:
+      raise ValueError(f"--warmup={item}: {prompt} + {new} - 1 tokens exceed the model's "
+                       f"context, model.max_len={max_len}")
+    shapes.append((prompt, new))
+  return shapes
+
+
+__all__ = ["Server", "Engine", "Request", "load", "check_run", "engine_for", "warmup_shapes"]

@@ -108,6 +108,19 @@ class Engine:
       self._finish(request, "the server is shutting down")
     self._thread.join(timeout)
 
+  def warm_up(self, shapes) -> float:
+    """Compile the programs that batches of every size (powers of two up to max_batch) of
+    sampled requests (no top-k/top-p) with each (prompt tokens, new tokens) in `shapes` run;
+    seconds taken. Call before serving (it runs on the calling thread)."""
+    start = time.perf_counter()
+    sizes = sorted({min(1 << k, self.max_batch) for k in range(self.max_batch.bit_length() + 1)})
+    for prompt, new in shapes:
+      for size in sizes:
+        batch = [Request(prompt=[0] * prompt, max_tokens=new) for _ in range(size)]
+        self._run(batch)
+    self.batches.clear()
+    return time.perf_counter() - start
+
   # -- worker --------------------------------------------------------------------------------
 
   def _fits(self, batch: list[Request], request: Request) -> bool:

@@ -230,3 +230,12 @@ def test_cli_user_mistakes_are_one_line_before_compiling(run, tmp_path, capsys, 
     assert info.value.code == cli.EXIT_USER_ERROR
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and fragment in err, err
+
+
+def test_warmup_shapes_are_checked():
+  from jaxformer.serve import warmup_shapes
+  assert warmup_shapes(["64:1", "32:32"], 64) == [(64, 1), (32, 32)]
+  for item, fragment in [("64", "PROMPT:NEW"), ("0:4", "PROMPT:NEW"), ("a:b", "PROMPT:NEW"),
+                         ("60:10", "model.max_len=64")]:
+    with pytest.raises(ValueError, match=fragment):
+      warmup_shapes([item], 64)
