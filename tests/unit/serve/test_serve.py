@@ -15,7 +15,6 @@ import threading
 import urllib.error
 import urllib.request
 
-import numpy as np
 import pytest
 
 from jaxformer import cli, inference
