@@ -4,9 +4,9 @@
 An OpenAI-compatible HTTP server for a trained decoder LM (docs/serving.md): `POST
 /v1/completions` (prompt, max_tokens, temperature, top_p, top_k, seed, stream as server-sent
 events, n=1), `GET /v1/models`, `GET /health`. Concurrent requests are decoded together, one
-`inference.generate_ragged` call per micro-batch (`engine.py`); a request's tokens equal
-`inference.generate`'s (and `python -m jaxformer.sample`'s, within the model's context) for
-its prompt and seed. `--int8` serves the dense kernels as weight-only int8
+`inference.generate_ragged` call per micro-batch (`engine.py`); a completion is `python -m
+jaxformer.sample`'s text for its prompt, seed and settings (within the model's context), i.e.
+`inference.generate`'s tokens with `api.generate_seed(seed)`. `--int8` serves the dense kernels as weight-only int8
 (`inference.quantize`). The standard library's ThreadingHTTPServer: no extra dependency.
 
 `load(workdir, checkpoint, int8)` -> (config, params, tokenizer, step) checks the run (a

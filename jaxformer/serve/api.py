@@ -5,7 +5,9 @@
     GET  /v1/models        the one model served
     GET  /health           {"status": "ok"}
 
-A completion's choice carries `text` and, beyond OpenAI's fields, `token_ids` (the new
+A request's `seed` S samples as `python -m jaxformer.sample --seed=S` does (`generate_seed`:
+`inference.generate` gets the seed `sample_text` gives its first chunk), so a completion is
+`sample`'s text for the same prompt and settings. A completion's choice carries `text` and, beyond OpenAI's fields, `token_ids` (the new
 tokens). `stream: true` answers with server-sent events, one `text_completion` chunk per
 token as it is made (its text delta; a multi-byte character waits for its last token) and
 then `data: [DONE]`. A request the server cannot serve is a 400 with OpenAI's error object,
@@ -25,6 +27,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import numpy as np
+
 from jaxformer.serve.engine import Engine, Request
 
 MAX_BODY = 1 << 20
@@ -41,6 +45,13 @@ class BadRequest(ValueError):
   def __init__(self, param: str | None, message: str):
     super().__init__(message)
     self.param = param
+
+
+def generate_seed(seed: int) -> int:
+  """The seed `inference.generate` gets for a request's `seed`: the one `sample_text` (and so
+  `python -m jaxformer.sample --seed=SEED`) gives its first chunk of tokens, so a completion
+  equals `sample`'s text for the same prompt, seed and settings."""
+  return int(np.random.SeedSequence([seed, 0]).generate_state(1)[0])
 
 
 def _int(body, name, default, low, high=None):
@@ -111,11 +122,12 @@ class Completions:
     temperature = _float(body, "temperature", 1.0, 0.0, 100.0)
     top_p = _float(body, "top_p", 1.0, 0.0, 1.0, open_low=True)
     top_k = _int(body, "top_k", None, 1)
-    seed = _int(body, "seed", 0, -(2**63), 2**63 - 1)
+    seed = _int(body, "seed", 0, 0, 2**63 - 1)
     if temperature == 0:
       top_k = top_p = None                       # greedy: the filters change nothing
     request = Request(prompt=prompt, max_tokens=max_tokens, temperature=temperature,
-                      top_k=top_k, top_p=None if top_p == 1.0 else top_p, seed=seed)
+                      top_k=top_k, top_p=None if top_p == 1.0 else top_p,
+                      seed=generate_seed(seed))
     return request, stream
 
   def _prompt(self, prompt) -> list[int]:

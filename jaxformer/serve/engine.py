@@ -5,7 +5,8 @@ that can share its batch (the same top-k and top-p, and a cache that fits the mo
 widest prompt + the most new tokens - 1 <= model.max_len), up to `max_batch` of them, and
 decodes them in one `inference.generate_ragged` call (a micro-batch): per-row seeds and
 temperatures, every row with row id 0, so a request's tokens are those of
-`inference.generate` on its prompt alone with its seed. Requests that arrive while a batch
+`inference.generate` on its prompt alone with its seed (the API maps a request's seed as
+`sample` does, `api.generate_seed`). Requests that arrive while a batch
 runs wait for the next one (no joining a running batch). Tokens reach each request as they
 are made (generate_ragged's `on_step`), which is what streaming sends.
 

@@ -1,9 +1,9 @@
 """`python -m jaxformer.serve`'s HTTP API against a server started on localhost (an ephemeral
-port) with a real HTTP client (urllib): completions equal `inference.generate`'s tokens for the
-same prompt and seed (greedy and sampled, alone and in one batch), streaming yields the same
-text, bad requests are a 400 naming the field, and the server shuts down cleanly (the
-fixture's teardown). The run is
-written directly (`tests.runs.write_run`, random params), once per module."""
+port) with a real HTTP client (urllib): completions equal `inference.generate`'s tokens (and
+`sample`'s text) for the same prompt and seed (greedy and sampled, alone and in one batch),
+streaming yields the same text, bad requests are a 400 naming the field, and the server shuts
+down cleanly (the fixture's teardown). The run is written directly (`tests.runs.write_run`,
+random params), once per module."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from jaxformer import cli, inference
 from jaxformer.data import tokenizers
 from jaxformer.inference import quantize
 from jaxformer.serve import Server, check_run, engine_for, load
+from jaxformer.serve.api import generate_seed
 from tests.repo_root import REPO
 from tests.runs import tiny_run_config, write_run
 
@@ -77,9 +78,10 @@ def _get(server, path):
 
 
 def _expected(config, params, tokenizer, prompt, n, temperature, seed, **kw):
+  """`inference.generate`'s new tokens, with the seed `sample` uses for `seed`."""
   ids = tokenizer.encode(prompt)
   out = inference.generate(config.model, params, ids, max_new_tokens=n,
-                           temperature=temperature, seed=seed,
+                           temperature=temperature, seed=generate_seed(seed),
                            vocab_limit=tokenizer.vocab_size, **kw)
   return out[len(ids):].tolist()
 
@@ -112,6 +114,11 @@ def test_completions_equal_generate_alone_and_batched(served):
     assert choice["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": n,
                              "total_tokens": len(prompt) + n}
+  # `python -m jaxformer.sample`'s text for the same prompt, seed and settings
+  prompt, n, t, seed, kw = cases[3]
+  assert results[3][1]["choices"][0]["text"] == inference.sample_text(
+      config, params, tokenizer, prompt=prompt, max_new_tokens=n, temperature=t,
+      seed=seed)[len(prompt):]
   # a prompt given as token ids is the same request
   status, body = _post(server, dict(prompt=tokenizer.encode("ROMEO").tolist(), max_tokens=6,
                                     temperature=0))
@@ -150,6 +157,7 @@ def test_stream_yields_the_same_text(served):
     (dict(prompt="a", top_p=0), "top_p"),
     (dict(prompt="a", top_k=0), "top_k"),
     (dict(prompt="a", seed=1.5), "seed"),
+    (dict(prompt="a", seed=-1), "seed"),
     (dict(prompt="a", n=2), "n"),
     (dict(prompt="a", stream="yes"), "stream"),
     (dict(prompt="a", stop=["\n"]), "stop"),
