@@ -27,6 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 
 from jaxformer import models
 from jaxformer.layers.kv_cache import KVCachePolicy
@@ -237,7 +238,8 @@ def with_kv_cache(model, kv_cache, cache_len: int):
 def generate_ragged(model_config: Any, params, prompts, lengths, *, max_new_tokens: int,
                     temperature: float = 1.0, top_k: int | None = None,
                     top_p: float | None = None, seed: int = 0, rows=None,
-                    vocab_limit: int | None = None, prefill: int | None = None) -> np.ndarray:
+                    vocab_limit: int | None = None, prefill: int | None = None,
+                    on_step=None) -> np.ndarray:
   """`max_new_tokens` tokens after each of a batch of prompts of different lengths, with the
   KV cache: int32 [B, max_new_tokens] (row r's tokens follow its `lengths[r]` prompt tokens).
 
@@ -250,9 +252,26 @@ def generate_ragged(model_config: Any, params, prompts, lengths, *, max_new_toke
   W + max_new_tokens - 1 - prefill steps and a cache of W + max_new_tokens - 1 positions. The key of row r's i-th new token is
   fold_in(fold_in(key(seed), i), rows[r]) (`rows` default arange(B)): a row's tokens do not
   depend on its batch, its padding or the other rows' lengths. Sampling as `generate`
-  (temperature 0: greedy; top-k, top-p, vocab_limit)."""
+  (temperature 0: greedy; top-k, top-p, vocab_limit).
+
+  `seed` and `temperature` may also be one per row ([B] sequences: a server's batch of
+  requests), row r then drawing exactly what it would with the scalar seed[r] and
+  temperature[r] (0: that row is greedy). `on_step(j, tokens)`, when given, is called on the
+  host from inside the decoding loop (`jax.experimental.io_callback`, ordered) for each slot
+  j >= prefill with the int32 [B] tokens placed at slot j (row r's new token index is
+  j - lengths[r] where that is >= 0): tokens as they are made, for streaming. It is a static
+  argument of the compiled loop: pass the same callable each time (one compilation)."""
+  per_row = np.ndim(seed) == 1 or np.ndim(temperature) == 1
+  seeds = np.asarray(seed) if np.ndim(seed) == 1 else None
+  temps = np.asarray(temperature, np.float64) if np.ndim(temperature) == 1 else None
+  if seeds is not None and (seeds.dtype.kind not in "iu" or seeds.shape != np.shape(prompts)[:1]):
+    raise ValueError(f"seed must be an int or one int per row; got {seeds.dtype} {seeds.shape}")
+  if temps is not None and (temps.shape != np.shape(prompts)[:1] or not np.all(
+      np.isfinite(temps) & (temps >= 0))):
+    raise ValueError(f"temperature must be a number >= 0 or one per row; got {temps.tolist()}")
   cfg = _checked_sampling("generate_ragged", model_config, max_new_tokens=max_new_tokens,
-                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                          temperature=float(temps.max()) if temps is not None else temperature,
+                          top_k=top_k, top_p=top_p, seed=0 if seeds is not None else seed,
                           vocab_limit=vocab_limit)
   tokens = np.asarray(prompts)
   lengths = np.asarray(lengths)
@@ -275,13 +294,21 @@ def generate_ragged(model_config: Any, params, prompts, lengths, *, max_new_toke
   if isinstance(params, Mapping) and "params" in params:
     params = params["params"]
   params = nn.unbox(params)
-  greedy = temperature == 0
   rows = np.arange(b) if rows is None else np.asarray(rows)
+  if per_row:
+    temps = np.broadcast_to(temperature if temps is None else temps, (b,)).astype(np.float64)
+    seeds = np.broadcast_to(seed if seeds is None else seeds, (b,)).astype(np.int64) % 2**32
+    greedy = bool(np.all(temps == 0))
+    temp_arg = jnp.asarray(np.where(temps == 0, -1.0, temps), jnp.float32)  # < 0: greedy row
+    seed_arg = jnp.asarray(seeds, jnp.uint32)
+  else:
+    greedy = temperature == 0
+    temp_arg = jnp.float32(temperature if not greedy else 1.0)
+    seed_arg = jnp.uint32(int(seed) % 2**32)
   out = _generate_ragged(model, params, jnp.asarray(tokens, jnp.int32),
                          jnp.asarray(lengths, jnp.int32), jnp.asarray(rows, jnp.uint32),
-                         jnp.float32(temperature if not greedy else 1.0),
-                         jnp.uint32(int(seed) % 2**32), max_new_tokens=int(max_new_tokens),
-                         prefill=int(prefill), greedy=greedy,
+                         temp_arg, seed_arg, max_new_tokens=int(max_new_tokens),
+                         prefill=int(prefill), greedy=greedy, on_step=on_step,
                          top_k=None if greedy or top_k is None else int(top_k),
                          top_p=None if greedy or top_p is None or top_p == 1 else float(top_p),
                          vocab_limit=None if vocab_limit is None
@@ -290,9 +317,10 @@ def generate_ragged(model_config: Any, params, prompts, lengths, *, max_new_toke
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "prefill", "greedy",
-                                             "top_k", "top_p", "vocab_limit"))
+                                             "top_k", "top_p", "vocab_limit", "on_step"))
 def _generate_ragged(model, params, prompts, lengths, rows, temperature, seed, *,
-                     max_new_tokens, prefill, greedy, top_k, top_p, vocab_limit):
+                     max_new_tokens, prefill, greedy, top_k, top_p, vocab_limit, on_step=None):
+  # temperature and seed: scalars, or [B] per row (a temperature < 0 marks a greedy row)
   batch, width = prompts.shape
   slots = width + max_new_tokens
   cache_len = slots - 1               # every slot but the last is fed
@@ -300,7 +328,7 @@ def _generate_ragged(model, params, prompts, lengths, rows, temperature, seed, *
       functools.partial(model.init, positions=jnp.arange(cache_len)[None]),
       jax.random.key(0), jnp.zeros((batch, cache_len), jnp.int32))["cache"]
   cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-  key = jax.random.key(seed)
+  key = jax.random.key(seed) if seed.ndim == 0 else jax.vmap(jax.random.key)(seed)
   seq = jnp.concatenate([prompts, jnp.zeros((batch, max_new_tokens), jnp.int32)], axis=1)
 
   def forward(cache, toks, start):
@@ -314,10 +342,15 @@ def _generate_ragged(model, params, prompts, lengths, rows, temperature, seed, *
       logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_limit, logits, -jnp.inf)
     if greedy:
       return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    logits = filter_logits(logits / temperature, top_k=top_k, top_p=top_p)
-    keys = jax.vmap(lambda i, r: jax.random.fold_in(jax.random.fold_in(key, i), r))(
-        jnp.maximum(index, 0), rows)
-    return jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
+    temp = temperature if temperature.ndim == 0 else jnp.where(
+        temperature < 0, 1.0, temperature)[:, None]
+    filtered = filter_logits(logits / temp, top_k=top_k, top_p=top_p)
+    keys = jax.vmap(lambda i, r, k: jax.random.fold_in(jax.random.fold_in(k, i), r),
+                    (0, 0, None if key.ndim == 0 else 0))(jnp.maximum(index, 0), rows, key)
+    drawn = jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
+    if temperature.ndim == 0:
+      return drawn
+    return jnp.where(temperature < 0, jnp.argmax(logits, axis=-1).astype(jnp.int32), drawn)
 
   logits, cache = forward(cache, prompts[:, :prefill], 0)
 
@@ -326,6 +359,8 @@ def _generate_ragged(model, params, prompts, lengths, rows, temperature, seed, *
     own = jax.lax.dynamic_slice_in_dim(seq, j, 1, axis=1)[:, 0]
     tok = jnp.where(j < lengths, own, sample(logits, j - lengths))
     seq = jax.lax.dynamic_update_slice_in_dim(seq, tok[:, None], j, axis=1)
+    if on_step is not None:
+      io_callback(on_step, None, j, tok, ordered=True)
     logits, cache = forward(cache, tok[:, None], j)
     return cache, seq, logits
 
@@ -335,6 +370,8 @@ def _generate_ragged(model, params, prompts, lengths, rows, temperature, seed, *
   j = slots - 1
   tok = jnp.where(j < lengths, seq[:, j], sample(logits, j - lengths))
   seq = seq.at[:, j].set(tok)
+  if on_step is not None:
+    io_callback(on_step, None, j, tok, ordered=True)
   at = lengths[:, None] + jnp.arange(max_new_tokens)[None]
   return jnp.take_along_axis(seq, at, axis=1)
 

@@ -308,3 +308,31 @@ def test_generate_ragged_rows_equal_each_prompt_alone(model_params):
   np.testing.assert_array_equal(got[1], alone)
   with pytest.raises(ValueError, match="lengths"):
     gen_lib.generate_ragged(GPT, params, padded, np.array([0, 2, 3]), max_new_tokens=2)
+
+
+def test_generate_ragged_per_row_seeds_temperatures_and_on_step(model_params):
+  """One batch of requests with their own seeds and temperatures (0: greedy): each row equals
+  `generate` on its prompt alone with its seed; `on_step` sees every new token, in order."""
+  _, params = model_params("gpt")
+  prompts = [np.array([3, 1, 4, 1, 5, 9, 2]), np.array([9, 2]), np.array([6, 5, 3, 5])]
+  padded = np.zeros((3, 7), np.int32)
+  for r, p in enumerate(prompts):
+    padded[r, :len(p)] = p
+  lengths = np.array([len(p) for p in prompts])
+  temps, seeds = [1.0, 0.0, 0.7], [5, 6, 7]
+  seen = []
+  got = gen_lib.generate_ragged(GPT, params, padded, lengths, max_new_tokens=4,
+                                temperature=temps, seed=seeds, rows=np.zeros(3, int),
+                                on_step=lambda j, t: seen.append((int(j), np.asarray(t))))
+  for r, p in enumerate(prompts):
+    alone = generate(GPT, params, p, max_new_tokens=4, temperature=temps[r], seed=seeds[r])
+    np.testing.assert_array_equal(got[r], alone[len(p):])
+  assert [j for j, _ in seen] == list(range(1, 7 + 4))     # from prefill = 1 to the last slot
+  for r in range(3):
+    streamed = [int(t[r]) for j, t in seen if 0 <= j - lengths[r] < 4]
+    assert streamed == got[r].tolist()
+  with pytest.raises(ValueError, match="seed must be an int or one int per row"):
+    gen_lib.generate_ragged(GPT, params, padded, lengths, max_new_tokens=2, seed=[1, 2])
+  with pytest.raises(ValueError, match="temperature must be"):
+    gen_lib.generate_ragged(GPT, params, padded, lengths, max_new_tokens=2,
+                            temperature=[1.0, -1.0, 0.0])

@@ -33,7 +33,7 @@ LAYERS = (
     ("evaluate",),                            # checkpoint evaluation (train.evaluators runs it)
     ("train",),                               # the training loop (samples through inference)
     ("sample", "sweep", "plan", "export",     # entry points over train and inference; plan:
-     "predict"),                              # compile-only devices, HLO analysis, estimate,
+     "predict", "serve"),                     # compile-only devices, HLO analysis, estimate,
                                               # search
 )
 LEVEL = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
