@@ -16,6 +16,7 @@ are importable without defining any flag.
 
 from __future__ import annotations
 
+from jaxformer import models
 from jaxformer.inference import quantize
 from jaxformer.inference.restore import checkpoint_choice, checkpoint_step, load_run
 from jaxformer.serve.api import Server
@@ -44,19 +45,21 @@ def load(workdir: str, checkpoint="latest", int8: bool = False):
   if tokenizer is None:
     raise ValueError(f"--workdir={workdir!r} has no tokenizer (tokenizer.json); rerun train "
                      "on it with the same data settings to write it")
-  if tokenizer.vocab_size > config.model.vocab_size:
+  model = models.settings_of(config)
+  if tokenizer.vocab_size > model.vocab_size:
     raise ValueError(f"the run's tokenizer has {tokenizer.vocab_size} ids but "
-                     f"model.vocab_size={config.model.vocab_size}: it does not belong to "
+                     f"model.vocab_size={model.vocab_size}: it does not belong to "
                      "this model")
   if int8:
-    params = quantize.quantize_params(config.model, params)
+    params = quantize.quantize_params(model, params)
   return config, params, tokenizer, checkpoint_step(workdir, checkpoint)
 
 
 def engine_for(config, params, tokenizer, **kwargs) -> Engine:
   """An Engine for a loaded run (ids past the tokenizer's vocabulary are never produced)."""
-  return Engine(config.model, params,
-                vocab_limit=min(tokenizer.vocab_size, config.model.vocab_size), **kwargs)
+  model = models.settings_of(config)
+  return Engine(model, params, vocab_limit=min(tokenizer.vocab_size, model.vocab_size),
+                **kwargs)
 
 
 def warmup_shapes(items, max_len) -> list[tuple[int, int]]:

@@ -7,7 +7,7 @@ import sys
 
 from absl import flags
 
-from jaxformer import cli, compilation
+from jaxformer import cli, compilation, models
 from jaxformer.inference import quantize
 from jaxformer.serve import Server, check_run, engine_for, load, warmup_shapes
 
@@ -44,7 +44,7 @@ def main(argv):
     print(f"compiled {len(warmup)} shape(s) x every batch size in {seconds:.1f} s",
           file=sys.stderr, flush=True)
   try:
-    server = Server(engine, tokenizer, config.model.get("name") or "jaxformer",
+    server = Server(engine, tokenizer, models.settings_of(config).name or "jaxformer",
                     host=FLAGS.host, port=FLAGS.port, verbose=FLAGS.verbose)
   except OSError as e:
     engine.close()
