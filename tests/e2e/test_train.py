@@ -171,9 +171,14 @@ def test_corrupted_latest_checkpoint_falls_back_to_previous(tmp_path, caplog, mo
     ("decoder", 70, "tokenizer has 70 ids but model.vocab_size=65"),
 ])
 def test_sample_refuses_runs_it_cannot_sample_from(family, tokenizer_vocab, match):
-  from ml_collections import ConfigDict
+  """With a complete model section, as a saved run's config.json has."""
+  from configs import seq2seq_synthetic, shakespeare_char, vit_tiny
   from jaxformer.data.tokenizers import CharTokenizer
-  config = ConfigDict({"model": {"family": family, "vocab_size": 65}})
+  config = {"vit": lambda: vit_tiny.get_config("digits"),
+            "seq2seq": lambda: seq2seq_synthetic.get_config("copy"),
+            "decoder": lambda: shakespeare_char.get_config("tiny")}[family]()
+  if family == "decoder":
+    config.model.vocab_size = 65
   tokenizer = None if tokenizer_vocab is None else CharTokenizer(
       "".join(chr(0x100 + i) for i in range(tokenizer_vocab)))
   with pytest.raises(ValueError, match=match):
