@@ -19,7 +19,7 @@ from jaxformer.ops import pallas
 from jaxformer.ops.attention import (IMPLS, KERNEL_IMPLS, attend, dot_product_attention,
                                      dot_product_attention_weights)
 from jaxformer.ops.attention_variants import (VARIANTS, linear_attention,
-                                              routing_cache_attention)
+                                              routing_cache_attention, routing_prefix_attention)
 from jaxformer.parallel.rules import mesh_axes_tuple
 
 # "disentangled": DeBERTa's c2p + p2c scores from a shared relative table (`rel_embeddings`)
@@ -138,7 +138,9 @@ class MultiHeadAttention(nn.Module):
   # "linear" (phi = elu + 1; the same parameters; decoding keeps the KV cache and computes the
   # same function over it); "routing_cache": softmax over `routing_slots` learned key/value
   # slots (params `routing_keys`, `routing_values` [M, H, D]) instead of the sequence, with a
-  # query projection only (no k/v projections, no KV cache: each position is independent)
+  # query projection only (no k/v projections, no KV cache: each position is independent);
+  # "routing_prefix": softmax over `routing_slots` slots written from the visible keys/values
+  # by learned write queries (param `routing_writes` [M, H, D]; decoding keeps the KV cache)
   variant: str = "softmax"
   routing_slots: int = 16
   decode: bool = False
@@ -293,14 +295,22 @@ class MultiHeadAttention(nn.Module):
                 scale=scale)
     use_dropout = self.dropout_rate > 0 and not deterministic
     record = self.is_mutable_collection(WEIGHTS_COLLECTION) and not self.is_initializing()
-    if self.variant == "linear":
+    if self.variant in ("linear", "routing_prefix"):
       if bias is not None:
-        raise ValueError("model.attention_variant='linear' has no logits to add a bias to")
+        raise ValueError(f"model.attention_variant={self.variant!r} has no query-key logits "
+                         "to add a bias to")
       if segment_ids is not None:
         q_ids, kv_ids = (segment_ids if isinstance(segment_ids, (tuple, list))
                          else (segment_ids, segment_ids))
         mask = masks.combine_masks(mask, masks.segment_mask(q_ids, kv_ids))
-      out = linear_attention(q, k, v, causal=causal, mask=mask)
+      if self.variant == "linear":
+        out = linear_attention(q, k, v, causal=causal, mask=mask)
+      else:
+        writes = self.param("routing_writes", nn.with_logical_partitioning(
+            nn.initializers.normal(1.0), (None, "heads", "kv")), (self.routing_slots, h, d),
+                            self.param_dtype)
+        out = routing_prefix_attention(q, k, v, writes.astype(q.dtype), causal=causal,
+                                       mask=mask, scale=scale)
     elif record or use_dropout:
       weights = dot_product_attention_weights(q, k, **attn)
       if record:

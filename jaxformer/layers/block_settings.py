@@ -209,10 +209,11 @@ class BlockSettings:
   # what self-attention computes (ops/attention_variants.py): "softmax" over the sequence (with
   # `window`: sliding-window), "linear" (causal linear attention, phi = elu + 1, the same
   # parameters as softmax), "routing_cache" (softmax over `routing_slots` learned key/value
-  # slots instead of the sequence: no information from other tokens). Cross-attention stays
-  # softmax.
+  # slots instead of the sequence: no information from other tokens), "routing_prefix" (softmax
+  # over `routing_slots` slots written from the prefix by learned write queries). Cross-
+  # attention stays softmax.
   attention_variant: str = "softmax"
-  routing_slots: int = 16             # M, the learned slots of attention_variant="routing_cache"
+  routing_slots: int = 16             # M: the slots of the routing variants
 
   def __post_init__(self):
     check_positive_int(self.num_heads, "num_heads")

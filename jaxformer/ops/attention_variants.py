@@ -14,6 +14,13 @@
                  scale) V with K, V [M, H, D] parameters. O(M) per token and no information
                  from any other token: a token-wise map (the literal "softmax over a single
                  learned 16-entry cache").
+  routing_prefix the same read (softmax of q_i over M slots), but the slots are written from
+                 the sequence: slot m at position i holds the softmax-weighted average of the
+                 keys and of the values j visible from i, weighted by a learned write query u_m
+                 [H, D]: w_mj = softmax_j(u_m.k_j * scale), slot_k = sum_j w_mj k_j, slot_v =
+                 sum_j w_mj v_j (a learned-query compression of the prefix, as in Perceiver /
+                 Set Transformer's inducing points, made causal). O(M D) state per token, and
+                 cross-token information through it.
 
 Shapes follow `dot_product_attention`: q [B, Tq, H, D], k/v [B, Tk, Hkv, D] with H % Hkv == 0.
 Outputs are [B, Tq, H, D] in q's dtype, computed in float32; a query row with no visible key
@@ -29,7 +36,7 @@ from jaxformer.ops import masks
 
 # model.attention_variant: "softmax" is `ops.attention.dot_product_attention` (with model.window for
 # sliding-window attention); the others are here.
-VARIANTS = ("softmax", "routing_cache", "linear")
+VARIANTS = ("softmax", "routing_cache", "routing_prefix", "linear")
 
 
 def feature_map(x):
@@ -88,3 +95,54 @@ def routing_cache_attention(q, keys, values, *, scale: float | None = None):
   logits = jnp.einsum("bthd,mhd->bhtm", q.astype(jnp.float32), keys.astype(jnp.float32))
   weights = jax.nn.softmax(logits * scale, axis=-1)
   return jnp.einsum("bhtm,mhd->bthd", weights, values.astype(jnp.float32)).astype(q.dtype)
+
+
+def routing_prefix_attention(q, k, v, write_queries, *, causal: bool = False, mask=None,
+                             scale: float | None = None):
+  """Softmax over M slots written from the visible keys/values (module docstring): q
+  [B, Tq, H, D], k/v [B, Tk, Hkv, D], write_queries [M, H, D]; causal/mask as in
+  `linear_attention`. Without a mask and with Tq == Tk and causal, a running log-sum-exp
+  (`lax.associative_scan` of (max, sum exp, sum exp k, sum exp v) over positions: O(T M D)
+  memory); otherwise the quadratic form, O(Tq Tk M) memory (decoding: Tq = 1). A query with
+  no visible key gives zeros."""
+  if q.ndim != 4 or k.shape != v.shape or k.ndim != 4 or q.shape[0] != k.shape[0]:
+    raise ValueError(f"q must be [B, Tq, H, D] and k, v [B, Tk, Hkv, D]; got {q.shape}, "
+                     f"{k.shape}, {v.shape}")
+  if write_queries.ndim != 3 or write_queries.shape[1:] != q.shape[2:]:
+    raise ValueError(f"write_queries must be [M, H, D] with q's heads and head dim; got "
+                     f"{write_queries.shape} for q {q.shape}")
+  h, tq, tk = q.shape[2], q.shape[1], k.shape[1]
+  scale = q.shape[-1] ** -0.5 if scale is None else scale
+  k32 = _repeat_kv(k, h).astype(jnp.float32)
+  v32 = _repeat_kv(v, h).astype(jnp.float32)
+  logits = jnp.einsum("mhd,bkhd->bkhm", write_queries.astype(jnp.float32), k32) * scale
+  if causal and mask is None and tq == tk:
+    # running (max, sum exp, sum exp k, sum exp v) over j <= t: exact and causal
+    def combine(a, b):
+      m = jnp.maximum(a[0], b[0])
+      wa, wb = jnp.exp(a[0] - m), jnp.exp(b[0] - m)
+      return (m, a[1] * wa + b[1] * wb, a[2] * wa[..., None] + b[2] * wb[..., None],
+              a[3] * wa[..., None] + b[3] * wb[..., None])
+    ones = jnp.ones_like(logits)
+    kk = jnp.broadcast_to(k32[..., None, :], logits.shape + (k32.shape[-1],))
+    vv = jnp.broadcast_to(v32[..., None, :], logits.shape + (v32.shape[-1],))
+    _, den, num_k, num_v = jax.lax.associative_scan(combine, (logits, ones, kk, vv), axis=1)
+    den = den[..., None]                                                  # [B, T, H, M, 1]
+  else:
+    visible = masks.combine_masks(
+        mask, masks.structural_mask(jnp.arange(tq) + (tk - tq), jnp.arange(tk), causal=causal,
+                                    window=None))
+    vis = jnp.broadcast_to(True if visible is None else visible, (q.shape[0], h, tq, tk))
+    # per (query, slot) the max over its visible keys, so every row is shifted by its own
+    wl = jnp.where(vis[:, :, :, :, None], jnp.einsum("bkhm->bhkm", logits)[:, :, None], -jnp.inf)
+    shift = jax.lax.stop_gradient(jnp.max(wl, axis=3, keepdims=True))
+    e = jnp.exp(wl - jnp.where(jnp.isfinite(shift), shift, 0.0))         # [B, H, Tq, Tk, M]
+    den = jnp.einsum("bhqkm->bqhm", e)[..., None]
+    num_k = jnp.einsum("bhqkm,bkhd->bqhmd", e, k32)
+    num_v = jnp.einsum("bhqkm,bkhd->bqhmd", e, v32)
+  empty = den[..., 0] <= 0
+  safe = jnp.where(den > 0, den, 1.0)
+  slot_k, slot_v = num_k / safe, num_v / safe                             # [B, Tq, H, M, D]
+  read = jnp.einsum("bqhd,bqhmd->bqhm", q.astype(jnp.float32), slot_k) * scale
+  weights = masks.masked_softmax(read, ~empty)
+  return jnp.einsum("bqhm,bqhmd->bqhd", weights, slot_v).astype(q.dtype)

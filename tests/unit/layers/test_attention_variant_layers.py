@@ -13,7 +13,7 @@ from jaxformer import models, scaling
 from jaxformer.inference import decode
 from jaxformer.layers import MultiHeadAttention
 from tests.arrays import rand
-from tests.unit.ops.test_attention_variants import np_linear, np_routing
+from tests.unit.ops.test_attention_variants import np_linear, np_routing, np_routing_prefix
 
 B, T, E = 2, 11, 24
 
@@ -53,9 +53,9 @@ def test_routing_cache_layer_matches_float64_reference_and_has_only_a_query_proj
   np.testing.assert_allclose(module.apply({"params": p}, x), want, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("variant", ["linear", "routing_cache"])
+@pytest.mark.parametrize("variant", ["linear", "routing_cache", "routing_prefix"])
 def test_kv_cache_decoding_equals_full_forward(variant):
-  kw = dict(num_heads=4, causal=True, variant=variant)
+  kw = dict(num_heads=4, causal=True, variant=variant, routing_slots=3)
   full, dec = MultiHeadAttention(**kw), MultiHeadAttention(decode=True, **kw)
   x = rand((B, T, E))
   variables = init(full, x)
@@ -78,22 +78,39 @@ def _config(variant, **kw):
   return config
 
 
+def test_routing_prefix_layer_matches_float64_reference():
+  module = MultiHeadAttention(num_heads=2, num_kv_heads=1, causal=True, variant="routing_prefix",
+                              routing_slots=4)
+  x = rand((B, T, E))
+  p = init(module, x)["params"]
+  assert p["routing_writes"].shape == (4, 2, 12)
+  x64 = np.asarray(x, np.float64)
+  q = np.einsum("bte,ehd->bthd", x64, p["query"]["kernel"])
+  kv = np.einsum("bte,ezhd->btzhd", x64, p["kv"]["kernel"])
+  ctx = np_routing_prefix(q, kv[:, :, 0], kv[:, :, 1], p["routing_writes"], causal=True)
+  want = np.einsum("bthd,hde->bte", ctx, p["out"]["kernel"])
+  np.testing.assert_allclose(module.apply({"params": p}, x), want, atol=1e-4, rtol=1e-4)
+
+
 def test_parameter_counts():
-  """linear: exactly softmax's parameters; routing_cache: the k/v projections (2 E x E per
-  layer here) replaced by 2 M H D slot parameters."""
+  """linear: exactly softmax's parameters; routing_prefix: softmax's plus M H D write queries
+  per layer; routing_cache: the k/v projections (2 E x E per layer here) replaced by 2 M H D
+  slot parameters."""
   counts = {v: scaling.count_params(_config(v).model)["total"]
-            for v in ("softmax", "linear", "routing_cache")}
+            for v in ("softmax", "linear", "routing_cache", "routing_prefix")}
   c = _config("softmax").model
   assert counts["linear"] == counts["softmax"]
+  assert counts["routing_prefix"] - counts["softmax"] == c.num_layers * 16 * c.d_model
   per_layer = 2 * c.d_model * c.d_model - 2 * 16 * c.d_model
   assert counts["softmax"] - counts["routing_cache"] == c.num_layers * per_layer
   m64 = scaling.count_params(_config("routing_cache", routing_slots=64).model)["total"]
   assert m64 - counts["routing_cache"] == c.num_layers * 2 * 48 * c.d_model
 
 
-@pytest.mark.parametrize("variant", ["linear", "routing_cache"])
-def test_a_decoder_generates_what_its_full_forward_pass_predicts(variant):
-  config = _config(variant)
+def test_a_routing_cache_decoder_generates_what_its_full_forward_pass_predicts():
+  """The routing cache keeps no KV cache (only its index): generate still runs. (The other
+  variants' cached decoding is checked layer by layer above.)"""
+  config = _config("routing_cache")
   module = models.build(config.model)
   params = module.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
   prompt = np.array([[3, 1, 4, 1, 5]], np.int32)
