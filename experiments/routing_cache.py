@@ -29,8 +29,8 @@ Measurements:
      the last 6 are scored teacher-forced (chance 1/8): only attention to the first copy
      can predict them;
   3. synthetic multi-query associative recall (decoder LM, trained per variant): n key-value
-     pairs then QUERIES of the keys each followed by its value, n in LENGTHS; accuracy of the
-     answers by n (chance 1/NUM_VALUES).
+     pairs then every key again (shuffled) followed by its value (multi-query associative
+     recall), n in LENGTHS; accuracy of the answers by n (chance 1/NUM_VALUES).
 
 Each Shakespeare run trains with `jaxformer.train.loop.train` in `<workdir>/<variant>_s<seed>`
 (resumable) and caches its evaluation in `eval.json` there; each recall model caches its result
@@ -86,9 +86,9 @@ NEEDLE = dict(needle_len=8, cue_len=2, depths=(0.0, 0.5, 1.0), count=64, seed=0)
 NEEDLE_ALPHABET = 8
 BOOTSTRAP = 1000
 # synthetic recall
-NUM_KEYS, NUM_VALUES, QUERIES = 32, 32, 4
+NUM_KEYS, NUM_VALUES = 32, 32
 LENGTHS = (2, 4, 8, 16)       # key-value pairs per sequence
-RECALL = dict(d_model=64, num_layers=2, num_heads=4, mlp_dim=256, steps=1000, batch=32,
+RECALL = dict(d_model=64, num_layers=2, num_heads=4, mlp_dim=256, steps=2000, batch=32,
               lr=2e-3, eval_rows=256)
 # routing_cache_64 is left out of the recall study: like routing_cache_16, it moves nothing
 # between positions (the 16-slot model measures what that gives)
@@ -198,10 +198,10 @@ def evaluate_run(variant: str, seed: int, workdir: str) -> dict:
 
 def recall_batch(rng: np.random.Generator, rows: int, lengths) -> tuple[np.ndarray, ...]:
   """(tokens [rows, T], answer mask [rows, T]): per row n (from `lengths`) pairs of distinct
-  keys (ids 1..NUM_KEYS) and values (NUM_KEYS + 1 ..), then QUERIES of those keys, each
-  followed by its value (the scored answers); padded with 0 to T = 2 max(lengths) + 2 QUERIES.
+  keys (ids 1..NUM_KEYS) and values (NUM_KEYS + 1 ..), then the n keys again in a random
+  order, each followed by its value (the scored answers); padded with 0 to T = 4 max(lengths).
   The mask marks the answer tokens (the model predicts them at the position before)."""
-  width = 2 * max(lengths) + 2 * QUERIES
+  width = 4 * max(lengths)
   tokens = np.zeros((rows, width), np.int32)
   mask = np.zeros((rows, width), bool)
   ns = rng.choice(np.asarray(lengths), size=rows)
@@ -209,10 +209,10 @@ def recall_batch(rng: np.random.Generator, rows: int, lengths) -> tuple[np.ndarr
     keys = rng.choice(NUM_KEYS, size=n, replace=False) + 1
     values = rng.integers(0, NUM_VALUES, size=n) + NUM_KEYS + 1
     tokens[r, :2 * n:2], tokens[r, 1:2 * n:2] = keys, values
-    asked = rng.choice(n, size=QUERIES, replace=n < QUERIES)
-    tokens[r, 2 * n:2 * n + 2 * QUERIES:2] = keys[asked]
-    tokens[r, 2 * n + 1:2 * n + 2 * QUERIES:2] = values[asked]
-    mask[r, 2 * n + 1:2 * n + 2 * QUERIES:2] = True
+    asked = rng.permutation(n)
+    tokens[r, 2 * n:4 * n:2] = keys[asked]
+    tokens[r, 2 * n + 1:4 * n:2] = values[asked]
+    mask[r, 2 * n + 1:4 * n:2] = True
   return tokens, mask
 
 
@@ -220,7 +220,7 @@ def recall_model_config(variant: str):
   r = RECALL
   return common.model(
       "decoder", f"recall-{variant}", vocab_size=1 + NUM_KEYS + NUM_VALUES,
-      max_len=2 * max(LENGTHS) + 2 * QUERIES, positions="learned", use_bias=False,
+      max_len=4 * max(LENGTHS), positions="learned", use_bias=False,
       tie_embeddings=True, d_model=r["d_model"], num_layers=r["num_layers"],
       num_heads=r["num_heads"], mlp_dim=r["mlp_dim"], **VARIANTS[variant])
 
@@ -399,7 +399,7 @@ def render(results: dict) -> str:
       f"A decoder LM per variant ({RECALL['num_layers']} layers, width {RECALL['d_model']}, "
       f"{RECALL['num_heads']} heads; {RECALL['steps']} AdamW steps of {RECALL['batch']} "
       f"rows, loss on the answers only) on sequences of n key-value pairs ({NUM_KEYS} keys, "
-      f"{NUM_VALUES} values) followed by {QUERIES} queries of those keys, each followed by "
+      f"{NUM_VALUES} values) followed by every key again (shuffled), each followed by "
       f"its value; trained on n drawn from {list(LENGTHS)}, scored on {RECALL['eval_rows']} "
       f"fresh rows per n (chance {_pct(1 / NUM_VALUES)}). Answer accuracy [95% bootstrap]:",
       "", "| variant | params | " + " | ".join(f"n = {n}" for n in LENGTHS) + " |",

@@ -79,11 +79,13 @@ class Evaluator:
       record = {"step": done, **evaluate(self.steps.eval_step, params, run.pipeline, run.task,
                                          run.plan, extra, step=done, prepare=prepare)}
       if self.show_attention:
-        png, entropy = attention_maps.write_attention_map(
+        shown = attention_maps.write_attention_map(
             self.snapshot_fn, params, self.steps.example, step=done, workdir=run.workdir,
             tokens=self.labels, images=run.task.unit == "images")
-        record["attention_entropy"] = float(np.mean(entropy))
-        self.writers.image("attention", paths.path(png).read_bytes(), done)
+        if shown is not None:
+          png, entropy = shown
+          record["attention_entropy"] = float(np.mean(entropy))
+          self.writers.image("attention", paths.path(png).read_bytes(), done)
       bar.log(f"step {done:>6d}  " + "  ".join(
           f"{k} {v:.4f}" for k, v in record.items() if k != "step"))
       self.writers.write(record)
