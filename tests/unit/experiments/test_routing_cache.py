@@ -31,8 +31,7 @@ def test_recurrence_marks_targets_already_seen_in_the_window():
 
 def test_the_report_states_what_its_json_gives():
   """The verdict per variant follows the stored ratios and the 20% line; softmax copies rare
-  characters from its context (recurring rare characters beat first occurrences, the needle
-  beats chance at every depth) and the learned routing cache cannot (needle at chance); the
+  characters from its context (recurring rare characters beat first occurrences) and the learned routing cache recalls nothing (chance); the
   parameter counts are the ones the docs claim."""
   results = report_check.load(report_check.RESULTS / "routing_cache")
   text = (report_check.RESULTS / "routing_cache.md").read_text()
@@ -45,9 +44,10 @@ def test_the_report_states_what_its_json_gives():
   assert s["routing_cache_16"]["falsified"]
   soft, cache = s["softmax"], s["routing_cache_16"]
   assert soft["rare_copy"]["recurring"]["accuracy"] > soft["rare_copy"]["first"]["accuracy"]
-  for depth in ("0", "0.5", "1"):
-    assert soft["needle"][depth]["accuracy"][1] > soft["needle_chance"]
-    assert cache["needle"][depth]["accuracy"][1] <= cache["needle_chance"] * 1.5
+  for depth in ("0", "0.5", "1"):      # at 600 steps no model copies the needle (measured)
+    assert cache["needle"][depth]["accuracy"][2] <= cache["needle_chance"]
+  for n in map(str, results["setup"]["lengths"]):  # learned slots: recall at chance
+    assert cache["recall"][n][1] <= 1 / rc.NUM_VALUES <= cache["recall"][n][2] + 0.01
   assert s["linear"]["params"] == soft["params"] == s["window_16"]["params"]
   d, layers = 128, results["setup"]["layers"]
   assert soft["params"] - cache["params"] == layers * (2 * d * d - 2 * 16 * d)
