@@ -19,6 +19,8 @@ from jaxformer.ops import disentangled, masks, positions as pos_ops
 from jaxformer.ops import pallas
 from jaxformer.ops.attention import (IMPLS, KERNEL_IMPLS, attend, dot_product_attention,
                                      dot_product_attention_weights)
+from jaxformer.ops.attention_variants import (VARIANTS, linear_attention,
+                                              routing_cache_attention, routing_prefix_attention)
 from jaxformer.parallel.rules import mesh_axes_tuple
 
 # "disentangled": DeBERTa's c2p + p2c scores from a shared relative table (`rel_embeddings`)
@@ -135,6 +137,15 @@ class MultiHeadAttention(nn.Module):
   # leaves additive biases (ALiBi, `bias`) and masks alone, the same for every impl and the
   # KV cache (which holds k and v only).
   head_gates: bool = False
+  # what self-attention computes (ops/attention_variants.py): "softmax" over the keys;
+  # "linear" (phi = elu + 1; the same parameters; decoding keeps the KV cache and computes the
+  # same function over it); "routing_cache": softmax over `routing_slots` learned key/value
+  # slots (params `routing_keys`, `routing_values` [M, H, D]) instead of the sequence, with a
+  # query projection only (no k/v projections, no KV cache: each position is independent);
+  # "routing_prefix": softmax over `routing_slots` slots written from the visible keys/values
+  # by learned write queries (param `routing_writes` [M, H, D]; decoding keeps the KV cache)
+  variant: str = "softmax"
+  routing_slots: int = 16
   decode: bool = False
   # decode=True only: a compressed cache (kv_cache.KVCachePolicy); None: the full cache
   kv_cache: Any = None
@@ -169,6 +180,28 @@ class MultiHeadAttention(nn.Module):
       raise ValueError("model.head_gates=True multiplies each head's q.k logits through q, but "
                        "positions='disentangled' (DeBERTa) also feeds q into its "
                        "content-to-position scores; set model.head_gates=False for this family")
+    if self.variant not in VARIANTS:
+      raise ValueError(f"model.attention_variant={self.variant!r} is not one of {VARIANTS}")
+    if self.variant != "softmax":
+      if cross:
+        raise ValueError(f"model.attention_variant={self.variant!r} applies to "
+                         "self-attention only; cross-attention is softmax")
+      if self.kv_cache is not None:
+        raise ValueError(f"a compressed KV cache (kv_cache) evicts keys of a softmax over the "
+                         f"sequence; model.attention_variant={self.variant!r} decodes with the "
+                         "full cache only: leave kv_cache unset")
+      if self.window is not None or self.dropout_rate:
+        raise ValueError(f"model.attention_variant={self.variant!r} has no softmax over the "
+                         f"sequence: model.window={self.window!r} must be None and the "
+                         f"attention dropout {self.dropout_rate} 0")
+      if self.positions in ("alibi", "disentangled") or (
+          self.variant == "routing_cache" and self.positions == "rope"):
+        raise ValueError(f"positions={self.positions!r} acts on query-key pairs of the "
+                         f"sequence, which model.attention_variant={self.variant!r} does not "
+                         "have: use learned positions (or 'rope' with attention_variant='linear')")
+      if isinstance(self.routing_slots, bool) or not isinstance(self.routing_slots, int) or (
+          self.routing_slots < 1):
+        raise ValueError(f"model.routing_slots={self.routing_slots!r} must be an int > 0")
     if self.decode and (cross or not self.causal):
       raise ValueError("decode=True (KV cache) needs causal self-attention: set causal=True "
                        "and call without context")
@@ -204,6 +237,11 @@ class MultiHeadAttention(nn.Module):
                        f"{kv_inputs.shape}, context given: {cross}, decode={self.decode}")
     h, hkv = self.num_heads, self.num_kv_heads or self.num_heads
     d = self.head_dim or x.shape[-1] // h
+    if self.variant == "routing_cache":
+      if kv_inputs is not None or bias is not None:
+        raise ValueError("model.attention_variant='routing_cache' attends over learned slots only: "
+                         "it takes no kv_inputs and no bias")
+      return self._routing_cache(x, h, d)
     kw = dict(use_bias=self.qkv_bias, dtype=self.dtype, param_dtype=self.param_dtype,
               kernel_init=self.kernel_init)
     fused = not cross and hkv == h
@@ -276,7 +314,23 @@ class MultiHeadAttention(nn.Module):
                 scale=scale)
     use_dropout = self.dropout_rate > 0 and not deterministic
     record = self.is_mutable_collection(WEIGHTS_COLLECTION) and not self.is_initializing()
-    if record or use_dropout:
+    if self.variant in ("linear", "routing_prefix"):
+      if bias is not None:
+        raise ValueError(f"model.attention_variant={self.variant!r} has no query-key logits "
+                         "to add a bias to")
+      if segment_ids is not None:
+        q_ids, kv_ids = (segment_ids if isinstance(segment_ids, (tuple, list))
+                         else (segment_ids, segment_ids))
+        mask = masks.combine_masks(mask, masks.segment_mask(q_ids, kv_ids))
+      if self.variant == "linear":
+        out = linear_attention(q, k, v, causal=causal, mask=mask)
+      else:
+        writes = self.param("routing_writes", nn.with_logical_partitioning(
+            nn.initializers.normal(1.0), (None, "heads", "kv")), (self.routing_slots, h, d),
+                            self.param_dtype)
+        out = routing_prefix_attention(q, k, v, writes.astype(q.dtype), causal=causal,
+                                       mask=mask, scale=scale)
+    elif record or use_dropout:
       weights = dot_product_attention_weights(q, k, **attn)
       if record:
         self.sow(WEIGHTS_COLLECTION, "weights", weights)
@@ -307,6 +361,34 @@ class MultiHeadAttention(nn.Module):
                                  num_in=2, name="out", use_bias=self.out_bias, dtype=self.dtype,
                                  param_dtype=self.param_dtype, kernel_init=self.kernel_init)(out),
                            "attention_out")
+
+  def _routing_cache(self, x, h, d):
+    """attention_variant='routing_cache': each position's query against the learned slots. When
+    decoding, the cache collection holds only `cache_index` (positions are independent)."""
+    kernel_init = self.kernel_init
+    if self.query_init_scale != 1.0:
+      kernel_init = _scaled_query_init(kernel_init, self.query_init_scale, False)
+    q = dense((h, d), ("embed", "heads", "kv"), name="query", use_bias=self.qkv_bias,
+              dtype=self.dtype, param_dtype=self.param_dtype, kernel_init=kernel_init)(x)
+    q = checkpoint_name(nn.with_logical_constraint(q, ("batch", "length", "heads", "kv")),
+                        "query_proj")
+    if self.head_gates:
+      gates = self.param("head_gates", nn.with_logical_partitioning(nn.initializers.ones,
+                                                                    ("heads",)),
+                         (h,), self.param_dtype)
+      q = q * gates.astype(q.dtype)[:, None]
+    slot_init = nn.with_logical_partitioning(nn.initializers.normal(1.0), (None, "heads", "kv"))
+    keys = self.param("routing_keys", slot_init, (self.routing_slots, h, d), self.param_dtype)
+    values = self.param("routing_values", slot_init, (self.routing_slots, h, d),
+                        self.param_dtype)
+    if self.decode:
+      exists = self.has_variable("cache", "cache_index")
+      index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+      if exists:
+        index.value = index.value + x.shape[1]
+    out = routing_cache_attention(q, keys.astype(self.dtype), values.astype(self.dtype),
+                                  scale=self.scale)
+    return self._output(out, x)
 
   def _cache_index(self, k):
     """(cache offset, whether the cache existed before this call). During `init` the cache

@@ -53,7 +53,8 @@ class TransformerBlock(nn.Module):
         impl=s.attention_impl, block_sizes=s.attention_block_sizes,
         scale=scale, query_init_scale=query_init, decode=self.decode and not cross,
         kv_cache=None if cross else self.kv_cache,
-        head_gates=s.head_gates,
+        head_gates=s.head_gates, variant="softmax" if cross else s.attention_variant,
+        routing_slots=s.routing_slots,
         dtype=self.dtype, param_dtype=self.param_dtype, name=name)
 
   def _ffn(self, width):

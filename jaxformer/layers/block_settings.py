@@ -23,6 +23,7 @@ from jaxformer.layers.norms import NORMS
 from jaxformer.layers.parametrization import PARAMETRIZATIONS
 from jaxformer.ops import masks
 from jaxformer.ops.attention import IMPLS, check_block_sizes
+from jaxformer.ops.attention_variants import VARIANTS
 
 # Activations the layers tag with `jax.ad_checkpoint.checkpoint_name`, for the named policies
 # below (a tag outside a rematerialised stack does nothing):
@@ -205,6 +206,14 @@ class BlockSettings:
   # biases: ALiBi, T5's relative bias), initialised to 1 so the model starts exactly as
   # without gates; read, folded and pruned by models/heads.py
   head_gates: bool = False
+  # what self-attention computes (ops/attention_variants.py): "softmax" over the sequence (with
+  # `window`: sliding-window), "linear" (causal linear attention, phi = elu + 1, the same
+  # parameters as softmax), "routing_cache" (softmax over `routing_slots` learned key/value
+  # slots instead of the sequence: no information from other tokens), "routing_prefix" (softmax
+  # over `routing_slots` slots written from the prefix by learned write queries). Cross-
+  # attention stays softmax.
+  attention_variant: str = "softmax"
+  routing_slots: int = 16             # M: the slots of the routing variants
 
   def __post_init__(self):
     check_positive_int(self.num_heads, "num_heads")
@@ -236,6 +245,16 @@ class BlockSettings:
               "needs attention_scale=1.0: the t5 family has no μP)")
     if not isinstance(self.head_gates, bool):
       _fail(f"model.head_gates={self.head_gates!r} must be True or False")
+    _choice(self.attention_variant, "attention_variant", VARIANTS)
+    check_positive_int(self.routing_slots, "routing_slots")
+    if self.attention_variant != "softmax":
+      if self.window is not None:
+        _fail(f"model.window={self.window!r} is a sliding window of softmax attention; "
+              f"model.attention_variant={self.attention_variant!r} has none: unset one of them")
+      if self.attention_dropout_rate:
+        _fail(f"model.attention_dropout_rate={self.attention_dropout_rate} drops softmax "
+              f"attention probabilities; model.attention_variant={self.attention_variant!r} has "
+              "none: set it to 0")
     _rate(self.dropout_rate, "dropout_rate")
     _rate(self.attention_dropout_rate, "attention_dropout_rate")
     if not self.norm_eps > 0:

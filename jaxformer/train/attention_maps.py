@@ -61,8 +61,12 @@ def write_attention_map(snapshot_fn, params, batch, *, step: int, workdir: str,
                         tokens: list[str] | None = None, images: bool = False):
   """Plot the chosen layer to <workdir>/attention/step_<step>.png; returns (png path,
   per-head entropies in nats). `images`: the keys are image patches (ViT, the captioner's
-  cross-attention), named so on the axes."""
-  name, w = pick_layer(jax.device_get(snapshot_fn(params, batch)))
+  cross-attention), named so on the axes. None when no layer records probabilities (every
+  self-attention a `model.attention_variant` other than softmax, and no cross-attention)."""
+  weights = jax.device_get(snapshot_fn(params, batch))
+  if not weights:
+    return None
+  name, w = pick_layer(weights)
   paths.path(os.path.join(workdir, workdir_layout.ATTENTION)).mkdir(parents=True, exist_ok=True)
   path = os.path.join(workdir, workdir_layout.ATTENTION, f"step_{step:06d}.png")
   if tokens is not None and len(tokens) != w.shape[-1]:

@@ -110,9 +110,12 @@ class Evaluator:
     if not self.show_attention:
       return {}
     run = self.run
-    png, entropy = attention_maps.write_attention_map(
+    shown = attention_maps.write_attention_map(
         self.snapshot_fn, params, self.steps.example, step=done, workdir=run.workdir,
         tokens=self.labels, images=run.task.unit == "images")
+    if shown is None:               # no layer records probabilities (attention variants)
+      return {}
+    png, entropy = shown
     self.writers.image("attention", paths.path(png).read_bytes(), done)
     return {"attention_entropy": float(np.mean(entropy))}
 

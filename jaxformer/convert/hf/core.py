@@ -245,6 +245,10 @@ def _config_dict(model_config) -> dict:
                      "gates; fold them into the query projection first (the same function): "
                      "model_config, params = jaxformer.models.heads.fold_gates(model_config, "
                      "params)")
+  if cfg.get("attention_variant", "softmax") != "softmax":
+    raise ValueError(f"model.attention_variant={cfg['attention_variant']!r}: Hugging Face "
+                     "architectures compute softmax attention over the sequence only, so this "
+                     "model cannot be saved in their format")
   if cfg.get("parametrization") == "mup" and cfg["d_model"] != cfg["mup_base_width"]:
     raise ValueError(f"model.parametrization='mup' at d_model={cfg['d_model']} (base "
                      f"{cfg['mup_base_width']}) multiplies its logits and attention scores in "

@@ -15,7 +15,7 @@ from experiments import report_check
 # Each study script with render/refit whose report is committed (in its script's current
 # FORMAT).
 REPORTS = ("scaling_vit", "mup_transfer", "scaling_gpt", "scaling_chinchilla", "posttrain",
-           "captioning", "head_pruning", "routing_discipline")
+           "captioning", "head_pruning", "routing_discipline", "routing_cache")
 
 
 # scaling_chinchilla's refit (its bootstraps: ~22 s under load) runs in the full suite only

@@ -294,3 +294,14 @@ def test_bad_kv_cache_arguments(model_params):
     stream_logits_fn(GPT, params, chunk=0)
   with pytest.raises(ValueError, match="model.max_len=64"):
     stream_logits_fn(GPT, params)(np.zeros((1, 65), np.int32))
+
+
+@pytest.mark.parametrize("variant", ["linear", "routing_prefix"])
+def test_a_compressed_cache_is_refused_for_attention_variants(variant):
+  """Eviction is defined for a softmax over cached keys; the variants decode with the full
+  cache only (one line naming the setting)."""
+  from jaxformer.layers.attention import MultiHeadAttention
+  layer = MultiHeadAttention(num_heads=2, causal=True, decode=True, variant=variant,
+                             kv_cache=KVCachePolicy("window", 4))
+  with pytest.raises(ValueError, match=f"attention_variant='{variant}' decodes with the full"):
+    layer.init(jax.random.key(0), jnp.zeros((1, 8, 8)))
