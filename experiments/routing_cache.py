@@ -370,6 +370,14 @@ def render(results: dict) -> str:
       "", "The literal design (`routing_cache`: learned slots, the same for every token) moves "
       "no information between positions, so each position sees only its own character and "
       "position: the model is a bigram model, whatever M.", "",
+      "What these runs cannot tell: no model copies the needle (best accuracy over variants "
+      "and depths " + _pct(max(s[v]["needle"][d]["accuracy"][0] for v in s
+                               for d in ("0", "0.5", "1"))) + ", softmax included), so the "
+      "needle columns do not separate the variants at this training budget; and softmax "
+      "itself learned the recall task only partly (its accuracy falls with n), so recall "
+      "separates only the learned-slot cache (chance) and the window (beyond 16 tokens). One "
+      "seed: the window's lower perplexity than softmax is within what seeds and this short "
+      "training can move.", "",
       "## Held-out perplexity and retrieval", "",
       "Perplexity: the whole validation split in consecutive windows of 64. Rare copy: "
       f"positions whose character has training frequency < {RARE_FREQ:.1%} "
