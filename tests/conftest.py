@@ -35,10 +35,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # A persistent XLA compilation cache shared by the xdist workers and the subprocesses tests
 # start (they inherit the environment): many tests compile the same small programs (the tiny
 # configs' train and eval steps), and XLA:CPU executables are cached by HLO and flags, so a
-# hit is exactly the program a fresh compile would give.
+# hit is exactly the program a fresh compile would give. Programs compiling in >= 0.1 s are
+# stored (0.5 s stored 6 of a 3-file run's programs, 0.1 s 15; ~3 % less CPU for the run).
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
     os.environ.get("TMPDIR", "/tmp"), f"jaxformer-test-xla-cache-{os.getuid()}"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
 
 def pytest_runtest_setup(item):
