@@ -335,8 +335,6 @@ def summarize(results: dict) -> dict:
         "mean_perplexity": float(np.mean(list(ppl.values()))), "ratio": ratio,
         "ratio_per_seed": {str(s): float(x) for s, x in per_seed.items()},
         "falsified": ratio > FALSIFY,
-        "seeds_over_line": sum(x > FALSIFY for x in per_seed.values()),
-        "seeds_below_softmax": sum(x < 1.0 for x in per_seed.values()),
         "rare_copy": copy, "needle": needle_by_depth,
         "needle_chance": rs[0]["needle"]["chance"],
         "recall": None if rec is None else {n: _interval(a) for n, a in
@@ -354,25 +352,31 @@ def verdict_line(variant: str, s: dict) -> str:
   cross the line (a verdict that one seed would flip is said to be one)."""
   word = "**falsified**" if s["falsified"] else "**not falsified**"
   ratios = list(s["ratio_per_seed"].values())
-  seeds = len(ratios)
   return (f"- {LABELS[variant]}: perplexity {s['mean_perplexity']:.3f} = "
           f"{s['ratio']:.3f}x softmax ({(s['ratio'] - 1) * 100:+.1f}%; per seed "
           f"{(min(ratios) - 1) * 100:+.1f}% to {(max(ratios) - 1) * 100:+.1f}%): {word} by the "
-          f"{(FALSIFY - 1) * 100:.0f}% line, crossed in {s['seeds_over_line']} of {seeds} "
+          f"{(FALSIFY - 1) * 100:.0f}% line, crossed in {seeds_over_line(s)} of {len(ratios)} "
           f"seeds.")
 
 
-def window_line(s: dict) -> str:
+def seeds_over_line(s: dict) -> int:
+  """How many seeds' perplexity ratios to softmax cross the falsification line."""
+  return sum(x > FALSIFY for x in s["ratio_per_seed"].values())
+
+
+def window_line(s: dict, setup: dict) -> str:
   """What the window's perplexity, below softmax's, says, from its per-seed ratios."""
   w = s["window_16"]
   n = len(w["ratio_per_seed"])
-  if w["seeds_below_softmax"] == n:
+  below = sum(x < 1.0 for x in w["ratio_per_seed"].values())
+  if below == n:
     return (f"The 16-token window is below softmax in all {n} seeds "
-            f"({(w['ratio'] - 1) * 100:+.1f}% on average): at this budget (2 layers, 600 "
-            "steps, context 64) a character model gains more from attending only locally "
-            "than it loses from the far context. It says nothing of longer contexts or "
-            "longer training, where the far context is what softmax attention is for.")
-  return (f"The 16-token window is below softmax in {w['seeds_below_softmax']} of {n} seeds: "
+            f"({(w['ratio'] - 1) * 100:+.1f}% on average): at this budget ({setup['layers']} "
+            f"layers, {setup['steps']} steps, context 64) a character model gains more from "
+            "attending only locally than it loses from the far context. It says nothing of "
+            "longer contexts or longer training, where the far context is what softmax "
+            "attention is for.")
+  return (f"The 16-token window is below softmax in {below} of {n} seeds: "
           "the difference is within what seeds move.")
 
 
@@ -416,7 +420,7 @@ def render(results: dict) -> str:
       "needle columns do not separate the variants at this training budget; and softmax "
       "itself learned the recall task only partly (its accuracy falls with n), so recall "
       "separates only the learned-slot cache (chance) and the window (beyond 16 tokens).", "",
-      window_line(s), "", rare_copy_line(s), "",
+      window_line(s, setup), "", rare_copy_line(s), "",
       "## Held-out perplexity and retrieval", "",
       "Perplexity: the whole validation split in consecutive windows of 64. Rare copy: "
       f"positions whose character has training frequency < {RARE_FREQ:.1%} "
