@@ -68,6 +68,7 @@ def write_run(workdir, cfg: ConfigDict, tokenizer, steps=(8,), *, random: bool =
   import jax
   import numpy as np
   from jaxformer.state import checkpoint, train_state
+  from tests import drawn
   os.makedirs(workdir)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(cfg.to_json(indent=2))
@@ -75,12 +76,8 @@ def write_run(workdir, cfg: ConfigDict, tokenizer, steps=(8,), *, random: bool =
     tokenizer.save(workdir)
   _, _, init_boxed = train_state.train_state_fns(cfg)
   if random:
-    rng = np.random.default_rng(0)
     abstract = nn.unbox(jax.eval_shape(init_boxed))
-    draw = lambda path, s: (np.zeros(s.shape, s.dtype) if not jax.numpy.issubdtype(
-        s.dtype, jax.numpy.floating) else (0.2 * rng.normal(size=s.shape) + (
-            "scale" in jax.tree_util.keystr(path))).astype(s.dtype))
-    state = dict(abstract, params=jax.tree_util.tree_map_with_path(draw, abstract["params"]))
+    state = dict(abstract, params=drawn.like(abstract["params"]))
     state = jax.tree.map(lambda s: s if isinstance(s, np.ndarray) else np.zeros(s.shape, s.dtype),
                          state)
   else:

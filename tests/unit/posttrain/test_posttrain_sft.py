@@ -19,6 +19,7 @@ from jaxformer.data.tokenizers import CharTokenizer
 from jaxformer.posttrain import data as pdata
 from jaxformer.train import loop
 from jaxformer.train.metrics import read
+from tests import drawn
 from tests.runs import on_one_device, tiny_run_config
 from tests.user_errors import user_error
 
@@ -61,18 +62,21 @@ def test_packing_keeps_examples_apart_in_rows_and_in_the_model():
   # the decoder on the packed row gives each example the logits it gets alone
   cfg = tiny_run_config().model
   module = models.build(cfg)
-  params = module.init(jax.random.key(0), jnp.zeros((1, 32), jnp.int32))["params"]
+  # drawn params (what the model computes, not its init) and jitted applies: one compile
+  # per shape instead of one per op
+  params = drawn.params(module, jnp.zeros((1, 32), jnp.int32))
+  apply = jax.jit(module.apply)
   batch = {k: jnp.asarray(v)[None] for k, v in row.items()}
-  packed = module.apply({"params": params}, batch["inputs"], segment_ids=batch["segment_ids"],
-                        positions=batch["positions"])
+  packed = apply({"params": params}, batch["inputs"], segment_ids=batch["segment_ids"],
+                 positions=batch["positions"])
   at = 0
   for e in examples[:2]:
     n = len(e["inputs"])
-    alone = module.apply({"params": params}, jnp.asarray(e["inputs"])[None])
+    alone = apply({"params": params}, jnp.asarray(e["inputs"])[None])
     np.testing.assert_allclose(packed[0, at:at + n], alone[0], atol=1e-5, rtol=1e-5)
     at += n
   # without segment ids the second example would see the first: the test can tell
-  mixed = module.apply({"params": params}, batch["inputs"], positions=batch["positions"])
+  mixed = apply({"params": params}, batch["inputs"], positions=batch["positions"])
   assert not np.allclose(mixed[0, lengths[0]:at], packed[0, lengths[0]:at], atol=1e-3)
 
 
