@@ -1,5 +1,7 @@
 """MultiHeadAttention and TransformerBlock against float64 NumPy references."""
 
+import functools
+
 import chex
 import flax.linen as nn
 import jax
@@ -18,12 +20,20 @@ B, T, E = 2, 13, 48
 
 
 def init(module, *args, seed=0, **kw):
-  """Init and replace every param by random values (zeros/ones would hide bugs)."""
-  variables = nn.unbox(module.init(jax.random.key(seed), *args, **kw))
+  """Every param random (zeros/ones would hide bugs), drawn from the init's shapes (traced,
+  not run); other collections (a decode cache) zeros, as the init leaves them."""
+  variables = nn.unbox(jax.eval_shape(functools.partial(module.init, **kw), jax.random.key(seed),
+                                      *args))
+  variables = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), variables)
   leaves, tree = jax.tree.flatten(variables["params"])
   rng = np.random.default_rng(seed + 1)
   leaves = [(rng.normal(size=x.shape) * 0.3).astype(np.float32) for x in leaves]
   return {**variables, "params": jax.tree.unflatten(tree, leaves)}
+
+
+def apply(module, variables, *args, **kw):
+  """module.apply jitted: one compile instead of an eager compile per op."""
+  return jax.jit(lambda v, *a: module.apply(v, *a, **kw))(variables, *args)
 
 
 # ------------------------------------------------------------------- NumPy references
@@ -74,7 +84,7 @@ def test_mha_matches_numpy_values_and_grads(name):
   mask_kw = dict(causal=cfg.get("causal", False), window=cfg.get("window"))
   np_kw = dict(num_heads=cfg["num_heads"], num_kv_heads=cfg.get("num_kv_heads"),
                positions=cfg.get("positions", "none"), **mask_kw)
-  out = module.apply(variables, x)
+  out = apply(module, variables, x)
   np.testing.assert_allclose(out, np_mha(p, x, **np_kw), atol=1e-4, rtol=1e-4)
 
   ct = rand((B, T, E), seed=7)
@@ -97,7 +107,7 @@ def test_cross_attention_with_empty_rows_matches_numpy():
   mask = np.random.default_rng(4).random((B, 1, T, 7)) > 0.4
   mask[:, :, 2] = False
   variables = init(module, x, ctx)
-  out = module.apply(variables, x, ctx, mask=mask)
+  out = apply(module, variables, x, ctx, mask=mask)
   want = np_mha(variables["params"], x, ctx, num_heads=6, num_kv_heads=2, mask=mask)
   np.testing.assert_allclose(out, want, atol=1e-4, rtol=1e-4)
   # row 2 attends to nothing: its pre-projection output is 0, so it equals the output bias (none)
@@ -109,8 +119,8 @@ def test_impls_agree_in_layer(impl):
   x = rand((B, T, E))
   kw = dict(num_heads=4, num_kv_heads=2, causal=True, window=5, positions="alibi")
   variables = init(MultiHeadAttention(impl="xla", **kw), x)
-  np.testing.assert_allclose(MultiHeadAttention(impl=impl, **kw).apply(variables, x),
-                             MultiHeadAttention(impl="xla", **kw).apply(variables, x), atol=1e-5)
+  np.testing.assert_allclose(apply(MultiHeadAttention(impl=impl, **kw), variables, x),
+                             apply(MultiHeadAttention(impl="xla", **kw), variables, x), atol=1e-5)
 
 
 def test_permutation_equivariant_without_positions():
@@ -118,20 +128,20 @@ def test_permutation_equivariant_without_positions():
   x = rand((1, T, E))
   variables = init(module, x)
   perm = np.random.default_rng(1).permutation(T)
-  np.testing.assert_allclose(module.apply(variables, x[:, perm]),
-                             module.apply(variables, x)[:, perm], atol=1e-5)
+  np.testing.assert_allclose(apply(module, variables, x[:, perm]),
+                             apply(module, variables, x)[:, perm], atol=1e-5)
 
 
 def test_rope_layer_depends_on_relative_positions_only():
   module = MultiHeadAttention(num_heads=4, positions="rope", causal=True)
   x = rand((B, T, E))
   variables = init(module, x)
-  base = module.apply(variables, x, positions=jnp.arange(T))
-  shifted = module.apply(variables, x, positions=jnp.arange(T) + 1000)
+  base = apply(module, variables, x, positions=jnp.arange(T))
+  shifted = apply(module, variables, x, positions=jnp.arange(T) + 1000)
   np.testing.assert_allclose(shifted, base, atol=2e-4)
   # ... but not permutation-equivariant: positions matter
   perm = np.random.default_rng(1).permutation(T)
-  assert not np.allclose(module.apply(variables, x[:, perm]), base[:, perm], atol=1e-3)
+  assert not np.allclose(apply(module, variables, x[:, perm]), base[:, perm], atol=1e-3)
 
 
 @pytest.mark.parametrize("kw", [
@@ -145,8 +155,8 @@ def test_kv_cache_decoding_equals_full_forward(kw, prefill):
   dec = MultiHeadAttention(causal=True, decode=True, **kw)
   x = rand((B, T, E))
   variables = init(full, x)
-  want = full.apply(variables, x)
-  cache = dec.init(jax.random.key(0), jnp.zeros((B, 16, E)))["cache"]
+  want = apply(full, variables, x)
+  cache = init(dec, jnp.zeros((B, 16, E)))["cache"]                      # zeros
   step = jax.jit(lambda cache, xt: dec.apply({"params": variables["params"], "cache": cache},
                                              xt, mutable=["cache"]))
   out, mutated = step(cache, x[:, :prefill])
@@ -160,7 +170,7 @@ def test_kv_cache_decoding_equals_full_forward(kw, prefill):
 
 def test_kv_cache_overflow_under_jit_is_loud():
   dec = MultiHeadAttention(num_heads=4, causal=True, decode=True)
-  variables = nn.unbox(dec.init(jax.random.key(0), jnp.zeros((1, 4, E))))
+  variables = init(dec, jnp.zeros((1, 4, E)))
   step = jax.jit(lambda c, x: dec.apply({"params": variables["params"], "cache": c}, x,
                                         mutable=["cache"]))
   cache = variables["cache"]
@@ -174,31 +184,32 @@ def test_kv_cache_overflow_under_jit_is_loud():
 
 def test_kv_cache_overflow_raises():
   dec = MultiHeadAttention(num_heads=4, causal=True, decode=True)
-  variables = nn.unbox(dec.init(jax.random.key(0), jnp.zeros((1, 4, E))))
+  variables = init(dec, jnp.zeros((1, 4, E)))
   with pytest.raises(ValueError, match="exceed the KV cache"):
-    dec.apply(variables, jnp.zeros((1, 5, E)), mutable=["cache"])
+    apply(dec, variables, jnp.zeros((1, 5, E)), mutable=["cache"])
 
 
 def test_mutable_attention_weights_collection_returns_probabilities():
   module = MultiHeadAttention(num_heads=4, causal=True)
   x = rand((B, T, E))
   variables = init(module, x)
-  out, state = module.apply(variables, x, mutable=["attention_weights"])
+  out, state = apply(module, variables, x, mutable=["attention_weights"])
   (w,) = state["attention_weights"]["weights"]
   chex.assert_shape(w, (B, 4, T, T))
   np.testing.assert_allclose(w.sum(-1), 1, atol=1e-5)
   np.testing.assert_array_equal(np.triu(np.asarray(w), 1), 0)
-  np.testing.assert_allclose(out, module.apply(variables, x), atol=1e-5)
+  np.testing.assert_allclose(out, apply(module, variables, x), atol=1e-5)
 
 
 def test_attention_dropout_uses_rng_and_is_off_when_deterministic():
   module = MultiHeadAttention(num_heads=4, dropout_rate=0.5)
   x = rand((B, T, E))
   variables = init(module, x)
-  plain = MultiHeadAttention(num_heads=4).apply(variables, x)
-  np.testing.assert_allclose(module.apply(variables, x, deterministic=True), plain, atol=1e-6)
-  run = lambda seed: module.apply(variables, x, deterministic=False,
-                                  rngs={"dropout": jax.random.key(seed)})
+  plain = apply(MultiHeadAttention(num_heads=4), variables, x)
+  np.testing.assert_allclose(apply(module, variables, x, deterministic=True), plain, atol=1e-6)
+  train = jax.jit(lambda v, x, key: module.apply(v, x, deterministic=False,
+                                                  rngs={"dropout": key}))
+  run = lambda seed: train(variables, x, jax.random.key(seed))
   np.testing.assert_array_equal(run(1), run(1))
   assert not np.allclose(run(1), run(2))
 
@@ -209,9 +220,9 @@ def test_bfloat16_compute_keeps_float32_params():
   variables = init(MultiHeadAttention(**kw), x)
   boxed = jax.eval_shape(MultiHeadAttention(dtype=jnp.bfloat16, **kw).init, jax.random.key(0), x)
   assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nn.unbox(boxed)))
-  out = MultiHeadAttention(dtype=jnp.bfloat16, **kw).apply(variables, x)
+  out = apply(MultiHeadAttention(dtype=jnp.bfloat16, **kw), variables, x)
   assert out.dtype == jnp.bfloat16
-  want = np.asarray(MultiHeadAttention(**kw).apply(variables, x))
+  want = np.asarray(apply(MultiHeadAttention(**kw), variables, x))
   rel = np.abs(np.asarray(out, np.float32) - want).max() / np.abs(want).max()
   assert rel < 3e-2, rel      # bfloat16 has an 8-bit mantissa
 
@@ -284,7 +295,7 @@ def test_block_matches_numpy_values_and_grads(pre_norm, cross):
   variables = init(module, *args)
   p = variables["params"]
   kw = dict(pre_norm=pre_norm, num_heads=4, causal=not cross)
-  np.testing.assert_allclose(module.apply(variables, *args), np_block(p, x, context, **kw),
+  np.testing.assert_allclose(apply(module, variables, *args), np_block(p, x, context, **kw),
                              atol=1e-4, rtol=1e-4)
   ct = rand((B, 9, E), seed=9)
   g_x = jax.jit(jax.grad(lambda x: jnp.sum(module.apply(variables, x, *args[1:]) * ct)))(x)
@@ -299,13 +310,14 @@ def test_block_llama_style_runs_and_decodes():
   full = make_block(**kw)
   variables = init(full, x)
   assert set(variables["params"]["ffn"]) == {"wi_gate", "wi_up", "wo"}
-  want = full.apply(variables, x)
+  want = apply(full, variables, x)
   dec = make_block(decode=True, **kw)
-  cache = dec.init(jax.random.key(0), jnp.zeros((B, T, E)))["cache"]
+  cache = init(dec, jnp.zeros((B, T, E)))["cache"]                      # zeros
+  step = jax.jit(lambda cache, xt: dec.apply({"params": variables["params"], "cache": cache},
+                                             xt, mutable=["cache"]))
   outs = []
   for t in range(T):
-    out, mutated = dec.apply({"params": variables["params"], "cache": cache}, x[:, t:t + 1],
-                             mutable=["cache"])
+    out, mutated = step(cache, x[:, t:t + 1])
     cache = mutated["cache"]
     outs.append(out)
   np.testing.assert_allclose(jnp.concatenate(outs, 1), want, atol=2e-5, rtol=1e-5)
@@ -315,8 +327,7 @@ def test_block_ffn_activation_defaults_to_the_ffn_kind():
   x = rand((1, 5, E))
   for ffn, default, other in (("mlp", "gelu", "relu"), ("swiglu", "silu", "gelu")):
     variables = init(make_block(num_heads=4, mlp_dim=32, ffn=ffn), x)
-    run = lambda **kw: make_block(num_heads=4, mlp_dim=32, ffn=ffn, **kw).apply(
-        variables, x)
+    run = lambda **kw: apply(make_block(num_heads=4, mlp_dim=32, ffn=ffn, **kw), variables, x)
     np.testing.assert_array_equal(run(), run(activation=default))
     assert not np.allclose(run(), run(activation=other))
 
@@ -325,9 +336,9 @@ def test_block_dropout_only_when_training():
   module = make_block(num_heads=4, mlp_dim=64, dropout_rate=0.3)
   x = rand((B, T, E))
   variables = init(module, x)
-  det = module.apply(variables, x)
-  np.testing.assert_allclose(det, make_block(num_heads=4, mlp_dim=64).apply(variables, x))
-  train = module.apply(variables, x, deterministic=False, rngs={"dropout": jax.random.key(0)})
+  det = apply(module, variables, x)
+  np.testing.assert_allclose(det, apply(make_block(num_heads=4, mlp_dim=64), variables, x))
+  train = apply(module, variables, x, deterministic=False, rngs={"dropout": jax.random.key(0)})
   assert not np.allclose(train, det)
 
 

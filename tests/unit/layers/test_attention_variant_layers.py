@@ -19,7 +19,10 @@ B, T, E = 2, 11, 24
 
 
 def init(module, x, seed=0):
-  variables = nn.unbox(module.init(jax.random.key(seed), x))
+  """The module's variables with every param random, drawn from the init's shapes (traced, not
+  run); other collections (a decode cache) zeros, as the init leaves them."""
+  variables = nn.unbox(jax.eval_shape(module.init, jax.random.key(seed), x))
+  variables = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), variables)
   leaves, tree = jax.tree.flatten(variables["params"])
   rng = np.random.default_rng(seed + 1)
   leaves = [(rng.normal(size=a.shape) * 0.3).astype(np.float32) for a in leaves]
@@ -36,7 +39,12 @@ def test_linear_layer_matches_float64_reference_with_gqa():
   kv = np.einsum("bte,ezhd->btzhd", x64, p["kv"]["kernel"]) + p["kv"]["bias"]
   ctx = np_linear(q, kv[:, :, 0], kv[:, :, 1], causal=True)
   want = np.einsum("bthd,hde->bte", ctx, p["out"]["kernel"])
-  np.testing.assert_allclose(module.apply({"params": p}, x), want, atol=1e-4, rtol=1e-4)
+  np.testing.assert_allclose(apply(module, p, x), want, atol=1e-4, rtol=1e-4)
+
+
+def apply(module, params, x):
+  """module.apply jitted: one compile instead of an eager compile per op."""
+  return jax.jit(lambda p, x: module.apply({"params": p}, x))(params, x)
 
 
 def test_routing_cache_layer_matches_float64_reference_and_has_only_a_query_projection():
@@ -50,7 +58,7 @@ def test_routing_cache_layer_matches_float64_reference_and_has_only_a_query_proj
   q = q * np.asarray(p["head_gates"], np.float64)[:, None]
   ctx = np_routing(q, p["routing_keys"], p["routing_values"])
   want = np.einsum("bthd,hde->bte", ctx, p["out"]["kernel"])
-  np.testing.assert_allclose(module.apply({"params": p}, x), want, atol=1e-4, rtol=1e-4)
+  np.testing.assert_allclose(apply(module, p, x), want, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("variant", ["linear", "routing_cache", "routing_prefix"])
@@ -59,8 +67,8 @@ def test_kv_cache_decoding_equals_full_forward(variant):
   full, dec = MultiHeadAttention(**kw), MultiHeadAttention(decode=True, **kw)
   x = rand((B, T, E))
   variables = init(full, x)
-  want = full.apply(variables, x)
-  cache = dec.init(jax.random.key(0), jnp.zeros((B, 16, E)))["cache"]
+  want = apply(full, variables["params"], x)
+  cache = init(dec, jnp.zeros((B, 16, E)))["cache"]                     # zeros
   step = jax.jit(lambda cache, xt: dec.apply({"params": variables["params"], "cache": cache},
                                              xt, mutable=["cache"]))
   out, state = step(cache, x[:, :4])
@@ -89,7 +97,7 @@ def test_routing_prefix_layer_matches_float64_reference():
   kv = np.einsum("bte,ezhd->btzhd", x64, p["kv"]["kernel"])
   ctx = np_routing_prefix(q, kv[:, :, 0], kv[:, :, 1], p["routing_writes"], causal=True)
   want = np.einsum("bthd,hde->bte", ctx, p["out"]["kernel"])
-  np.testing.assert_allclose(module.apply({"params": p}, x), want, atol=1e-4, rtol=1e-4)
+  np.testing.assert_allclose(apply(module, p, x), want, atol=1e-4, rtol=1e-4)
 
 
 def test_parameter_counts():
@@ -112,12 +120,12 @@ def test_a_routing_cache_decoder_generates_what_its_full_forward_pass_predicts()
   variants' cached decoding is checked layer by layer above.)"""
   config = _config("routing_cache")
   module = models.build(config.model)
-  params = module.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  params = jax.jit(module.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
   prompt = np.array([[3, 1, 4, 1, 5]], np.int32)
   out = decode.generate(config.model, params, prompt, max_new_tokens=6, temperature=0.0)
   assert out.shape == (1, 11)                    # the prompt, then 6 new tokens
   np.testing.assert_array_equal(out[:, :5], prompt)
-  logits = module.apply({"params": params}, jnp.asarray(out[:, :-1]))
+  logits = apply(module, params, jnp.asarray(out[:, :-1]))
   np.testing.assert_array_equal(np.argmax(logits[0, 4:], -1), out[0, 5:])
 
 
@@ -144,7 +152,8 @@ def test_rope_with_the_routing_cache_is_refused():
 def test_hf_save_refuses_other_variants_by_name(tmp_path):
   from jaxformer.convert import hf
   config = _config("linear")
-  params = models.build(config.model).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+  params = jax.eval_shape(models.build(config.model).init, jax.random.key(0),
+                          jnp.zeros((1, 4), jnp.int32))                  # refused: no values
   with pytest.raises(ValueError, match="model.attention_variant='linear': Hugging Face"):
     hf.save(config.model, params["params"], str(tmp_path / "linear"))
   assert not (tmp_path / "linear").exists()

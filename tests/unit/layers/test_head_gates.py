@@ -2,6 +2,9 @@
 reference, and the head tools of `jaxformer.models.heads`: pruning, dropping layers, Michel et
 al.'s importance, folding gates into the query projection."""
 
+import functools
+import json
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -20,8 +23,9 @@ B, T, E = 2, 11, 30        # odd shapes: head_dim 5 with 6 heads
 
 
 def _params(module, x, seed=0):
-  """Init, then every param random (gates too: ones would hide a missing multiply)."""
-  variables = nn.unbox(module.init(jax.random.key(seed), x))
+  """Every param random (gates too: ones would hide a missing multiply), drawn from the
+  shapes of the init (traced, not run)."""
+  variables = nn.unbox(jax.eval_shape(module.init, jax.random.key(seed), x))
   leaves, tree = jax.tree.flatten(variables["params"])
   rng = np.random.default_rng(seed + 1)
   leaves = [(rng.normal(size=a.shape) * 0.4).astype(np.float32) for a in leaves]
@@ -63,11 +67,13 @@ def test_gated_attention_matches_float64_values_and_gate_grads(name, impl):
   kw = dict(num_heads=cfg["num_heads"], num_kv_heads=cfg.get("num_kv_heads"), mask=mask,
             causal=cfg["causal"])
   want, (q, qg, k, v) = np_gated_mha(p, x, **kw)
-  out = module.apply({"params": p}, x, mask=mask)
+  # jitted: one compile each instead of an eager compile per op
+  out = jax.jit(lambda pp: module.apply({"params": pp}, x, mask=mask))(p)
   np.testing.assert_allclose(out, want, atol=2e-4, rtol=2e-4)
 
   ct = rand((B, T, E), seed=7)
-  grads = jax.grad(lambda pp: jnp.sum(module.apply({"params": pp}, x, mask=mask) * ct))(p)
+  grads = jax.jit(jax.grad(lambda pp: jnp.sum(module.apply({"params": pp}, x, mask=mask) * ct)))(
+      p)
   d_o = np.einsum("bte,hde->bthd", np.asarray(ct, np.float64),
                   np.asarray(p["out"]["kernel"], np.float64))
   dqg, _, _, _ = ref.attention_grads(qg, k, v, d_o, mask=mask, causal=cfg["causal"])
@@ -83,9 +89,21 @@ def _tiny(**kw):
 
 
 def _model_params(cfg, seed=0):
-  module = models.build(cfg)
+  """The model and its init's params (a fresh copy of the tree); each config's init jitted
+  (one compile, not one per op) and run once in this file."""
+  module, params = _init(cfg.to_json(), seed)
+  return module, jax.tree.map(lambda a: a, params)
+
+
+@functools.cache
+def _init(cfg_json, seed):
+  module = models.build(json.loads(cfg_json))
   tokens = jnp.zeros((1, 8), jnp.int32)
-  return module, nn.unbox(module.init(jax.random.key(seed), tokens))["params"]
+  return module, nn.unbox(jax.jit(module.init)(jax.random.key(seed), tokens))["params"]
+
+
+def _logits(module, params, tokens):
+  return jax.jit(lambda p, t: module.apply({"params": p}, t))(params, tokens)
 
 
 def _tokens(n=9, seed=0):
@@ -102,8 +120,7 @@ def test_gates_at_init_are_an_exact_no_op():
   rest = {k: v for k, v in flat.items() if k[-1] != "head_gates"}
   assert jax.tree.all(jax.tree.map(np.array_equal, rest, heads._flat(p_plain)))
   tokens = _tokens()
-  np.testing.assert_array_equal(gated.apply({"params": p_gated}, tokens),
-                                plain.apply({"params": p_plain}, tokens))
+  np.testing.assert_array_equal(_logits(gated, p_gated, tokens), _logits(plain, p_plain, tokens))
 
 
 @pytest.mark.parametrize("scan", [False, True])
@@ -115,8 +132,8 @@ def test_fold_gates_gives_the_same_logits_without_gates(scan):
   folded_cfg, folded = heads.fold_gates(cfg, p)
   assert folded_cfg["head_gates"] is False and cfg.head_gates is True
   tokens = _tokens()
-  np.testing.assert_allclose(models.build(folded_cfg).apply({"params": folded}, tokens),
-                             module.apply({"params": p}, tokens), atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(_logits(models.build(folded_cfg), folded, tokens),
+                             _logits(module, p, tokens), atol=2e-5, rtol=2e-5)
 
 
 def test_kv_cache_decoding_with_gates_equals_full_forward():
@@ -124,10 +141,11 @@ def test_kv_cache_decoding_with_gates_equals_full_forward():
   module, p = _model_params(cfg)
   p = jax.tree.map(lambda a: a + 0.3 * rand(a.shape, seed=a.size), p)
   tokens = _tokens(n=7)
-  want = module.apply({"params": p}, tokens)
+  want = _logits(module, p, tokens)
   dec = models.build({**cfg.to_dict(), "decode": True})
-  cache = dec.init(jax.random.key(0), jnp.zeros((2, 16), jnp.int32),
-                   positions=jnp.arange(16)[None])["cache"]
+  cache = jax.eval_shape(lambda: dec.init(jax.random.key(0), jnp.zeros((2, 16), jnp.int32),
+                                          positions=jnp.arange(16)[None])["cache"])
+  cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cache)     # init's: all zeros
   step = jax.jit(lambda cache, tok, pos: dec.apply({"params": p, "cache": cache}, tok,
                                                    positions=pos, mutable=["cache"]))
   out, mutated = step(cache, tokens[:, :3], jnp.arange(3)[None])
@@ -156,7 +174,7 @@ def test_prune_heads_zeroes_exactly_the_heads_outputs():
   keep = np.ones((1, 6), bool)
   keep[0, [1, 4]] = False
   pruned = heads.prune_heads(tree, keep)["layers_0"]["self_attention"]
-  np.testing.assert_allclose(module.apply({"params": pruned}, x),
+  np.testing.assert_allclose(jax.jit(lambda q: module.apply({"params": q}, x))(pruned),
                              _np_layer_heads_out(p, x, [1, 4]), atol=1e-4, rtol=1e-4)
   assert np.all(np.asarray(p["out"]["kernel"][1]) != 0)        # the input is not modified
 
@@ -170,8 +188,8 @@ def test_drop_whole_block_equals_the_model_without_that_layer():
   p_one = {k: v for k, v in p.items() if k != "decoder"}
   p_one["decoder"] = {k: v for k, v in p["decoder"].items() if k != "layers_1"}
   tokens = _tokens()
-  np.testing.assert_allclose(module.apply({"params": dropped}, tokens),
-                             one.apply({"params": p_one}, tokens), atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(_logits(module, dropped, tokens), _logits(one, p_one, tokens),
+                             atol=1e-5, rtol=1e-5)
   # attention only: all heads plus the output bias of layer 1 go, its FFN stays
   attn = heads.drop_layers(p, np.array([True, False]))
   sa = attn["decoder"]["layers_1"]["block"]["self_attention"]["out"]

@@ -205,6 +205,11 @@ KINDS = {"gpt": GPT, "llama": LLAMA}
 TOKENS = np.random.default_rng(0).integers(0, 37, (2, 24)).astype(np.int32)
 
 
+def forward(model, params, tokens):
+  """The model's logits, jitted (one compile, not one per op)."""
+  return np.asarray(jax.jit(lambda p, t: model.apply({"params": p}, t))(params, tokens))
+
+
 @pytest.fixture(scope="module")
 def model_params():
   cache = {}
@@ -225,7 +230,7 @@ def model_params():
 def test_streaming_full_cache_equals_forward(model_params, kind, policies):
   """Nothing evicted: the streamed logits and NLL are the forward pass's."""
   model, params = model_params(kind)
-  want = np.asarray(model.apply({"params": params}, TOKENS))
+  want = forward(model, params, TOKENS)
   for policy in policies:
     got = stream_logits_fn(KINDS[kind], params, kv_cache=policy)(TOKENS)
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
@@ -246,10 +251,10 @@ def test_window_cache_equals_a_window_model(model_params, kind):
   weights with model.window = B - 1 (what the mitigation fine-tunes)."""
   model, params = model_params(kind)
   windowed = models.build(dict(KINDS[kind], window=5))
-  want = np.asarray(windowed.apply({"params": params}, TOKENS))
+  want = forward(windowed, params, TOKENS)
   got = stream_logits_fn(KINDS[kind], params, kv_cache=KVCachePolicy("window", 6))(TOKENS)
   np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
-  full = np.asarray(model.apply({"params": params}, TOKENS))
+  full = forward(model, params, TOKENS)
   assert not np.allclose(got[:, 6:], full[:, 6:], atol=1e-3)
 
 
@@ -282,7 +287,7 @@ def test_generate_with_window_follows_the_window_model(model_params):
                  kv_cache=KVCachePolicy("window", 4))
   windowed = models.build(dict(LLAMA, window=3))
   buf = got.copy()
-  logits = np.asarray(windowed.apply({"params": params}, buf))
+  logits = forward(windowed, params, buf)
   np.testing.assert_array_equal(buf[:, 4:], logits[:, 3:-1].argmax(-1))
 
 

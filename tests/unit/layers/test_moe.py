@@ -77,9 +77,19 @@ def np_moe(x, p, *, k, act, renormalize=True, capacity=None):
   return out
 
 
+def random_params(module, *args):
+  """The module's params drawn from their shapes (nothing compiled; its init is not what these
+  tests check, and compiling it cost ~1 s of CPU a layer): N(0, 0.2^2), norm scales 1 + that,
+  as tests/runs.py's `write_run(random=True)`."""
+  rng = np.random.default_rng(0)
+  shapes = nn.unbox(jax.eval_shape(module.init, jax.random.key(0), *args))["params"]
+  return jax.tree_util.tree_map_with_path(lambda path, s: jnp.asarray(
+      0.2 * rng.normal(size=s.shape) + ("scale" in jax.tree_util.keystr(path)), s.dtype), shapes)
+
+
 def init_moe(x, **fields):
   module = make_moe(**fields)
-  params = nn.unbox(jax.jit(module.init)(jax.random.key(0), x))["params"]   # one compile
+  params = random_params(module, x)
   return module, params, jax.tree.map(lambda a: np.asarray(a, np.float64), params)
 
 
@@ -155,6 +165,17 @@ def _check_dropless_gradients(impl, x, *, hidden_dim, platform=None):
   np.testing.assert_allclose(np.ravel(grads[1])[idx], num, atol=1e-4, rtol=1e-3)
 
 
+@functools.cache
+def mesh_case(**fields):
+  """The layer (8 experts, top-2, 4 hidden units) the mesh tests split, its params, the input
+  [8, 5, 6], a loss of its output and that loss's value and gradients on one device: shared
+  by the tests of one layer on several meshes (one trace and compile of the reference)."""
+  x = rand((8, 5, 6), seed=9)
+  module, params, _ = init_moe(x, num_experts=8, experts_per_token=2, hidden_dim=4, **fields)
+  loss = lambda p, x: jnp.sum(jnp.sin(module.apply({"params": p}, x)))
+  return module, params, x, loss, jax.jit(jax.value_and_grad(loss, (0, 1)))(params, x)
+
+
 @pytest.mark.parametrize("shape, exchange, impl", [
     ((4, 2, 1), None, "blocked"), ((2, 1, 4), "emulated", "blocked"),
     # the TPU program's combination (megablox in shard_map without vma checks, ragged
@@ -165,13 +186,10 @@ def test_dropless_per_device_matches_one_device(shape, exchange, impl, monkeypat
   # over all rows ran whole on every device) with the hidden units over 'model' (partial
   # outputs summed); with an expert axis the TPU/GPU exchange (ragged_all_to_all, not in
   # XLA:CPU) runs here through a padded emulation that checks its offsets.
+  # (the exchange is only taken on a mesh with an expert axis: not by the one-device `want`)
+  _, params, x, loss, want = mesh_case(dispatch="dropless", grouped_matmul=impl)
   if exchange:
     monkeypatch.setattr(moe_lib, "exchange_kind", lambda: exchange)
-  x = rand((8, 5, 6), seed=9)
-  module, params, _ = init_moe(x, num_experts=8, experts_per_token=2, hidden_dim=4,
-                               grouped_matmul=impl)
-  loss = lambda p, x: jnp.sum(jnp.sin(module.apply({"params": p}, x)))
-  want = jax.jit(jax.value_and_grad(loss, (0, 1)))(params, x)
   mesh = jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
   with jax.set_mesh(mesh), nn.logical_axis_rules(logical_axis_rules()):
     lowered = jax.jit(jax.value_and_grad(loss, (0, 1))).lower(params, x)
@@ -264,11 +282,11 @@ def test_router_jitter_uses_the_dropout_stream_only_in_training():
 @pytest.mark.parametrize("dispatch", ["dropless", "capacity"])
 def test_expert_parallel_matches_single_device(dispatch):
   assert jax.device_count() == 8, "conftest must provide 8 CPU devices"
-  x = rand((8, 5, 6), seed=9)
-  module, params, _ = init_moe(x, num_experts=8, experts_per_token=2, hidden_dim=4,
-                               dispatch=dispatch, capacity_factor=0.9)
-  loss = lambda p, x: jnp.sum(jnp.sin(module.apply({"params": p}, x)))
-  want = jax.jit(jax.value_and_grad(loss, (0, 1)))(params, x)        # one compile
+  # dropless: "blocked", what grouped_matmul="auto" takes on the CPU (the TPU's megablox has
+  # its own mesh test above)
+  _, params, x, loss, want = mesh_case(
+      dispatch=dispatch, **(dict(grouped_matmul="blocked") if dispatch == "dropless" else
+                            dict(capacity_factor=0.9)))
   for experts in (2, 4, 8):
     mesh = jax.make_mesh((8 // experts, 1, experts), MESH_AXES,
                          axis_types=(AxisType.Auto,) * 3)
@@ -362,7 +380,7 @@ def test_scanned_remat_model_returns_stacked_metrics(dispatch):
   cfg = dict(DECODER, moe_dispatch=dispatch, moe_capacity_factor=0.5)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 23, (2, 8)), jnp.int32)
   plain = models.build(cfg)
-  params = nn.unbox(plain.init(jax.random.key(0), tokens))["params"]
+  params = random_params(plain, tokens)
   scanned = models.build(dict(cfg, scan_layers=True, remat_policy="full"))
   scanned_params = dict(params, decoder=stack_layers(params["decoder"], 2))
   results = []
