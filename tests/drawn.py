@@ -23,7 +23,7 @@ def like(abstract, seed: int = 0, std: float = 0.2):
 
 
 def params(module: nn.Module, *args, seed: int = 0, **kwargs):
-  """`module`'s params (unboxed) drawn at the shapes `module.init(key, *args, **kwargs)`
-  would give."""
+  """`module`'s params (unboxed, as JAX arrays) drawn at the shapes
+  `module.init(key, *args, **kwargs)` would give."""
   abstract = jax.eval_shape(module.init, jax.random.key(0), *args, **kwargs)
-  return like(nn.unbox(abstract)["params"], seed)
+  return jax.tree.map(jax.numpy.asarray, like(nn.unbox(abstract)["params"], seed))

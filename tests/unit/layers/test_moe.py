@@ -22,7 +22,7 @@ from jaxformer.models.stack import stack_layers
 from jaxformer.parallel import ShardingPlan
 from jaxformer.parallel.rules import MESH_AXES, logical_axis_rules
 from jaxformer.train import loop
-from tests import accelerators, sharded_gpt
+from tests import accelerators, drawn, sharded_gpt
 from tests.arrays import assert_close_f32, rand
 from tests.gradcheck import numeric_grad
 from tests.modules import make_moe
@@ -77,19 +77,9 @@ def np_moe(x, p, *, k, act, renormalize=True, capacity=None):
   return out
 
 
-def random_params(module, *args):
-  """The module's params drawn from their shapes (nothing compiled; its init is not what these
-  tests check, and compiling it cost ~1 s of CPU a layer): N(0, 0.2^2), norm scales 1 + that,
-  as tests/runs.py's `write_run(random=True)`."""
-  rng = np.random.default_rng(0)
-  shapes = nn.unbox(jax.eval_shape(module.init, jax.random.key(0), *args))["params"]
-  return jax.tree_util.tree_map_with_path(lambda path, s: jnp.asarray(
-      0.2 * rng.normal(size=s.shape) + ("scale" in jax.tree_util.keystr(path)), s.dtype), shapes)
-
-
 def init_moe(x, **fields):
   module = make_moe(**fields)
-  params = random_params(module, x)
+  params = drawn.params(module, x)
   return module, params, jax.tree.map(lambda a: np.asarray(a, np.float64), params)
 
 
@@ -380,7 +370,7 @@ def test_scanned_remat_model_returns_stacked_metrics(dispatch):
   cfg = dict(DECODER, moe_dispatch=dispatch, moe_capacity_factor=0.5)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 23, (2, 8)), jnp.int32)
   plain = models.build(cfg)
-  params = random_params(plain, tokens)
+  params = drawn.params(plain, tokens)
   scanned = models.build(dict(cfg, scan_layers=True, remat_policy="full"))
   scanned_params = dict(params, decoder=stack_layers(params["decoder"], 2))
   results = []
