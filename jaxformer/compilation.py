@@ -21,6 +21,7 @@ from jaxformer import paths
 
 CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"      # JAX's own variable: wins over our default
 MIN_CACHED_COMPILE_SECS = 0.3                 # JAX's default (1 s) would skip the eval step
+MIN_TIME_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"   # JAX's own variable: wins too
 
 
 def default_cache_dir() -> str:
@@ -32,7 +33,9 @@ def default_cache_dir() -> str:
 
 def enable_cache(path: str | None) -> str | None:
   """Use `path` (created if missing) as JAX's persistent compilation cache; '' or None turns
-  it off. Returns the directory in use. Call before the first compilation."""
+  it off. Programs compiling in >= MIN_CACHED_COMPILE_SECS are stored, unless JAX's own
+  $JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise. Returns the directory in use.
+  Call before the first compilation."""
   if not path:
     jax.config.update("jax_enable_compilation_cache", False)
     return None
@@ -45,7 +48,8 @@ def enable_cache(path: str | None) -> str | None:
                      "cache") from e
   jax.config.update("jax_enable_compilation_cache", True)
   jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_CACHED_COMPILE_SECS)
+  if not os.environ.get(MIN_TIME_ENV):
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_CACHED_COMPILE_SECS)
   return path
 
 

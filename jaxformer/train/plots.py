@@ -2,6 +2,8 @@
 
 Figures are drawn on `matplotlib.figure.Figure` objects with the Agg canvas, never through
 pyplot, so nothing touches the global backend, opens a window, or leaks figures in a long run.
+matplotlib is imported when the first figure is drawn, not with this module: the train
+command imports it on every start (~1 s), and a run refused by its config draws nothing.
 `attention_entropy` is the number the loop logs to watch heads go from uniform (log Tk nats)
 to focused (near 0).
 """
@@ -14,14 +16,12 @@ import os
 from typing import Sequence
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from jaxformer import paths
 from jaxformer.train.metrics import read
 
 
-def _save(figure: Figure, out_png: str | os.PathLike) -> str:
+def _save(figure, out_png: str | os.PathLike) -> str:
   """The figure as a PNG at `out_png` (a local path or a URL), written whole."""
   buffer = io.BytesIO()
   figure.savefig(buffer, format="png")
@@ -29,7 +29,9 @@ def _save(figure: Figure, out_png: str | os.PathLike) -> str:
   return os.fspath(out_png)
 
 
-def _new_figure(width_in: float, height_in: float, dpi: int) -> Figure:
+def _new_figure(width_in: float, height_in: float, dpi: int):
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
   figure = Figure(figsize=(width_in, height_in), dpi=dpi, layout="constrained")
   FigureCanvasAgg(figure)
   return figure
