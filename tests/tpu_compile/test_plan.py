@@ -70,16 +70,20 @@ def _tiny(*, batch: int = 8, seq: int = 64, vocab: int = 128, **model):
 
 
 def _too_big(**model):
-  """A step whose float32 logits need ~25 GiB per v5e chip (4 rows x 2048 tokens x 524288
-  classes, the dense loss: the chunked one never holds them): refused at grad_accum=1, fits
-  at 2."""
-  cfg = _tiny(batch=16, seq=2048, vocab=2**19, **model)
+  """A step whose float32 logits (12 GiB per v5e chip: 4 rows x 512 tokens x 1.5M classes,
+  the dense loss: the chunked one never holds them) make it need ~20 GiB: refused at
+  grad_accum=1, fits at 2 (~11.5 GiB). 512 tokens, not 2048: a fitting compile of it costs
+  ~17 s of CPU, not ~27."""
+  cfg = _tiny(batch=16, seq=512, vocab=3 * 2**19, **model)
   cfg.train.loss_chunk = 0
   return cfg
 
 
 def _flags(cfg) -> list[str]:
-  base = {f"{s}.{k}": v for s, fields in _tiny().to_dict().items() for k, v in fields.items()}
+  """The --config.* flags that turn configs/gpt2.py:tiny (the CLI's --config) into `cfg`."""
+  from configs import gpt2
+  base = {f"{s}.{k}": v for s, fields in gpt2.get_config("tiny").to_dict().items()
+          for k, v in fields.items()}
   return [f"--config.{s}.{k}={v}" for s, fields in cfg.to_dict().items()
           for k, v in fields.items() if base.get(f"{s}.{k}") != v]
 
@@ -165,39 +169,52 @@ def test_plan_memory_by_hand_and_collectives_of_each_strategy(xla_plan):
     assert 0 <= e["exposed_communication_seconds"] <= e["communication_seconds"]
 
 
+@pytest.fixture(scope="module")
+def plan_cache(tmp_path_factory):
+  """One compile cache for the file's runs of `_too_big()`: the CLI's plan of it (its flags
+  give exactly that config) is the search's grad_accum=1 candidate, compiled once."""
+  return str(tmp_path_factory.mktemp("plans"))
+
+
+@pytest.fixture(scope="module")
+def too_big_cli(plan_cache, tmp_path_factory):
+  """`python -m jaxformer.plan --json --nearest` of `_too_big()` (one process and one compile
+  of the refused step for the two tests below): (the finished process, its --json report)."""
+  report = tmp_path_factory.mktemp("report") / "plan.json"
+  result = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v5e:2x2",
+                f"--json={report}", "--nearest", f"--cache_dir={plan_cache}",
+                *_flags(_too_big()), cwd=REPO)
+  return result, json.loads(report.read_text()) if report.exists() else None
+
+
 @needs_libtpu
-def test_a_step_that_cannot_fit_is_reported_not_fitting_and_exits_3(tmp_path):
+def test_a_step_that_cannot_fit_is_reported_not_fitting_and_exits_3(too_big_cli):
   """Through `python -m jaxformer.plan`, as a script sees it: the plan printed and written,
   and exit code 3 (not 0, not the user-error 2)."""
-  import pathlib
   from jaxformer.plan import EXIT_DOES_NOT_FIT
-  report = tmp_path / "plan.json"
-  result = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v5e:2x2",
-                f"--json={report}", *_flags(_too_big()),
-                cwd=REPO)
+  result, p = too_big_cli
   assert result.returncode == EXIT_DOES_NOT_FIT == 3, result.stderr[-2000:]
   assert "does NOT fit" in result.stdout and "Traceback" not in result.stderr
-  p = json.loads(report.read_text())
   assert not p["fits"] and "RESOURCE_EXHAUSTED" in p["refusal"]
   assert p["per_chip_bytes"]["temp"] > 16 * 2**30
 
 
 @needs_libtpu
 @pytest.mark.slow
-def test_search_returns_the_best_of_a_space_ranked_by_hand(tmp_path):
+def test_search_returns_the_best_of_a_space_ranked_by_hand(plan_cache):
   """Gradient accumulation 1, 2 or 4 (8 would leave a micro-batch the 4 batch shards cannot
   split): 1 does not fit, and of 2 and 4 the one with fewer, larger micro-batches is faster.
-  A rerun reads every compile from the cache."""
+  A rerun reads every compile from the cache (1's may already be there: `plan_cache`)."""
   from jaxformer.plan import search
   result = search.search(_too_big(), "v5e:2x2", dimensions=["accum"], workers=1,
-                         cache_dir=str(tmp_path), log=lambda *_: None)
+                         cache_dir=plan_cache, log=lambda *_: None)
   by_accum = {c.overrides["optim.grad_accum"]: c for c in result.candidates}
   assert by_accum[8].status == "pruned" and "does not split" in by_accum[8].reason
   assert by_accum[1].status == "compiled" and not by_accum[1].fits
   assert by_accum[2].fits and by_accum[4].fits
   assert result.best is by_accum[2]
   again = search.search(_too_big(), "v5e:2x2", dimensions=["accum"], workers=1,
-                        cache_dir=str(tmp_path), log=lambda *_: None)
+                        cache_dir=plan_cache, log=lambda *_: None)
   assert again.best.overrides == {"optim.grad_accum": 2} and again.seconds < result.seconds
   assert "optim.grad_accum=2" in search.table(again)
 
@@ -213,17 +230,14 @@ def _run(module: str, *args: str, cwd=None):
 
 @needs_libtpu
 @pytest.mark.slow
-def test_plan_cli_nearest_and_the_trainers_fit_check():
+def test_plan_cli_nearest_and_the_trainers_fit_check(too_big_cli):
   """--nearest finds a change that fits a step that does not; the trainer's own check
   (`train.program.require_fit`, what a run on TPU does before it writes anything) refuses
   that step in one line naming the shortfall and the levers. (The CLI's --json and exit codes:
   test_a_step_that_cannot_fit_...; a fitting plan's report: test_plan_memory_by_hand_...)"""
-  import pathlib
   from jaxformer.plan import topology
   from jaxformer.train import program
-  repo = REPO
-  nearest = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v5e:2x2",
-                 "--nearest", *_flags(_too_big()), cwd=repo)
+  nearest, _ = too_big_cli
   assert nearest.returncode == 3, nearest.stderr[-2000:]
   assert "nearest change that fits: --config." in nearest.stdout, nearest.stdout[-2000:]
   cfg = _too_big()

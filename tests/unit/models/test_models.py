@@ -1,5 +1,7 @@
 """Full models: scan/remat equivalence, decoding, masking/packing invariances, build errors."""
 
+import functools
+
 import chex
 import flax.linen as nn
 import jax
@@ -27,28 +29,39 @@ VIT = dict(family="vit", num_classes=7, patch_size=4, image_size=12, d_model=32,
            num_heads=4, mlp_dim=64)
 
 
-def tokens(b=2, t=11, seed=0, vocab=61):
-  return jax.random.randint(jax.random.key(seed), (b, t), 1, vocab)
+def tokens(b=2, t=12, seed=0, vocab=61):
+  """Drawn on the host (jax.random would compile its generator for each shape)."""
+  return jnp.asarray(np.random.default_rng(seed).integers(1, vocab, (b, t)), jnp.int32)
 
 
 def inputs(cfg):
   if cfg["family"] == "seq2seq":
     return (tokens(t=9), tokens(t=7, seed=1))
   if cfg["family"] == "vit":
-    return (jax.random.normal(jax.random.key(0), (2, 12, 12, 3)),)
+    return (np.random.default_rng(0).normal(size=(2, 12, 12, 3)).astype(np.float32),)
   return (tokens(),)
 
 
 def init(cfg, *args):
-  """The module and its params, initialised by one compiled program (op by op, every new
-  shape compiles each op again)."""
+  """The module and params drawn on the host at its init's shapes and dtypes (`jax.eval_shape`,
+  nothing compiled): N(0, 0.2^2), norm scales 1 + that, as tests/runs.write_run(random=True).
+  These tests are of what a model computes, not of its init (each family's init runs in its
+  trainings and test_registry); a compiled init costs more CPU than the programs a test is
+  about, and its zero heads (ViT's logits are all 0) would make some comparisons vacuous."""
   module = models.build(cfg)
-  return module, nn.unbox(jax.jit(module.init)(jax.random.key(0), *args))["params"]
+  abstract = nn.unbox(jax.eval_shape(module.init, jax.random.key(0), *args))["params"]
+  rng = np.random.default_rng(0)
+  draw = lambda path, s: jnp.asarray((0.2 * rng.normal(size=s.shape) + (
+      "scale" in jax.tree_util.keystr(path))).astype(s.dtype))
+  return module, jax.tree_util.tree_map_with_path(draw, abstract)
 
 
-def jit_apply(module, **static):
-  """module.apply as one compiled program; keyword arguments in `static` are fixed."""
-  return jax.jit(lambda variables, *args, **kw: module.apply(variables, *args, **kw, **static))
+@functools.cache
+def jit_apply(module, mutable=False):
+  """module.apply as one compiled program, one per module: tests applying one model to the same
+  shapes (the decoders at [2, 12]) share its compile."""
+  return jax.jit(lambda variables, *args, **kw: module.apply(variables, *args, **kw,
+                                                             mutable=mutable))
 
 
 def _stack_all(params, cfg):
@@ -70,7 +83,7 @@ def _stack_all(params, cfg):
 def test_scanned_layers_give_identical_outputs(cfg):
   args = inputs(cfg)
   module, params = init(cfg, *args)
-  want = module.apply({"params": params}, *args)
+  want = jit_apply(module)({"params": params}, *args)
   scanned = models.build(dict(cfg, scan_layers=True, remat_policy="full"))   # scan(remat)
   # the scanned model's own init has the stacked layout
   shapes = jax.tree.map(jnp.shape, nn.unbox(jax.eval_shape(scanned.init, jax.random.key(0),
@@ -91,7 +104,8 @@ def test_rematerialised_layers_give_identical_gradients():
   cfg = dict(MIXTRAL, num_layers=2)
   args = inputs(cfg)
   module, params = init(cfg, *args)
-  ct = jax.random.normal(jax.random.key(3), module.apply({"params": params}, *args).shape)
+  shape = jax.eval_shape(module.apply, {"params": params}, *args).shape
+  ct = np.random.default_rng(3).normal(size=shape).astype(np.float32)
   loss = lambda p, m: jnp.mean(m.apply({"params": p}, *args) * ct)
   g_plain = jax.jit(jax.grad(lambda p: loss(p, module)))(params)
   for policy in ("full", "dots", "dots_no_batch"):
@@ -109,20 +123,22 @@ def test_rematerialised_layers_give_identical_gradients():
                                        (LLAMA, True)],
                          ids=["gpt", "llama", "mixtral", "llama-scanned"])
 def test_decoder_kv_cache_equals_full_forward(cfg, scan):
-  toks = tokens(t=10)
+  toks = tokens()
   module, params = init(cfg, toks)
-  want = module.apply({"params": params}, toks)
+  want = jit_apply(module)({"params": params}, toks)
   if scan:
     params = _stack_all(params, cfg)
   dec = models.build(dict(cfg, decode=True, scan_layers=scan))
-  positions = jnp.arange(10)[None]
-  cache = dec.init(jax.random.key(0), jnp.zeros((2, 16), jnp.int32),
-                   positions=jnp.arange(16)[None])["cache"]
+  positions = jnp.arange(12)[None]
+  # an empty cache is zeros at the shapes init allocates (what `generate` starts from)
+  shapes = jax.eval_shape(dec.init, jax.random.key(0), jnp.zeros((2, 16), jnp.int32),
+                          positions=jnp.arange(16)[None])["cache"]
+  cache = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
   step = jax.jit(lambda c, t, pos: dec.apply({"params": params, "cache": c}, t, positions=pos,
                                              mutable=["cache"]))
   out, state = step(cache, toks[:, :4], positions[:, :4])
   outs = [out]
-  for t in range(4, 10):
+  for t in range(4, 12):
     out, state = step(state["cache"], toks[:, t:t + 1], positions[:, t:t + 1])
     outs.append(out)
   np.testing.assert_allclose(jnp.concatenate(outs, 1), want, atol=1e-4, rtol=1e-4)
@@ -130,7 +146,7 @@ def test_decoder_kv_cache_equals_full_forward(cfg, scan):
 
 @pytest.mark.parametrize("cfg", [GPT, LLAMA], ids=["gpt", "llama"])
 def test_decoder_is_causal(cfg):
-  toks = tokens(t=12)
+  toks = tokens()
   module, params = init(cfg, toks)
   apply = jit_apply(module)
   base = apply({"params": params}, toks)
@@ -158,10 +174,10 @@ def test_packed_sequences_equal_separate_sequences(cfg):
 
 
 def test_bert_ignores_padding_and_uses_token_types():
-  toks = tokens(t=10)
+  toks = tokens()
   module, params = init(BERT, toks)
-  mask = jnp.array([[1] * 10, [1] * 6 + [0] * 4])
-  apply = jit_apply(module, mutable=["intermediates"])
+  mask = jnp.array([[1] * 12, [1] * 6 + [0] * 6])
+  apply = jit_apply(module, mutable=("intermediates",))
   base, state = apply({"params": params}, toks, attention_mask=mask)
   other, _ = apply({"params": params}, toks.at[1, 6:].set(5), attention_mask=mask)
   np.testing.assert_allclose(other[1, :6], base[1, :6], atol=1e-5)
@@ -208,7 +224,7 @@ def test_vit_pooling_and_position_resize():
   big = models.build(dict(VIT, image_size=24))
   new_params = dict(params, pos_embed={"embedding": resize_pos_embed(
       params["pos_embed"]["embedding"], 6)})
-  chex.assert_shape(big.apply({"params": new_params}, jnp.ones((1, 24, 24, 3))), (1, 7))
+  chex.assert_shape(jit_apply(big)({"params": new_params}, jnp.ones((1, 24, 24, 3))), (1, 7))
   with pytest.raises(ValueError, match="image_size"):
     models.build(VIT).apply({"params": params}, jnp.ones((1, 24, 24, 3)))
 
@@ -222,12 +238,13 @@ def test_rnn_seq2seq_masks_source_padding(attention, cell):
              attention=attention, cell=cell)
   src, tgt = tokens(t=9), tokens(t=6, seed=1)
   module, params = init(cfg, src, tgt)
+  apply = jit_apply(module)                     # one compile for the three (eager: each scan)
   mask = jnp.array([[1] * 9, [1] * 5 + [0] * 4])
-  base = module.apply({"params": params}, src, tgt, src_mask=mask)
+  base = apply({"params": params}, src, tgt, src_mask=mask)
   chex.assert_shape(base, (2, 6, 61))
-  padded = module.apply({"params": params}, src.at[1, 5:].set(3), tgt, src_mask=mask)
+  padded = apply({"params": params}, src.at[1, 5:].set(3), tgt, src_mask=mask)
   np.testing.assert_allclose(padded[1], base[1], atol=1e-5)
-  early = module.apply({"params": params}, src.at[:, 0].set(4), tgt, src_mask=mask)
+  early = apply({"params": params}, src.at[:, 0].set(4), tgt, src_mask=mask)
   assert not np.allclose(early, base)           # the first source token reaches the output
   assert ("attention" in str(jax.tree_util.tree_structure(params))) == attention
 
@@ -235,7 +252,9 @@ def test_rnn_seq2seq_masks_source_padding(attention, cell):
 def test_moe_matches_numpy_top_k_mixture():
   moe = make_moe(num_experts=5, experts_per_token=2, hidden_dim=12)
   x = np.random.default_rng(0).normal(size=(2, 7, 16)).astype(np.float32)
-  params = nn.unbox(moe.init(jax.random.key(0), x))["params"]
+  rng = np.random.default_rng(2)                 # drawn at the init's shapes (not compiled)
+  params = jax.tree.map(lambda s: jnp.asarray(0.2 * rng.normal(size=s.shape), s.dtype),
+                        nn.unbox(jax.eval_shape(moe.init, jax.random.key(0), x))["params"])
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
 
   def np_moe(x):
