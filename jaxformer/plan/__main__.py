@@ -66,7 +66,7 @@ def main(argv):
       chip = accelerators.CHIPS[topology.generation(f.topology)]
       nearest = search.nearest_fitting_change(
           f.config, topology.devices(f.topology, f.slices), chip, topology=f.topology,
-          slices=f.slices, refused=report, log=print)
+          slices=f.slices, refused=report, cache_dir=f.cache_dir, log=print)
       print("no change of remat policy, FSDP, gradient accumulation or mesh fits: use more "
             "chips or a smaller model or batch" if nearest is None else
             f"nearest change that fits: {nearest.flags()} "

@@ -36,7 +36,7 @@ from jaxformer.parallel.sharding import per_device_bytes
 from jaxformer.plan import estimate, topology as topology_lib
 from jaxformer.state import train_state as state_lib
 from jaxformer.train import config_checks, progress
-from jaxformer.train.program import build_program, compile_program
+from jaxformer.train.program import build_program
 
 DIMENSIONS = ("mesh", "fsdp", "remat", "accum", "attention", "scan", "optimizer", "replica")
 # optimizer-state levers: (state dtype, offloaded to host)
@@ -411,12 +411,14 @@ def _compile_all(config, queue: list[Candidate], topology, slices, chip, *, work
 
 def nearest_fitting_change(config, devices, chip: accelerators.Chip, *, topology: str,
                            slices: int = 1, refused: estimate.Plan | None = None,
+                           cache_dir: str | None = None,
                            log=lambda *_: None) -> Candidate | None:
   """The smallest change to `config` that fits (`python -m jaxformer.plan --nearest`): one
   field at a time (remat policy, FSDP, gradient accumulation, the mesh), then pairs; among as
   many changes, those expected to fit first, fastest first. Compiled in this process on
-  `devices`; `refused` (the config's own plan) calibrates the memory estimate, and so does
-  each compile."""
+  `devices` (through `cache_dir` as `estimate.plan` compiles, so a search's compiles serve it
+  and it serves a later search); `refused` (the config's own plan) calibrates the memory
+  estimate, and so does each compile."""
   current = _current_values(config, devices)
   neighbours = []
   for dims in (["remat"], ["fsdp"], ["accum"], ["mesh"], ["remat", "accum"],
@@ -438,9 +440,12 @@ def nearest_fitting_change(config, devices, chip: accelerators.Chip, *, topology
     order = _order_key(margin, chip.hbm_bytes)
     viable.sort(key=lambda c: (len(c.overrides), *order(c)))
     c = viable.pop(0)
-    program = build_program(with_overrides(config, c.overrides), devices)
-    result = estimate.analyse(program, compile_program(program), chip, topology=topology,
-                              slices=slices)
+    changed = with_overrides(config, c.overrides)
+    program = build_program(changed, devices)
+    lowered = estimate.lower(program)
+    key = None if cache_dir is None else estimate.cache_key(changed, topology, slices, lowered)
+    result = estimate.analyse(program, estimate.compile_cached(program, key, cache_dir, lowered),
+                              chip, topology=topology, slices=slices)
     c.status, c.plan = "compiled", result.to_json()
     log(f"  tried {c.flags()}: {'fits' if result.fits else 'does not fit'}")
     if result.fits:
