@@ -3,9 +3,9 @@ transformers' AutoTokenizer, generate and pipeline use as they are. Greedy text 
 equals jaxformer's token for token; the tokenizers (char, SentencePiece BPE and unigram)
 encode and decode as the run's; user mistakes are one line.
 
-The runs here are written directly (config.json, tokenizer, an Orbax checkpoint of the
-initial state): what export reads of a trained run, without the training. The slow test
-exports a trained run through the command line."""
+The runs here are written directly (config.json, tokenizer, an Orbax checkpoint of params
+drawn at the model's shapes, or BERT's initial state): what export reads of a trained run,
+without the training. The slow test exports a trained run through the command line."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from jaxformer.convert import hf
 from jaxformer.convert.hf import tokenizer as hf_tokenizer
 from jaxformer.data import tokenizers
 from jaxformer.export import export_run, special_tokens
-from tests.runs import tiny_run_config, write_run
+from tests.runs import on_one_device, tiny_run_config, write_run
 from tests.repo_root import REPO
 
 transformers = pytest.importorskip("transformers")
@@ -51,7 +51,7 @@ def _no_special_token_warnings(caplog, capfd, record):
 def test_char_decoder_export_generates_jaxformers_greedy_text(tmp_path, caplog, capfd):
   run, out = str(tmp_path / "run"), str(tmp_path / "hf")
   cfg = tiny_run_config()
-  write_run(run, cfg, CHARS)
+  write_run(run, cfg, CHARS, random=True)
   done = export_run(run, out)
   assert done.architecture == "GPT2LMHeadModel" and done.tokenizer == "char"
   assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors",
@@ -133,7 +133,7 @@ def test_llama_with_sentencepiece_and_a_padded_vocabulary(spm_tokenizers, tmp_pa
                    tie_embeddings=False)
   cfg.data.tokenizer = "spm:bpe:400"
   run, out = str(tmp_path / "run"), str(tmp_path / "hf")
-  params = write_run(run, cfg, ours)[8]
+  params = write_run(run, cfg, ours, random=True)[8]
   done = export_run(run, out)
   assert done.architecture == "LlamaForCausalLM" and done.tokenizer == "spm"
   hc = json.load(open(os.path.join(out, "config.json")))
@@ -164,7 +164,7 @@ def test_bert_exports_its_appended_tokens_and_loads_with_automodel(tmp_path):
   text as NSP trained: fill-mask works on the export, its MLM logits equal jaxformer's."""
   cfg = bert_nsp_shakespeare.get_config("tiny")
   run, out = str(tmp_path / "run"), str(tmp_path / "hf")
-  params = write_run(run, cfg, CHARS)[8]
+  params = write_run(run, cfg, CHARS)[8]     # the init's scale: atol 1e-4 on the logits
   done = export_run(run, out)
   assert done.architecture == "BertForPreTraining"
   assert "generation_config.json" not in done.files
@@ -179,7 +179,7 @@ def test_bert_exports_its_appended_tokens_and_loads_with_automodel(tmp_path):
   assert isinstance(transformers.AutoModel.from_pretrained(out), transformers.BertModel)
   model = transformers.AutoModelForMaskedLM.from_pretrained(out)
   theirs = model(torch.tensor([ids])).logits.detach().numpy()
-  mine = models.build(cfg.model).apply({"params": params}, np.asarray([ids]))["mlm"]
+  mine = jax.jit(models.build(cfg.model).apply)({"params": params}, np.asarray([ids]))["mlm"]
   np.testing.assert_allclose(theirs, mine, atol=1e-4)
   assert len(transformers.pipeline("fill-mask", model=out)(text)) == 5
 
@@ -187,7 +187,7 @@ def test_bert_exports_its_appended_tokens_and_loads_with_automodel(tmp_path):
 def test_electra_exports_its_discriminator_and_its_generator(tmp_path):
   cfg = electra_config.get_config("tiny")
   run, out = str(tmp_path / "run"), str(tmp_path / "hf")
-  write_run(run, cfg, CHARS)
+  write_run(run, cfg, CHARS, random=True)
   done = export_run(run, out)
   assert done.architecture == "ElectraForPreTraining"
   assert {"config.json", "tokenizer.json", "generator/config.json",
@@ -250,7 +250,7 @@ def _user_error(capsys, fn, *fragments):
 
 def test_checkpoint_steps_and_user_errors(tmp_path, capsys):
   run, out = str(tmp_path / "run"), str(tmp_path / "hf")
-  saved = write_run(run, tiny_run_config(), CHARS, steps=(4, 8))
+  saved = write_run(run, tiny_run_config(), CHARS, steps=(4, 8), random=True)
   _, params, _ = inference.load_run(run, which="4")
   jax.tree.map(np.testing.assert_array_equal, params, saved[4])
   _user_error(capsys, lambda: export_run(run, out, which=5), "no checkpoint of step 5",
@@ -282,10 +282,11 @@ def test_checkpoint_steps_and_user_errors(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_trained_run_through_the_command_line(tmp_path):
-  """A run trained 8 steps, exported by `python -m jaxformer.export`, generates jaxformer's
-  greedy text in transformers' pipeline."""
+def test_trained_run_through_the_command_line(tmp_path, monkeypatch):
+  """A run trained 8 steps (on one device: the mesh is not what is tested here), exported by
+  `python -m jaxformer.export`, generates jaxformer's greedy text in transformers' pipeline."""
   from jaxformer.train import loop
+  on_one_device(monkeypatch)
   run, out = str(tmp_path / "run"), str(tmp_path / "hf")
   loop.train(tiny_run_config(steps=8, eval_every=4, checkpoint_every=4), run)
   result = subprocess.run(

@@ -72,8 +72,14 @@ def test_decoder_params_converted_and_forward_equals_dequantized(kind):
   cfg = KINDS[kind]
   model = models.build(cfg)
   tokens = jnp.asarray([[3, 1, 4, 1, 5, 9, 2, 6]])
-  params = nn.unbox(jax.jit(model.init)(jax.random.key(0, impl="rbg"), tokens))["params"]
-  qparams = quantize.quantize_params(cfg, {"params": params})
+  # the init's shapes, drawn (its compile is not what is tested): N(0, 0.2^2), norm scales 1 +
+  # that, as tests/runs.py's write_run(random=True)
+  shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), tokens))["params"]
+  params = jax.tree_util.tree_map_with_path(lambda path, x, i=iter(range(10**6)): jnp.asarray(
+      0.2 * np.random.default_rng(next(i)).normal(size=x.shape)
+      + ("scale" in jax.tree_util.keystr(path)), x.dtype), shapes)
+  # one program for every kernel (eager, each kernel's ops compile per shape)
+  qparams = jax.jit(lambda p: quantize.quantize_params(cfg, {"params": p}))(params)
   flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(
       qparams, is_leaf=lambda x: isinstance(x, quantize.Int8Kernel))}
   int8 = {k for k, v in flat.items() if isinstance(v, quantize.Int8Kernel)}

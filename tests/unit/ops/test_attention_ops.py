@@ -52,14 +52,22 @@ def cases():
 CASES = cases()
 
 
-def _grads(impl, kw):
-  return ref.grad_fn(kw, functools.partial(dot_product_attention, impl=impl))
+# Key blocks of impl="blocked" in the grad tests: 37 keys are 5 blocks, the last one ragged.
+BLOCK_K = 8
+
+
+@functools.cache
+def _grads(impl, name):
+  """jit(grad) of `impl` on case `name`, one per (impl, case) for the whole file: the float64
+  reference test and the blocked == xla test run the same programs on different inputs."""
+  blocks = dict(block_sizes=(BLOCK_K, BLOCK_K)) if impl == "blocked" else {}
+  return ref.grad_fn(CASES[name][1], functools.partial(dot_product_attention, impl=impl,
+                                                       **blocks))
 
 
 @pytest.mark.parametrize("impl", ["xla", "blocked"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_matches_float64_reference(name, impl, monkeypatch):
-  monkeypatch.setattr(blocked_attention, "DEFAULT_BLOCK_K", 8)   # several key blocks + a ragged last one
+def test_matches_float64_reference(name, impl):
   shape_kw, kw = CASES[name]
   if "bias" in kw and kw["bias"].shape[1] != 1 and shape_kw.get("h", 12) != kw["bias"].shape[1]:
     pytest.skip("bias heads")
@@ -69,27 +77,26 @@ def test_matches_float64_reference(name, impl, monkeypatch):
   dq_r, dk_r, dv_r, ds_r = ref.attention_grads(q, k, v, d_out, bias=bias,
                                                **ref.reference_kwargs(kw))
 
-  grads, out = _grads(impl, kw)(q, k, v, d_out)
+  grads, out = _grads(impl, name)(q, k, v, d_out)
   ref.assert_matches(out, grads, expected, (dq_r, dk_r, dv_r, ds_r), bias)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_blocked_equals_xla(name, monkeypatch):
-  monkeypatch.setattr(blocked_attention, "DEFAULT_BLOCK_K", 16)
+def test_blocked_equals_xla(name):
   shape_kw, kw = CASES[name]
   q, k, v, d_out = make_inputs(**shape_kw, seed=3)
   bias = kw.get("bias")
   if bias is not None and bias.shape[1] not in (1, q.shape[2]):
     pytest.skip("bias heads")
-  results = {impl: _grads(impl, kw)(q, k, v, d_out) for impl in ("xla", "blocked")}
+  results = {impl: _grads(impl, name)(q, k, v, d_out) for impl in ("xla", "blocked")}
   chex.assert_trees_all_close(results["blocked"], results["xla"], atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("block_k", [1, 5, 16, 64])
 def test_blocked_any_block_size(block_k):
   q, k, v, _ = make_inputs(b=1, tq=19, tk=23, h=4, hkv=2, d=8)
-  got = blocked_attention.blocked_attention(q, k, v, causal=True, window=(5, None), scale=0.25,
-                                block_k=block_k)
+  got = jax.jit(functools.partial(blocked_attention.blocked_attention, causal=True,
+                                  window=(5, None), scale=0.25, block_k=block_k))(q, k, v)
   want, _ = ref.attention(q, k, v, causal=True, window=(5, None), scale=0.25)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
@@ -114,8 +121,8 @@ def test_bfloat16_inputs_close_to_reference():
   q, k, v, _ = make_inputs(b=1, tq=33, tk=33, h=4, hkv=2, d=32)
   want, _ = ref.attention(q, k, v, causal=True)
   for impl in ("xla", "blocked"):
-    out = dot_product_attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)),
-                                causal=True, impl=impl)
+    out = jax.jit(functools.partial(dot_product_attention, causal=True, impl=impl))(
+        *(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)))
     assert out.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=3e-2, rtol=3e-2)
 
@@ -133,7 +140,8 @@ def test_self_attention_is_permutation_equivariant():
 def test_weights_match_reference_and_sum_to_one():
   q, k, _, _ = make_inputs(b=2, tq=9, tk=9, h=6, hkv=3, d=8)
   seg = segments(2, 9)
-  w = dot_product_attention_weights(q, k, causal=True, segment_ids=seg)
+  w = jax.jit(lambda q, k: dot_product_attention_weights(q, k, causal=True, segment_ids=seg))(
+      q, k)
   _, p = ref.attention(q, k, k, causal=True, q_seg=seg, kv_seg=seg)
   chex.assert_shape(w, (2, 6, 9, 9))
   np.testing.assert_allclose(w, p, atol=1e-6)
@@ -154,7 +162,8 @@ def test_jax_nn_translation_matches_reference(name):
   a = attn_ops._validate(q, k, v, kw.get("bias"), kw.get("mask"), kw.get("causal", False),
                          kw.get("window"), kw.get("segment_ids"), kw.get("scale"), "cudnn")
   kw.pop("causal", None)
-  out = attn_ops._jax_nn_attention(q, k, v, a, implementation="xla")
+  out = jax.jit(lambda q, k, v: attn_ops._jax_nn_attention(q, k, v, a, implementation="xla"))(
+      q, k, v)
   bias = kw.pop("bias", None)
   want, _ = ref.attention(q, k, v, bias=bias, causal=a["causal"], **ref.reference_kwargs(kw))
   np.testing.assert_allclose(out, want, atol=2e-5, rtol=1e-5)
@@ -172,9 +181,9 @@ def test_auto_picks_by_size(monkeypatch):
   assert attn_ops._resolve_impl("auto", q, k, v, a) == "xla"
   monkeypatch.setattr(attn_ops, "AUTO_XLA_MAX_LOGIT_BYTES", 100)
   assert attn_ops._resolve_impl("auto", q, k, v, a) == "blocked"
-  np.testing.assert_allclose(dot_product_attention(q, k, v), dot_product_attention(q, k, v,
-                                                                                   impl="xla"),
-                             atol=1e-6)
+  auto = jax.jit(dot_product_attention)(q, k, v)
+  np.testing.assert_allclose(auto, jax.jit(functools.partial(dot_product_attention, impl="xla"))(
+      q, k, v), atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -136,17 +136,23 @@ def _step_pair(config, inputs, labels_key, extra, *, chunk, smoothing=0.1, z=1e-
   module = models.build(config)
   task = tasks.task_for(config)
   init_args = tuple(jnp.asarray(inputs[k]) for k in task.inputs)
-  params = jax.jit(module.init)(jax.random.key(0), *init_args)["params"]
-  params = jax.tree.map(lambda x: getattr(x, "value", x), params,
+  # the init's shapes, drawn (its compile is not what is tested): N(0, 0.2^2), norm scales 1 +
+  # that, as tests/runs.py's write_run(random=True)
+  shapes = jax.eval_shape(module.init, jax.random.key(0), *init_args)["params"]
+  shapes = jax.tree.map(lambda x: getattr(x, "value", x), shapes,
                         is_leaf=lambda x: hasattr(x, "value"))
+  params = jax.tree_util.tree_map_with_path(lambda path, x, i=iter(range(10**6)): jnp.asarray(
+      rand(x.shape, seed=next(i), scale=0.2) + ("scale" in jax.tree_util.keystr(path)),
+      x.dtype), shapes)
   assert loss_mode(module, task, chunk) == chunk and loss_mode(module, task, 0) == 0
   tx = optax.sgd(1.0)
   state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params),
            "skipped": jnp.zeros((), jnp.int32)}
   batch = dict(inputs, **extra)
-  return [jax.jit(make_train_step(module, tx, task, label_smoothing=smoothing, z_loss=z,
-                                  loss_chunk=c))(state, batch, jax.random.key(0))
-          for c in (0, chunk)]
+  steps = [make_train_step(module, tx, task, label_smoothing=smoothing, z_loss=z, loss_chunk=c)
+           for c in (0, chunk)]
+  # both steps in one program: one compile instead of two
+  return jax.jit(lambda *args: [step(*args) for step in steps])(state, batch, jax.random.key(0))
 
 
 def _assert_same_step(dense, chunked, chain):
@@ -248,14 +254,18 @@ def test_return_hidden_readout_gives_the_models_logits(name):
     else:
       inputs.append(jnp.asarray(rng.integers(1, 23, (2, 7)), jnp.int32))
   # the init's shapes, every leaf random (zero-initialised logit biases, BART's and the MLM
-  # heads', count too); both calls in one program: ~half the CPU of an eager init and calls
+  # heads', count too); both calls and the readout in one program: ~half the CPU of an eager
+  # init and calls
   shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), *inputs))["params"]
   leaves, tree = jax.tree.flatten(shapes)
   params = jax.tree.unflatten(tree, [jnp.asarray(0.5 * rand(x.shape, seed=i), x.dtype)
                                      for i, x in enumerate(leaves)])
-  (hidden, readout), logits = jax.jit(lambda p: (
-      module.apply({"params": p}, *inputs, return_hidden=True),
-      module.apply({"params": p}, *inputs)))(params)
+
+  def calls(p):
+    hidden, readout = module.apply({"params": p}, *inputs, return_hidden=True)
+    return hidden, readout.logits(hidden), module.apply({"params": p}, *inputs)
+
+  hidden, read_logits, logits = jax.jit(calls)(params)
   assert hidden.shape == logits.shape[:-1] + hidden.shape[-1:]
-  np.testing.assert_allclose(readout.logits(hidden), logits, rtol=0,
+  np.testing.assert_allclose(read_logits, logits, rtol=0,
                              atol=LAMBDA * math.sqrt(64) * EPS32 * float(np.abs(logits).max()))

@@ -144,8 +144,9 @@ def test_dot_product_attention_pallas_equals_xla_under_jit_grad():
 def test_bfloat16_forward_within_bf16_tolerance():
   q, k, v, _ = make_inputs(b=1, tq=33, tk=33, h=4, hkv=2, d=16)
   want, _ = ref.attention(q, k, v, causal=True)
-  out = pallas_ops.pallas_attention(*(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)),
-                                    causal=True, scale=0.25, block_q=BLOCK, block_k=BLOCK)
+  out = jax.jit(functools.partial(pallas_ops.pallas_attention, causal=True, scale=0.25,
+                                  block_q=BLOCK, block_k=BLOCK))(
+      *(jnp.asarray(x, jnp.bfloat16) for x in (q, k, v)))
   assert out.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=3e-2, rtol=3e-2)
 
@@ -156,7 +157,7 @@ def test_skipped_key_blocks_are_never_read():
   q, k, v, d_out = make_inputs(b=1, tq=8, tk=64, h=2, hkv=1, d=8)
   kw = dict(causal=True, window=(10, None))    # queries at 56..63 see keys >= 46 only
   k[:, :32], v[:, :32] = np.nan, np.nan       # key blocks 0 and 1 (block 16) are invisible
-  blocked = dot_product_attention(q, k, v, impl="blocked", **kw)
+  blocked = jax.jit(functools.partial(dot_product_attention, impl="blocked", **kw))(q, k, v)
   assert np.isnan(np.asarray(blocked)).all(), "poisoning must be able to fail this test"
   grads, out = ref.grad_fn(kw, _with_blocks(BLOCK, BLOCK))(q, k, v, d_out)
   want, _ = ref.attention(q, np.nan_to_num(k), np.nan_to_num(v), **kw)
@@ -200,17 +201,23 @@ def _as_set(bounds, index):
   return set(range(lo, hi)), set(range(mid_lo, mid_hi))
 
 
+def _bounds(nq, nk, kw):
+  """key_block_bounds of every query block and query_block_bounds of every key block, in one
+  program (eager, their jnp ops compile one by one)."""
+  return jax.jit(lambda: (pallas_ops.key_block_bounds(np.arange(nq), **kw),
+                          pallas_ops.query_block_bounds(np.arange(nk), **kw)))()
+
+
 @pytest.mark.parametrize("tq, tk, bq, bk, causal, window", BOUND_CASES)
 def test_loop_bounds_visit_exactly_the_visible_blocks(tq, tk, bq, bk, causal, window):
   any_visible, all_visible = _block_visibility(tq, tk, bq, bk, causal, window)
   nq, nk = any_visible.shape
   kw = dict(tq=tq, tk=tk, block_q=bq, block_k=bk, causal=causal, window=window)
-  by_query = pallas_ops.key_block_bounds(np.arange(nq), **kw)
+  by_query, by_key = _bounds(nq, nk, kw)
   for i in range(nq):
     visited, unmasked = _as_set(by_query, i)
     assert visited == set(np.flatnonzero(any_visible[i])), (i, visited)
     assert unmasked == set(np.flatnonzero(all_visible[i])) & visited, (i, unmasked)
-  by_key = pallas_ops.query_block_bounds(np.arange(nk), **kw)
   for j in range(nk):
     visited, unmasked = _as_set(by_key, j)
     assert visited == set(np.flatnonzero(any_visible[:, j])), (j, visited)
@@ -279,9 +286,10 @@ def test_kernels_lower_for_gpu_triton_and_tpu_mosaic(name, backend, platform, ca
 
 def test_block_sizes_reach_the_kernel_and_bad_ones_fail_early():
   q, k, v, _ = make_inputs(b=1, tq=40, tk=40, h=2, hkv=1, d=8)
-  want = dot_product_attention(q, k, v, causal=True, impl="xla")
+  want = jax.jit(functools.partial(dot_product_attention, causal=True, impl="xla"))(q, k, v)
   for impl in ("pallas", "blocked"):
-    got = dot_product_attention(q, k, v, causal=True, impl=impl, block_sizes=(8, 16))
+    got = jax.jit(functools.partial(dot_product_attention, causal=True, impl=impl,
+                                    block_sizes=(8, 16)))(q, k, v)
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
   jaxpr = str(jax.make_jaxpr(lambda q: dot_product_attention(
       q, k, v, impl="pallas", block_sizes=(8, 16)))(q))
@@ -357,7 +365,6 @@ def test_visited_block_pairs_are_the_kernels_loop_bounds(tq, tk, bq, bk, causal,
   cfg = pallas_ops._Config(causal=causal, window=window, scale=1.0, block_q=bq, block_k=bk,
                            tq=tq, tk=tk, interpret=True, backend="cpu", head_dim=8)
   kw = cfg.bounds_kwargs()
-  lo, _, _, hi = pallas_ops.key_block_bounds(np.arange(-(-tq // bq)), **kw)
+  (lo, _, _, hi), (k_lo, _, _, k_hi) = _bounds(-(-tq // bq), -(-tk // bk), kw)
   assert pallas_ops.visited_block_pairs(cfg, "query") == int(np.sum(hi - lo))
-  lo, _, _, hi = pallas_ops.query_block_bounds(np.arange(-(-tk // bk)), **kw)
-  assert pallas_ops.visited_block_pairs(cfg, "key") == int(np.sum(hi - lo))
+  assert pallas_ops.visited_block_pairs(cfg, "key") == int(np.sum(k_hi - k_lo))
