@@ -177,7 +177,7 @@ def _settings(**post):
   return run_settings.PosttrainSettings(**{**values, **post})
 
 
-@pytest.mark.slow                # ~8 s of CPU (sampler + forward compiles); ~35 s wall under load
+@pytest.mark.slow                # ~2-3 s of CPU (sampler, init and loss compiles)
 def test_rollout_builds_the_step_batch_and_the_task_loss_is_the_objective(tmp_path):
   """k completions per prompt sampled, cut at the stop (kept), scored by the registered
   reward on the decoded text and the record, group advantages; the weights mark exactly the
@@ -194,7 +194,7 @@ def test_rollout_builds_the_step_batch_and_the_task_loss_is_the_objective(tmp_pa
   try:
     task = registry.get("grpo").for_posttrain(_settings(reward="test_count_a"))
     module = models.build(MODEL)
-    params = module.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
+    params = jax.jit(module.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
     config = ConfigDict(dict(model=MODEL, train=dict(seed=0)))
     batch = task.rollout(config, pipe, params, params, pipe.train_batch(0), step=0, train=True)
   finally:
@@ -218,14 +218,19 @@ def test_rollout_builds_the_step_batch_and_the_task_loss_is_the_objective(tmp_pa
                              grpo.group_advantages(batch["rewards"], 4), atol=1e-6)
   # the task's loss (as the step divides it) is the objective on those tokens
   from jaxformer.tasks.base import LossContext
-  ctx = LossContext(module, params, jax.random.key(1), extra=params)
-  sums = task.loss(ctx, batch)
-  logits = module.apply({"params": params}, batch["inputs"])
-  lp = grpo_task.token_logps(logits, batch["targets"])
-  want, _ = grpo.grpo_loss(lp, lp, lp, batch["advantages"], batch["weights"], loss_type="grpo",
-                           beta=0.1)
-  assert abs(float(sums.weighted / task.weight(batch)) - float(want)) < 1e-6
-  assert float(sums.metrics["reward"]) == pytest.approx(batch["rewards"].mean())
+
+  @jax.jit                                 # one program (eager, each op compiles on its own)
+  def losses(params, batch):
+    sums = task.loss(LossContext(module, params, jax.random.key(1), extra=params), batch)
+    logits = module.apply({"params": params}, batch["inputs"])
+    lp = grpo_task.token_logps(logits, batch["targets"])
+    want, _ = grpo.grpo_loss(lp, lp, lp, batch["advantages"], batch["weights"],
+                             loss_type="grpo", beta=0.1)
+    return sums.weighted / task.weight(batch), want, sums.metrics["reward"]
+
+  got, want, reward = losses(params, batch)
+  assert abs(float(got) - float(want)) < 1e-6
+  assert float(reward) == pytest.approx(batch["rewards"].mean())
 
 
 def test_completion_mask_keeps_the_first_stop_and_nothing_after():

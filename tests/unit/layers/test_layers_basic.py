@@ -30,8 +30,9 @@ GRAD_TOL = dict(rtol=1e-4, atol=1e-4)
 # ----------------------------------------------------------------------------- helpers
 
 def init_params(model, *args, seed=0, **kwargs):
-  """(raw params with random values, boxed variables from init)."""
-  variables = model.init(jax.random.PRNGKey(seed), *args, **kwargs)
+  """(raw params with random values, boxed variables from init at its shapes: init traced,
+  not compiled, as its values are replaced)."""
+  variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(seed), *args, **kwargs))
   params = nn.unbox(variables)["params"]
   return randomize(params, seed + 1), variables
 
@@ -102,6 +103,12 @@ def check_grads(fn, np_fn, params, args, ct, param_paths=()):
   return gparams, gargs
 
 
+def _jit_apply(model, params, *args, **kwargs):
+  """model.apply({"params": params}, *args, **kwargs) as one program (eager, each op compiles
+  on its own)."""
+  return jax.jit(lambda p, *a: model.apply({"params": p}, *a, **kwargs))(params, *args)
+
+
 def applier(model, **kwargs):
   return lambda p, *a: model.apply({"params": p}, *a, **kwargs)
 
@@ -130,7 +137,7 @@ def test_norm_values_and_grads(name):
   for n in param_names:
     chex.assert_shape(params[n], (E,))
     assert specs(variables)[(n,)] == P("embed")
-  out = model.apply({"params": params}, jnp.asarray(x))
+  out = _jit_apply(model, params, jnp.asarray(x))
   chex.assert_shape(out, (B, T, E))
   np.testing.assert_allclose(np.asarray(out), ref(np_params(params), x), **VAL_TOL)
 
@@ -183,7 +190,7 @@ def test_mlp_values_and_grads(activation):
   chex.assert_shape(params["wi"]["kernel"], (E, hidden))
   chex.assert_shape(params["wo"]["kernel"], (hidden, out_dim))
   ref = lambda p, xn: mlp_np(p, xn, activation)
-  out = model.apply({"params": params}, jnp.asarray(x))
+  out = _jit_apply(model, params, jnp.asarray(x))
   chex.assert_shape(out, (B, T, out_dim))
   np.testing.assert_allclose(np.asarray(out), ref(np_params(params), x), **VAL_TOL)
 
@@ -210,9 +217,9 @@ def test_mlp_partitioning_defaults_and_no_bias():
 def test_mlp_dropout():
   x = jnp.asarray(rand((2, 5, 16), 0))
   model = Mlp(hidden_dim=64, dropout_rate=0.5)
-  variables = model.init(jax.random.PRNGKey(0), x)
-  ref = Mlp(hidden_dim=64).apply(variables, x)
-  chex.assert_trees_all_close(model.apply(variables, x), ref)          # deterministic default
+  variables = jax.jit(model.init)(jax.random.PRNGKey(0), x)
+  ref = jax.jit(Mlp(hidden_dim=64).apply)(variables, x)
+  chex.assert_trees_all_close(jax.jit(model.apply)(variables, x), ref)  # deterministic default
   train = jax.jit(lambda v, xx, r: model.apply(v, xx, deterministic=False,
                                                rngs={"dropout": r}))(
       variables, x, jax.random.PRNGKey(1))
@@ -234,7 +241,7 @@ def test_swiglu_values_and_grads(activation, use_bias):
   assert s[("wo", "kernel")] == P("mlp", "embed")
   assert ("wo", "bias") in s if use_bias else ("wo", "bias") not in s
   ref = lambda p, xn: swiglu_np(p, xn, activation)
-  out = model.apply({"params": params}, jnp.asarray(x))
+  out = _jit_apply(model, params, jnp.asarray(x))
   chex.assert_shape(out, (B, T, E))
   np.testing.assert_allclose(np.asarray(out), ref(np_params(params), x), **VAL_TOL)
   check_grads(applier(model), ref, params, [x], ct,
@@ -263,7 +270,7 @@ def test_embed_lookup_values_grads_and_spec():
   model, ids, params, variables = _embed_setup()
   assert specs(variables)[("embedding",)] == P("vocab", "embed")
   chex.assert_shape(params["embedding"], (VOCAB, E))
-  out = model.apply({"params": params}, jnp.asarray(ids))
+  out = _jit_apply(model, params, jnp.asarray(ids))
   chex.assert_shape(out, (B, T, E))
   table = np.asarray(params["embedding"])
   np.testing.assert_array_equal(np.asarray(out), table[ids])
@@ -286,7 +293,7 @@ def test_embed_attend_values_and_grads():
   model, _, params, _ = _embed_setup()
   x = rand((B, T, E), 2)
   ct = rand((B, T, VOCAB), 3)
-  logits = model.apply({"params": params}, jnp.asarray(x), method=Embed.attend)
+  logits = _jit_apply(model, params, jnp.asarray(x), method=Embed.attend)
   chex.assert_shape(logits, (B, T, VOCAB))
   ref = lambda p, xn: np.asarray(xn, np.float64) @ p["embedding"].T
   np.testing.assert_allclose(np.asarray(logits), ref(np_params(params), x), **VAL_TOL)
@@ -305,7 +312,7 @@ def test_learned_position_embedding(pos_kind):
   params, variables = init_params(model, jnp.asarray(positions))
   assert specs(variables)[("embedding",)] == P(None, "embed")
   chex.assert_shape(params["embedding"], (max_len, E))
-  out = model.apply({"params": params}, jnp.asarray(positions))
+  out = _jit_apply(model, params, jnp.asarray(positions))
   chex.assert_shape(out, positions.shape + (E,))
   np.testing.assert_array_equal(np.asarray(out), np.asarray(params["embedding"])[positions])
   ct = rand(positions.shape + (E,), 1)
@@ -343,7 +350,7 @@ def test_patch_embed_values_grads_and_spec(patch):
   assert s[("proj", "bias")] == P("embed")
   chex.assert_shape(params["proj"]["kernel"], (ph, pw, c, feats))
   n = (12 // ph) * (20 // pw)
-  out = model.apply({"params": params}, jnp.asarray(images))
+  out = _jit_apply(model, params, jnp.asarray(images))
   chex.assert_shape(out, (B, n, feats))
   ref = lambda p, im: patch_embed_np(p, im, ph, pw)
   np.testing.assert_allclose(np.asarray(out), ref(np_params(params), images), **VAL_TOL)
@@ -423,7 +430,7 @@ def test_additive_attention_values_and_grads(masked):
   model, params, _, q, k, v = _additive_setup()
   mask = _mask() if masked else None
   jmask = None if mask is None else jnp.asarray(mask)
-  ctx, w = model.apply({"params": params}, jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
+  ctx, w = _jit_apply(model, params, jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
                        mask=jmask)
   chex.assert_shape([ctx, w], [(B, TQ, DV), (B, TQ, TK)])
   ref_ctx, ref_w = additive_np(np_params(params), q, k, v, mask)
@@ -447,7 +454,7 @@ def test_additive_attention_values_and_grads(masked):
 
 def test_additive_attention_values_default_to_keys():
   model, params, _, q, k, _ = _additive_setup()
-  ctx, w = model.apply({"params": params}, jnp.asarray(q), jnp.asarray(k))
+  ctx, w = _jit_apply(model, params, jnp.asarray(q), jnp.asarray(k))
   chex.assert_shape(ctx, (B, TQ, DK))
   ref_ctx, ref_w = additive_np(np_params(params), q, k)
   np.testing.assert_allclose(np.asarray(ctx), ref_ctx, **VAL_TOL)
@@ -460,7 +467,7 @@ def test_additive_attention_empty_row_gives_zeros_and_finite_grads():
   mask[1, 2, :] = False                         # query 2 of batch 1 sees nothing
   mask[0, :, 5] = False                         # key 5 of batch 0 is padding
   jmask = jnp.asarray(mask)
-  ctx, w = model.apply({"params": params}, jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
+  ctx, w = _jit_apply(model, params, jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
                        mask=jmask)
   chex.assert_tree_all_finite((ctx, w))
   np.testing.assert_array_equal(np.asarray(ctx)[1, 2], 0.0)
@@ -492,7 +499,7 @@ def test_additive_attention_single_query_step():
   key_mask = np.ones((B, 1, TK), bool)
   key_mask[0, 0, 30:] = False                   # padded keys, broadcast over queries
   jmask = jnp.asarray(key_mask)
-  full_ctx, full_w = model.apply({"params": params}, jnp.asarray(q), jnp.asarray(k),
+  full_ctx, full_w = _jit_apply(model, params, jnp.asarray(q), jnp.asarray(k),
                                  jnp.asarray(v), mask=jmask)
   step = jax.jit(lambda qt: model.apply({"params": params}, qt, jnp.asarray(k),
                                         jnp.asarray(v), mask=jmask))
