@@ -16,6 +16,7 @@ from jaxformer import models, scaling
 from jaxformer.data import span_corruption as sc
 from jaxformer.models.stack import stack_layers
 from jaxformer.ops.positions import relative_position_buckets
+from tests import drawn
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -346,8 +347,10 @@ def test_sharded_over_data_and_model_matches_single_device():
   src = jnp.asarray(rng.integers(0, 40, (4, 12)), jnp.int32)
   tgt = jnp.asarray(rng.integers(0, 40, (4, 6)), jnp.int32)
   mask = jnp.asarray(np.arange(12)[None] < np.array([[12], [9], [5], [12]]))
-  boxed = jax.jit(module.init)(jax.random.key(0), src, tgt)
-  params = nn.unbox(boxed)["params"]
+  # params drawn at the init's shapes (the init is not what is tested; compiling it costs more
+  # than the applies), the abstract init's boxes give the partition specs
+  boxed = jax.eval_shape(module.init, jax.random.key(0), src, tgt)
+  params = drawn.params(module, src, tgt)
   apply = jax.jit(lambda p, s, t, m: module.apply({"params": p}, s, t, src_mask=m))
   want = apply(params, src, tgt, mask)
   shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)["params"]
