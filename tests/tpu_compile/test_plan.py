@@ -171,28 +171,28 @@ def test_plan_memory_by_hand_and_collectives_of_each_strategy(xla_plan):
 
 @pytest.fixture(scope="module")
 def plan_cache(tmp_path_factory):
-  """One compile cache for the file's runs of `_too_big()`: the CLI's plan of it (its flags
-  give exactly that config) is the search's grad_accum=1 candidate, compiled once."""
+  """One compile cache for the file's plans of `_too_big()`: the CLI's plan of it (its flags
+  give exactly that config) is the search's grad_accum=1 candidate, compiled once, and
+  --nearest's fitting change is one of the search's."""
   return str(tmp_path_factory.mktemp("plans"))
 
 
-@pytest.fixture(scope="module")
-def too_big_cli(plan_cache, tmp_path_factory):
-  """`python -m jaxformer.plan --json --nearest` of `_too_big()` (one process and one compile
-  of the refused step for the two tests below): (the finished process, its --json report)."""
-  report = tmp_path_factory.mktemp("report") / "plan.json"
+def _too_big_cli(plan_cache, tmp_path, *flags):
+  """`python -m jaxformer.plan --json ... *flags` of `_too_big()` through `plan_cache`:
+  (the finished process, its --json report or None)."""
+  report = tmp_path / "plan.json"
   result = _run("jaxformer.plan", "--config=configs/gpt2.py:tiny", "--topology=v5e:2x2",
-                f"--json={report}", "--nearest", f"--cache_dir={plan_cache}",
+                f"--json={report}", f"--cache_dir={plan_cache}", *flags,
                 *_flags(_too_big()), cwd=REPO)
   return result, json.loads(report.read_text()) if report.exists() else None
 
 
 @needs_libtpu
-def test_a_step_that_cannot_fit_is_reported_not_fitting_and_exits_3(too_big_cli):
+def test_a_step_that_cannot_fit_is_reported_not_fitting_and_exits_3(plan_cache, tmp_path):
   """Through `python -m jaxformer.plan`, as a script sees it: the plan printed and written,
   and exit code 3 (not 0, not the user-error 2)."""
   from jaxformer.plan import EXIT_DOES_NOT_FIT
-  result, p = too_big_cli
+  result, p = _too_big_cli(plan_cache, tmp_path)
   assert result.returncode == EXIT_DOES_NOT_FIT == 3, result.stderr[-2000:]
   assert "does NOT fit" in result.stdout and "Traceback" not in result.stderr
   assert not p["fits"] and "RESOURCE_EXHAUSTED" in p["refusal"]
@@ -230,14 +230,14 @@ def _run(module: str, *args: str, cwd=None):
 
 @needs_libtpu
 @pytest.mark.slow
-def test_plan_cli_nearest_and_the_trainers_fit_check(too_big_cli):
+def test_plan_cli_nearest_and_the_trainers_fit_check(plan_cache, tmp_path):
   """--nearest finds a change that fits a step that does not; the trainer's own check
   (`train.program.require_fit`, what a run on TPU does before it writes anything) refuses
   that step in one line naming the shortfall and the levers. (The CLI's --json and exit codes:
   test_a_step_that_cannot_fit_...; a fitting plan's report: test_plan_memory_by_hand_...)"""
   from jaxformer.plan import topology
   from jaxformer.train import program
-  nearest, _ = too_big_cli
+  nearest, _ = _too_big_cli(plan_cache, tmp_path, "--nearest")   # refused: in the cache
   assert nearest.returncode == 3, nearest.stderr[-2000:]
   assert "nearest change that fits: --config." in nearest.stdout, nearest.stdout[-2000:]
   cfg = _too_big()
