@@ -22,6 +22,15 @@ def like(abstract, seed: int = 0, std: float = 0.2):
   return jax.tree_util.tree_map_with_path(draw, abstract)
 
 
+def state(init, std: float = 0.2) -> dict:
+  """The train state `init()` returns (boxed or not), drawn from its shapes without compiling
+  it: params as `like`, everything else (optimizer moments, the step) zeros."""
+  abstract = nn.unbox(jax.eval_shape(init))
+  rest = {k: v for k, v in abstract.items() if k != "params"}
+  return dict(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), rest),
+              params=like(abstract["params"], std=std))
+
+
 def params(module: nn.Module, *args, seed: int = 0, **kwargs):
   """`module`'s params (unboxed, as JAX arrays) drawn at the shapes
   `module.init(key, *args, **kwargs)` would give."""

@@ -76,10 +76,7 @@ def write_run(workdir, cfg: ConfigDict, tokenizer, steps=(8,), *, random: bool =
     tokenizer.save(workdir)
   _, _, init_boxed = train_state.train_state_fns(cfg)
   if random:
-    abstract = nn.unbox(jax.eval_shape(init_boxed))
-    state = dict(abstract, params=drawn.like(abstract["params"]))
-    state = jax.tree.map(lambda s: s if isinstance(s, np.ndarray) else np.zeros(s.shape, s.dtype),
-                         state)
+    state = drawn.state(init_boxed)
   else:
     state = jax.device_get(nn.unbox(jax.jit(init_boxed)()))
   ckpts = checkpoint.Checkpoints(os.path.join(workdir, "checkpoints"))

@@ -14,9 +14,7 @@ import os
 import subprocess
 import sys
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from ml_collections import ConfigDict
@@ -28,6 +26,7 @@ from jaxformer.data.text import make_text_pipeline
 from jaxformer.data import pipeline as data_pipeline
 from jaxformer.evaluate import choices, perplexity, probe, scoring
 from jaxformer.posttrain.score import response_logps
+from tests import drawn
 from tests.runs import tiny_run_config, write_run
 from tests.repo_root import REPO
 
@@ -302,14 +301,9 @@ def test_lm_evals_simple_evaluate_scores_a_jaxformer_run_on_local_tasks(run, ada
 
 def _init(config):
   """Random params of config.model (what the probe reads of a run; no train state), drawn on
-  the host at its init's shapes (N(0, 0.2^2), norm scales 1 + that; no compiled init)."""
+  the host at its init's shapes (tests/drawn.py; no compiled init)."""
   from jaxformer.state import train_state
-  model = models.build(config.model)
-  abstract = nn.unbox(jax.eval_shape(model.init, jax.random.key(0),
-                                     *train_state.init_inputs(config.model)))["params"]
-  rng = np.random.default_rng(0)
-  return jax.tree_util.tree_map_with_path(lambda path, s: jnp.asarray((0.2 * rng.normal(
-      size=s.shape) + ("scale" in jax.tree_util.keystr(path))).astype(s.dtype)), abstract)
+  return drawn.params(models.build(config.model), *train_state.init_inputs(config.model))
 
 
 def test_linear_probe_of_a_vit_on_digits(tmp_path):

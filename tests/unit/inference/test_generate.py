@@ -1,6 +1,5 @@
 """Sampling with a KV cache: greedy == full-forward argmax, filters vs NumPy, seeds, errors."""
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -10,6 +9,7 @@ import pytest
 from jaxformer import models
 from jaxformer.inference import decode as gen_lib
 from jaxformer.inference import filter_logits, generate
+from tests import drawn
 
 # One layer: `generate` carries the cache as a pytree, whatever the layers (test_models checks
 # the model's per-layer caches at 3 layers); each decoding loop compiles ~30 % faster. The tests
@@ -22,17 +22,6 @@ KINDS = {"gpt": GPT, "llama": LLAMA}
 PROMPT = np.array([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]], np.int32)
 
 
-def drawn_params(model):
-  """Params drawn on the host at the init's shapes (`jax.eval_shape`, nothing compiled):
-  N(0, 0.2^2), norm scales 1 + that (tests/runs.write_run(random=True)). What is tested is
-  decoding with the model, not its init, whose compile costs as much as a decoding loop's."""
-  abstract = nn.unbox(jax.eval_shape(model.init, jax.random.key(0),
-                                     jnp.zeros((1, 8), jnp.int32)))["params"]
-  rng = np.random.default_rng(0)
-  return jax.tree_util.tree_map_with_path(lambda path, s: jnp.asarray((0.2 * rng.normal(
-      size=s.shape) + ("scale" in jax.tree_util.keystr(path))).astype(s.dtype)), abstract)
-
-
 @pytest.fixture(scope="module")
 def model_params():
   """kind -> (full model, params); each kind's params are drawn once per module (and worker)."""
@@ -41,7 +30,7 @@ def model_params():
   def get(kind):
     if kind not in cache:
       model = models.build(KINDS[kind])
-      cache[kind] = model, drawn_params(model)
+      cache[kind] = model, drawn.params(model, jnp.zeros((1, 8), jnp.int32))
     return cache[kind]
   return get
 
@@ -278,7 +267,7 @@ def test_long_sample_compiles_twice_and_equals_chunk_by_chunk_generation():
   cut), and the text equals generating each chunk with exactly the tokens it needs."""
   from jaxformer.inference import sample_text
   cfg = dict(GPT, vocab_size=26, max_len=16)
-  params = drawn_params(models.build(cfg))
+  params = drawn.params(models.build(cfg), jnp.zeros((1, 8), jnp.int32))
   config = ml_collections.ConfigDict(dict(model=cfg))
   before = gen_lib._generate._cache_size()
   text = sample_text(config, params, _Chars(), prompt="abc", max_new_tokens=43, seed=3,

@@ -14,6 +14,7 @@ import pytest
 from jaxformer import models
 from jaxformer.inference import generate, quantize
 from jaxformer.layers.dense import DenseGeneral
+from tests import drawn
 
 GPT = dict(family="decoder", vocab_size=37, d_model=32, num_layers=2, num_heads=4, mlp_dim=64,
            max_len=32)
@@ -72,12 +73,7 @@ def test_decoder_params_converted_and_forward_equals_dequantized(kind):
   cfg = KINDS[kind]
   model = models.build(cfg)
   tokens = jnp.asarray([[3, 1, 4, 1, 5, 9, 2, 6]])
-  # the init's shapes, drawn (its compile is not what is tested): N(0, 0.2^2), norm scales 1 +
-  # that, as tests/runs.py's write_run(random=True)
-  shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), tokens))["params"]
-  params = jax.tree_util.tree_map_with_path(lambda path, x, i=iter(range(10**6)): jnp.asarray(
-      0.2 * np.random.default_rng(next(i)).normal(size=x.shape)
-      + ("scale" in jax.tree_util.keystr(path)), x.dtype), shapes)
+  params = drawn.params(model, tokens)      # the init's shapes (its compile is not tested)
   # one program for every kernel (eager, each kernel's ops compile per shape)
   qparams = jax.jit(lambda p: quantize.quantize_params(cfg, {"params": p}))(params)
   flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_leaves_with_path(

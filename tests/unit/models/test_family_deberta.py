@@ -21,6 +21,7 @@ import configs
 from jaxformer import models, scaling
 from jaxformer.ops import disentangled
 from jaxformer.ops.attention import dot_product_attention
+from tests import drawn
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -283,19 +284,9 @@ def test_published_counts_are_transformers_counts(name):
   assert plain["total"] - plain["non_embedding"] == 128100 * 768 + 512 * 768
 
 
-def _drawn_params(module, tokens, seed=0):
-  """Params of `module`'s shapes drawn without compiling its init (not what the tests below
-  check): N(0, 0.2^2), norm scales 1 + that."""
-  rng = np.random.default_rng(seed)
-  draw = lambda path, s: (0.2 * rng.normal(size=s.shape)
-                          + ("scale" in jax.tree_util.keystr(path))).astype(s.dtype)
-  return jax.tree_util.tree_map_with_path(draw, nn.unbox(jax.eval_shape(
-      module.init, jax.random.key(0), tokens)["params"]))
-
-
 def test_scan_remat_agree_and_flops_count_the_position_terms():
   tokens = jnp.asarray(TOKENS, jnp.int32)
-  params = _drawn_params(models.build(SMALL), tokens)
+  params = drawn.params(models.build(SMALL), tokens)
   from jaxformer.models.stack import stack_layers
   scanned = dict(params, encoder=stack_layers(params["encoder"], SMALL["num_layers"]))
   a = _ours(SMALL, params)
@@ -504,7 +495,7 @@ def test_mup_scales_attention_and_logits(monkeypatch):
   cfg = dict(SMALL, d_model=64, num_layers=1, parametrization="mup", mup_base_width=16)
   std, mu = models.build(dict(cfg, parametrization="standard")), models.build(cfg)
   x = jnp.asarray(TOKENS[:, :1], jnp.int32)
-  params = _drawn_params(std, x)
+  params = drawn.params(std, x)
   seen.clear()
   got = mu.apply({"params": params}, x)
   assert seen == [pytest.approx(2 / 16 / math.sqrt(3))]   # d_head 16, base d_head 4

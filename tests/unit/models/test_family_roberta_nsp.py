@@ -22,6 +22,7 @@ from jaxformer import tasks
 from jaxformer.train import config_checks, loop
 from jaxformer.train import step as step_lib
 from jaxformer.train.metrics import read
+from tests import drawn
 from tests.runs import on_one_device
 
 V, T = 100, 10
@@ -352,21 +353,6 @@ def _nsp_batch(rng, b=4, t=8):
           "nsp_labels": rng.integers(0, 2, (b,)).astype(np.int32)}
 
 
-def _drawn_state(init):
-  """The train state `init` returns, drawn from its shapes without compiling it: params
-  N(0, 0.02^2) (norm scales 1 + that), everything else (Adam's moments, the step) zeros."""
-  rng = np.random.default_rng(0)
-  abstract = nn.unbox(jax.eval_shape(init))
-  def draw(path, s):
-    if not jnp.issubdtype(s.dtype, jnp.floating):
-      return np.zeros(s.shape, s.dtype)
-    scale = "scale" in jax.tree_util.keystr(path)
-    return (0.02 * rng.normal(size=s.shape) + scale).astype(s.dtype)
-  rest = {k: v for k, v in abstract.items() if k != "params"}
-  return dict(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), rest),
-              params=jax.tree_util.tree_map_with_path(draw, abstract["params"]))
-
-
 def test_mlm_nsp_loss_is_the_mlm_mean_plus_the_nsp_mean_and_accumulates_exactly():
   """One layer: the objective and the accumulation are the heads' and the step's, not the
   depth's. Parameters drawn from the state's shapes (the init is not what is tested: one
@@ -375,7 +361,7 @@ def test_mlm_nsp_loss_is_the_mlm_mean_plus_the_nsp_mean_and_accumulates_exactly(
                                    attention_dropout_rate=0.0, num_layers=1),
                         train=common.train(10, 4), optim=common.optim(1e-2, schedule="constant")))
   module, tx, init = train_state.train_state_fns(cfg)
-  state = _drawn_state(init)
+  state = drawn.state(init, std=0.02)
   task = tasks.task_for(cfg.model)
   batch = _nsp_batch(np.random.default_rng(0))
 
@@ -478,7 +464,7 @@ def test_tensor_and_data_parallel_steps_equal_one_device(family):
     if family == "roberta":
       batch = {k: batch[k] for k in ("inputs", "targets", "weights")}
     batches.append(batch)
-  start = _drawn_state(train_state.train_state_fns(cfg)[2])   # both runs' start, not compiled
+  start = drawn.state(train_state.train_state_fns(cfg)[2], std=0.02)   # both runs' start, not compiled
   one = ShardingPlan.from_config(dict(data=1, model=1, expert=1), jax.devices()[:1])
   mesh = ShardingPlan.from_config(dict(data=4, model=2, expert=1), jax.devices())
   assert_runs_close(train(mesh, cfg, batches, start), train(one, cfg, batches, start), cfg,

@@ -12,6 +12,7 @@ import pytest
 from jaxformer import models
 from jaxformer.models.stack import stack_layers
 from jaxformer.models.vit import resize_pos_embed
+from tests import drawn
 from tests.gradcheck import numeric_grad
 from tests.modules import make_moe
 
@@ -44,16 +45,12 @@ def inputs(cfg):
 
 def init(cfg, *args):
   """The module and params drawn on the host at its init's shapes and dtypes (`jax.eval_shape`,
-  nothing compiled): N(0, 0.2^2), norm scales 1 + that, as tests/runs.write_run(random=True).
+  nothing compiled; tests/drawn.py).
   These tests are of what a model computes, not of its init (each family's init runs in its
   trainings and test_registry); a compiled init costs more CPU than the programs a test is
   about, and its zero heads (ViT's logits are all 0) would make some comparisons vacuous."""
   module = models.build(cfg)
-  abstract = nn.unbox(jax.eval_shape(module.init, jax.random.key(0), *args))["params"]
-  rng = np.random.default_rng(0)
-  draw = lambda path, s: jnp.asarray((0.2 * rng.normal(size=s.shape) + (
-      "scale" in jax.tree_util.keystr(path))).astype(s.dtype))
-  return module, jax.tree_util.tree_map_with_path(draw, abstract)
+  return module, drawn.params(module, *args)
 
 
 @functools.cache
@@ -252,9 +249,7 @@ def test_rnn_seq2seq_masks_source_padding(attention, cell):
 def test_moe_matches_numpy_top_k_mixture():
   moe = make_moe(num_experts=5, experts_per_token=2, hidden_dim=12)
   x = np.random.default_rng(0).normal(size=(2, 7, 16)).astype(np.float32)
-  rng = np.random.default_rng(2)                 # drawn at the init's shapes (not compiled)
-  params = jax.tree.map(lambda s: jnp.asarray(0.2 * rng.normal(size=s.shape), s.dtype),
-                        nn.unbox(jax.eval_shape(moe.init, jax.random.key(0), x))["params"])
+  params = drawn.params(moe, x, seed=2)          # at the init's shapes (not compiled)
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
 
   def np_moe(x):

@@ -16,6 +16,7 @@ from configs import common
 from jaxformer import models, scaling, tasks
 from jaxformer.state import train_state
 from jaxformer.train import step as step_lib
+from tests import drawn
 
 SMALL = {
     "decoder": dict(vocab_size=37, d_model=16, num_layers=1, num_heads=2, mlp_dim=32, max_len=16,
@@ -151,10 +152,7 @@ def test_family_with_a_converter_round_trips_through_hugging_face(family, tmp_pa
   checks, and its eager ops were most of this test) saved and loaded back unchanged."""
   from jaxformer.convert import hf
   cfg = dict(SMALL[family], family=family, **HF_SMALL.get(family, {}))
-  rng = np.random.default_rng(0)
-  params = jax.tree.map(lambda s: rng.normal(size=s.shape).astype(s.dtype), nn.unbox(
-      jax.eval_shape(models.build(cfg).init, jax.random.key(0), *scaling.dummy_inputs(cfg))))
-  params = params["params"]
+  params = drawn.params(models.build(cfg), *scaling.dummy_inputs(cfg))
   hf.save(cfg, params, tmp_path)
   loaded_cfg, loaded = hf.load(tmp_path)
   assert loaded_cfg.family == family
