@@ -36,7 +36,6 @@ from jaxformer.parallel.sharding import per_device_bytes
 from jaxformer.plan import estimate, topology as topology_lib
 from jaxformer.state import train_state as state_lib
 from jaxformer.train import config_checks, progress
-from jaxformer.train.program import build_program
 
 DIMENSIONS = ("mesh", "fsdp", "remat", "accum", "attention", "scan", "optimizer", "replica")
 # optimizer-state levers: (state dtype, offloaded to host)
@@ -415,9 +414,9 @@ def nearest_fitting_change(config, devices, chip: accelerators.Chip, *, topology
                            log=lambda *_: None) -> Candidate | None:
   """The smallest change to `config` that fits (`python -m jaxformer.plan --nearest`): one
   field at a time (remat policy, FSDP, gradient accumulation, the mesh), then pairs; among as
-  many changes, those expected to fit first, fastest first. Compiled in this process on
-  `devices` (through `cache_dir` as `estimate.plan` compiles, so a search's compiles serve it
-  and it serves a later search); `refused` (the config's own plan) calibrates the memory
+  many changes, those expected to fit first, fastest first. Planned in this process by
+  `estimate.plan` (on `topology`'s devices; through `cache_dir`, so a search's compiles serve
+  it and it serves a later search); `refused` (the config's own plan) calibrates the memory
   estimate, and so does each compile."""
   current = _current_values(config, devices)
   neighbours = []
@@ -440,12 +439,8 @@ def nearest_fitting_change(config, devices, chip: accelerators.Chip, *, topology
     order = _order_key(margin, chip.hbm_bytes)
     viable.sort(key=lambda c: (len(c.overrides), *order(c)))
     c = viable.pop(0)
-    changed = with_overrides(config, c.overrides)
-    program = build_program(changed, devices)
-    lowered = estimate.lower(program)
-    key = None if cache_dir is None else estimate.cache_key(changed, topology, slices, lowered)
-    result = estimate.analyse(program, estimate.compile_cached(program, key, cache_dir, lowered),
-                              chip, topology=topology, slices=slices)
+    result = estimate.plan(with_overrides(config, c.overrides), topology, slices,
+                           cache_dir=cache_dir)
     c.status, c.plan = "compiled", result.to_json()
     log(f"  tried {c.flags()}: {'fits' if result.fits else 'does not fit'}")
     if result.fits:
